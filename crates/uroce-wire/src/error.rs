@@ -1,0 +1,91 @@
+//! Errors of the wire format, one variant per rule a packet can break.
+
+use core::fmt;
+
+use crate::opcode::Opcode;
+
+/// Why a packet could not be parsed or built.
+///
+/// Each variant names the rule broken, so a receiver can count its drops by reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The buffer ends before a header or field that must be there.
+    Truncated,
+    /// The BTH transport header version (TVer) is not 0 (IBA 9.2, BTH).
+    BadTver(u8),
+    /// The opcode is not one this crate knows how to lay out (reserved, RD, XRC or vendor).
+    UnknownOpcode(Opcode),
+    /// The pad count in the BTH exceeds the payload, or pads a packet that carries no payload
+    /// (IBA 9.2: PadCnt pads the payload to a multiple of 4 bytes).
+    BadPadCount(u8),
+    /// An opcode that carries no payload (ACK, READ request, atomics, CNP) came with some.
+    UnexpectedPayload,
+    /// The invariant CRC does not match the packet (IBA Annex A17.3.3).
+    IcrcMismatch {
+        /// What the packet carries.
+        found: u32,
+        /// What the bytes hash to.
+        computed: u32,
+    },
+    /// Building: the extension headers given do not match those the opcode requires.
+    HeaderMismatch(Opcode),
+    /// Building: the output buffer is shorter than the packet.
+    BufferTooSmall,
+    /// Building: a field holds a value outside its range (e.g. a pad count above 3).
+    FieldOutOfRange,
+    /// The IP header is not IPv4 or IPv6, or its lengths are inconsistent.
+    BadIpHeader,
+    /// The IP packet is not UDP (protocol/next header 17).
+    NotUdp,
+    /// The UDP length field disagrees with the bytes present.
+    BadUdpLength,
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = core::result::Result<T, Error>;
+
+impl Error {
+    /// A short stable name, suitable for a drop counter (`drop_truncated`, …).
+    pub fn counter_name(&self) -> &'static str {
+        match self {
+            Self::Truncated => "truncated",
+            Self::BadTver(_) => "bad_tver",
+            Self::UnknownOpcode(_) => "unknown_opcode",
+            Self::BadPadCount(_) => "bad_pad_count",
+            Self::UnexpectedPayload => "unexpected_payload",
+            Self::IcrcMismatch { .. } => "icrc_mismatch",
+            Self::HeaderMismatch(_) => "header_mismatch",
+            Self::BufferTooSmall => "buffer_too_small",
+            Self::FieldOutOfRange => "field_out_of_range",
+            Self::BadIpHeader => "bad_ip_header",
+            Self::NotUdp => "not_udp",
+            Self::BadUdpLength => "bad_udp_length",
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Truncated => f.write_str("truncated: the packet ends inside a header"),
+            Self::BadTver(v) => write!(f, "BTH transport version is {v}, must be 0"),
+            Self::UnknownOpcode(op) => write!(f, "unknown opcode {op}"),
+            Self::BadPadCount(n) => write!(f, "pad count {n} does not fit the payload"),
+            Self::UnexpectedPayload => f.write_str("payload on an opcode that carries none"),
+            Self::IcrcMismatch { found, computed } => {
+                write!(f, "ICRC mismatch: packet has {found:#010x}, bytes give {computed:#010x}")
+            }
+            Self::HeaderMismatch(op) => {
+                write!(f, "extension headers do not match those opcode {op} requires")
+            }
+            Self::BufferTooSmall => f.write_str("output buffer too small for the packet"),
+            Self::FieldOutOfRange => f.write_str("a field value is outside its range"),
+            Self::BadIpHeader => f.write_str("not a valid IPv4 or IPv6 header"),
+            Self::NotUdp => f.write_str("IP packet does not carry UDP"),
+            Self::BadUdpLength => f.write_str("UDP length disagrees with the datagram"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
