@@ -20,7 +20,7 @@ crate::header_view!("an atomic acknowledge extended transport header");
 impl<T: AsRef<[u8]>> Packet<T> {
     /// The value at the target before the operation.
     pub fn orig(&self) -> u64 {
-        self.get(field::ORIG)
+        crate::be64(self.field(field::ORIG))
     }
 }
 
@@ -35,7 +35,9 @@ impl Repr {
     /// Reads an AtomicAckETH.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
-        Ok(Self { orig: packet.orig() })
+        Ok(Self {
+            orig: packet.orig(),
+        })
     }
     /// Length of the emitted header.
     pub const fn buffer_len(&self) -> usize {

@@ -33,19 +33,19 @@ crate::header_view!("an atomic extended transport header");
 impl<T: AsRef<[u8]>> Packet<T> {
     /// Remote virtual address.
     pub fn va(&self) -> u64 {
-        self.get(field::VA)
+        crate::be64(self.field(field::VA))
     }
     /// Remote key.
     pub fn rkey(&self) -> RKey {
-        RKey(self.get(field::RKEY) as u32)
+        RKey(crate::be32(self.field(field::RKEY)))
     }
     /// Swap (CAS) or add (FETCH_ADD) operand.
     pub fn swap_add(&self) -> u64 {
-        self.get(field::SWAP_ADD)
+        crate::be64(self.field(field::SWAP_ADD))
     }
     /// Compare operand (CAS).
     pub fn compare(&self) -> u64 {
-        self.get(field::COMPARE)
+        crate::be64(self.field(field::COMPARE))
     }
 }
 
@@ -102,12 +102,20 @@ mod tests {
 
     #[test]
     fn parse_emit_roundtrip() {
-        let repr = Repr { va: 0x1000_0008, rkey: RKey(0x1234), swap_add: 7, compare: u64::MAX };
+        let repr = Repr {
+            va: 0x1000_0008,
+            rkey: RKey(0x1234),
+            swap_add: 7,
+            compare: u64::MAX,
+        };
         let mut out = [0u8; HEADER_LEN];
         repr.emit(&mut Packet::new_unchecked(&mut out[..]));
         assert_eq!(&out[..8], &[0, 0, 0, 0, 0x10, 0, 0, 0x08]);
         assert_eq!(&out[20..], &[0xff; 8]);
-        assert_eq!(Repr::parse(&Packet::new_checked(&out[..]).unwrap()), Ok(repr));
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&out[..]).unwrap()),
+            Ok(repr)
+        );
         assert!(Packet::new_checked(&out[..27]).is_err());
     }
 }

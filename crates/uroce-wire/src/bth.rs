@@ -89,7 +89,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Partition key.
     pub fn pkey(&self) -> PKey {
-        PKey(self.get(field::PKEY) as u16)
+        PKey(crate::be16(self.field(field::PKEY)))
     }
 
     /// Forward ECN: congestion was seen on the way here.
@@ -104,7 +104,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Destination queue pair.
     pub fn dest_qp(&self) -> Qpn {
-        Qpn::from_masked(self.get(field::DEST_QP) as u32)
+        Qpn::from_masked(crate::be24(self.field(field::DEST_QP)))
     }
 
     /// The requester asks for an acknowledgement of this packet.
@@ -114,7 +114,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Packet sequence number.
     pub fn psn(&self) -> Psn {
-        Psn::from_masked(self.get(field::PSN) as u32)
+        Psn::from_masked(crate::be24(self.field(field::PSN)))
     }
 }
 
@@ -279,7 +279,9 @@ mod tests {
     use super::*;
 
     // RC SEND_ONLY from Linux rxe (the `rxe_rc_send_only` vector): AckReq, dest QP 0x3b.
-    const BYTES: [u8; 12] = [0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x3b, 0x80, 0x72, 0x7d, 0x6d];
+    const BYTES: [u8; 12] = [
+        0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x3b, 0x80, 0x72, 0x7d, 0x6d,
+    ];
 
     #[test]
     fn deconstruct() {
@@ -303,10 +305,16 @@ mod tests {
 
     #[test]
     fn rejects_short_buffer_and_nonzero_tver() {
-        assert_eq!(Packet::new_checked(&BYTES[..11]).unwrap_err(), Error::Truncated);
+        assert_eq!(
+            Packet::new_checked(&BYTES[..11]).unwrap_err(),
+            Error::Truncated
+        );
         let mut b = BYTES;
         b[1] |= 0x01;
-        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::BadTver(1)));
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&b[..])),
+            Err(Error::BadTver(1))
+        );
     }
 
     #[test]
@@ -314,6 +322,9 @@ mod tests {
         let mut repr = Repr::new(Opcode::RC_SEND_ONLY, Qpn::QP1, Psn::ZERO);
         repr.pad_count = 4;
         let mut out = [0u8; HEADER_LEN];
-        assert_eq!(repr.emit(&mut Packet::new_unchecked(&mut out[..])), Err(Error::FieldOutOfRange));
+        assert_eq!(
+            repr.emit(&mut Packet::new_unchecked(&mut out[..])),
+            Err(Error::FieldOutOfRange)
+        );
     }
 }

@@ -21,7 +21,7 @@ crate::header_view!("an invalidate extended transport header");
 impl<T: AsRef<[u8]>> Packet<T> {
     /// The R_Key to invalidate.
     pub fn rkey(&self) -> RKey {
-        RKey(self.get(field::RKEY) as u32)
+        RKey(crate::be32(self.field(field::RKEY)))
     }
 }
 
@@ -36,7 +36,9 @@ impl Repr {
     /// Reads an IETH.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
-        Ok(Self { rkey: packet.rkey() })
+        Ok(Self {
+            rkey: packet.rkey(),
+        })
     }
     /// Length of the emitted header.
     pub const fn buffer_len(&self) -> usize {

@@ -6,7 +6,7 @@
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use crate::{Error, Result, read_be, write_be};
+use crate::{Error, Result, be16, be32, write_be};
 
 /// Length of an IPv4 header without options.
 pub const IPV4_HEADER_LEN: usize = 20;
@@ -113,7 +113,9 @@ impl IpRepr {
     /// valid IPv4 header checksum. `buf` must hold [`IpRepr::header_len`] bytes.
     pub fn emit(&self, buf: &mut [u8], udp_len: usize) -> Result<()> {
         let hlen = self.header_len();
-        let Some(h) = buf.get_mut(..hlen) else { return Err(Error::BufferTooSmall) };
+        let Some(h) = buf.get_mut(..hlen) else {
+            return Err(Error::BufferTooSmall);
+        };
         match self {
             Self::V4(r) => {
                 let total = u16::try_from(hlen + udp_len).map_err(|_| Error::FieldOutOfRange)?;
@@ -161,7 +163,9 @@ pub struct UdpRepr {
 impl UdpRepr {
     /// Writes the UDP header for `payload_len` bytes of payload.
     pub fn emit(&self, buf: &mut [u8], payload_len: usize) -> Result<()> {
-        let Some(h) = buf.get_mut(..UDP_HEADER_LEN) else { return Err(Error::BufferTooSmall) };
+        let Some(h) = buf.get_mut(..UDP_HEADER_LEN) else {
+            return Err(Error::BufferTooSmall);
+        };
         let len =
             u16::try_from(UDP_HEADER_LEN + payload_len).map_err(|_| Error::FieldOutOfRange)?;
         write_be(&mut h[0..2], u64::from(self.src_port));
@@ -196,41 +200,76 @@ impl UdpDatagram<'_> {
     }
 }
 
-/// Reads an IPv4 or IPv6 packet carrying UDP from `bytes` (which may have trailing padding).
+/// Reads an IPv4 or IPv6 packet carrying UDP from `bytes` (which may have trailing padding):
+/// the IP and UDP length fields must agree with the bytes present.
 pub fn parse_udp_datagram(bytes: &[u8]) -> Result<UdpDatagram<'_>> {
+    let (ip, ip_hlen, ip_end) = read_ip_header(bytes)?;
+    // A fragment (MF set or a non-zero offset) cannot be decoded on its own.
+    if matches!(ip, IpRepr::V4(_)) && be16(&bytes[6..8]) & 0x3FFF != 0 {
+        return Err(Error::NotUdp);
+    }
+    let packet = bytes.get(..ip_end).ok_or(Error::Truncated)?;
+    let udp = read_udp_header(packet, ip_hlen)?;
+    let udp_len = usize::from(be16(&packet[ip_hlen + 4..ip_hlen + 6]));
+    if udp_len < UDP_HEADER_LEN || ip_hlen + udp_len > packet.len() {
+        return Err(Error::BadUdpLength);
+    }
+    Ok(UdpDatagram {
+        ip,
+        udp,
+        headers: &packet[..ip_hlen + UDP_HEADER_LEN],
+        payload: &packet[ip_hlen + UDP_HEADER_LEN..ip_hlen + udp_len],
+    })
+}
+
+/// Reads an IP packet carrying UDP from exactly `bytes`, without checking the IP and UDP
+/// length fields: the payload is everything after the UDP header. For a tool that verifies
+/// the ICRC over exactly the bytes it was given, where a corrupted length field must show as
+/// a bad ICRC rather than as a different packet.
+pub fn parse_udp_datagram_lenient(bytes: &[u8]) -> Result<UdpDatagram<'_>> {
+    let (ip, ip_hlen, _) = read_ip_header(bytes)?;
+    let udp = read_udp_header(bytes, ip_hlen)?;
+    let (headers, payload) = bytes.split_at(ip_hlen + UDP_HEADER_LEN);
+    Ok(UdpDatagram {
+        ip,
+        udp,
+        headers,
+        payload,
+    })
+}
+
+/// Reads the IP header: its values, its length and where the IP packet ends by its length
+/// field. Protocols other than UDP are rejected.
+fn read_ip_header(bytes: &[u8]) -> Result<(IpRepr, usize, usize)> {
     let first = *bytes.first().ok_or(Error::Truncated)?;
-    let (ip, ip_hlen, ip_end) = match first >> 4 {
+    match first >> 4 {
         4 => {
             let ihl = usize::from(first & 0x0F) * 4;
-            let h = bytes.get(..ihl).ok_or(Error::Truncated)?;
             if ihl < IPV4_HEADER_LEN {
                 return Err(Error::BadIpHeader);
             }
-            let total = read_be(&h[2..4]) as usize;
-            let flags_frag = read_be(&h[6..8]) as u16;
-            if total < ihl {
-                return Err(Error::BadIpHeader);
-            }
-            // A fragment (MF set or a non-zero offset) cannot be decoded on its own.
-            if flags_frag & 0x3FFF != 0 || h[9] != PROTO_UDP {
+            let h = bytes.get(..ihl).ok_or(Error::Truncated)?;
+            let total = usize::from(be16(&h[2..4]));
+            let flags_frag = be16(&h[6..8]);
+            if h[9] != PROTO_UDP {
                 return Err(Error::NotUdp);
             }
             let ip = IpRepr::V4(Ipv4Repr {
                 src: Ipv4Addr::new(h[12], h[13], h[14], h[15]),
                 dst: Ipv4Addr::new(h[16], h[17], h[18], h[19]),
                 tos: h[1],
-                ident: read_be(&h[4..6]) as u16,
+                ident: be16(&h[4..6]),
                 dont_frag: flags_frag & 0x4000 != 0,
                 ttl: h[8],
             });
-            (ip, ihl, total)
+            Ok((ip, ihl, total))
         }
         6 => {
             let h = bytes.get(..IPV6_HEADER_LEN).ok_or(Error::Truncated)?;
             if h[6] != PROTO_UDP {
                 return Err(Error::NotUdp);
             }
-            let word = read_be(&h[0..4]) as u32;
+            let word = be32(&h[0..4]);
             let mut src = [0u8; 16];
             src.copy_from_slice(&h[8..24]);
             let mut dst = [0u8; 16];
@@ -238,52 +277,30 @@ pub fn parse_udp_datagram(bytes: &[u8]) -> Result<UdpDatagram<'_>> {
             let ip = IpRepr::V6(Ipv6Repr {
                 src: Ipv6Addr::from(src),
                 dst: Ipv6Addr::from(dst),
-                traffic_class: ((word >> 20) & 0xFF) as u8,
+                traffic_class: (h[0] << 4) | (h[1] >> 4),
                 flow_label: word & 0x000F_FFFF,
                 hop_limit: h[7],
             });
-            (ip, IPV6_HEADER_LEN, IPV6_HEADER_LEN + read_be(&h[4..6]) as usize)
+            Ok((
+                ip,
+                IPV6_HEADER_LEN,
+                IPV6_HEADER_LEN + usize::from(be16(&h[4..6])),
+            ))
         }
-        _ => return Err(Error::BadIpHeader),
-    };
-    let packet = bytes.get(..ip_end).ok_or(Error::Truncated)?;
-    let udp = packet.get(ip_hlen..ip_hlen + UDP_HEADER_LEN).ok_or(Error::Truncated)?;
-    let udp_len = read_be(&udp[4..6]) as usize;
-    if udp_len < UDP_HEADER_LEN || ip_hlen + udp_len > packet.len() {
-        return Err(Error::BadUdpLength);
+        _ => Err(Error::BadIpHeader),
     }
-    Ok(UdpDatagram {
-        ip,
-        udp: UdpRepr {
-            src_port: read_be(&udp[0..2]) as u16,
-            dst_port: read_be(&udp[2..4]) as u16,
-            checksum: read_be(&udp[6..8]) as u16,
-        },
-        headers: &packet[..ip_hlen + UDP_HEADER_LEN],
-        payload: &packet[ip_hlen + UDP_HEADER_LEN..ip_hlen + udp_len],
-    })
 }
 
-/// Splits an IP packet into its IP and UDP headers and everything after them, reading only the
-/// version, header length and protocol: lengths are not checked, so that a tool can verify the
-/// ICRC over exactly the bytes it was given (a corrupted length field then fails the ICRC).
-pub fn split_udp_lenient(bytes: &[u8]) -> Result<(&[u8], &[u8])> {
-    let first = *bytes.first().ok_or(Error::Truncated)?;
-    let (ip_len, proto_at) = match first >> 4 {
-        4 => (usize::from(first & 0x0F) * 4, 9),
-        6 => (IPV6_HEADER_LEN, 6),
-        _ => return Err(Error::BadIpHeader),
-    };
-    if ip_len < IPV4_HEADER_LEN {
-        return Err(Error::BadIpHeader);
-    }
-    if bytes.len() < ip_len + UDP_HEADER_LEN {
-        return Err(Error::Truncated);
-    }
-    if bytes[proto_at] != PROTO_UDP {
-        return Err(Error::NotUdp);
-    }
-    Ok(bytes.split_at(ip_len + UDP_HEADER_LEN))
+/// Reads the UDP header that follows an IP header of `ip_hlen` bytes.
+fn read_udp_header(packet: &[u8], ip_hlen: usize) -> Result<UdpRepr> {
+    let udp = packet
+        .get(ip_hlen..ip_hlen + UDP_HEADER_LEN)
+        .ok_or(Error::Truncated)?;
+    Ok(UdpRepr {
+        src_port: be16(&udp[0..2]),
+        dst_port: be16(&udp[2..4]),
+        checksum: be16(&udp[6..8]),
+    })
 }
 
 /// The RFC 1071 one's-complement checksum of the concatenated parts (each of even length
@@ -302,14 +319,23 @@ pub fn internet_checksum(parts: &[&[u8]]) -> u16 {
     while sum >> 16 != 0 {
         sum = (sum & 0xFFFF) + (sum >> 16);
     }
-    !(sum as u16)
+    // Folded above: the sum fits 16 bits.
+    !u16::try_from(sum).unwrap_or(u16::MAX)
 }
 
 /// The UDP checksum over the IPv6 pseudo-header (RFC 8200 8.1), which IPv6 makes mandatory.
 pub fn udp_checksum_v6(src: Ipv6Addr, dst: Ipv6Addr, udp_header_and_payload: &[u8]) -> u16 {
-    let len = (udp_header_and_payload.len() as u32).to_be_bytes();
+    let len = u32::try_from(udp_header_and_payload.len())
+        .unwrap_or(u32::MAX)
+        .to_be_bytes();
     let next = [0, 0, 0, PROTO_UDP];
-    let sum = internet_checksum(&[&src.octets(), &dst.octets(), &len, &next, udp_header_and_payload]);
+    let sum = internet_checksum(&[
+        &src.octets(),
+        &dst.octets(),
+        &len,
+        &next,
+        udp_header_and_payload,
+    ]);
     // A computed zero is sent as all ones (RFC 768).
     if sum == 0 { 0xFFFF } else { sum }
 }
@@ -339,11 +365,17 @@ mod tests {
 
     #[test]
     fn trailing_padding_is_cut_and_short_packets_rejected() {
-        let ip = IpRepr::for_addrs("127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap())
-            .unwrap();
+        let ip =
+            IpRepr::for_addrs("127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap()).unwrap();
         let mut buf = vec![0u8; 60];
         ip.emit(&mut buf, 8 + 4).unwrap();
-        UdpRepr { src_port: 1, dst_port: 4791, checksum: 0 }.emit(&mut buf[20..], 4).unwrap();
+        UdpRepr {
+            src_port: 1,
+            dst_port: 4791,
+            checksum: 0,
+        }
+        .emit(&mut buf[20..], 4)
+        .unwrap();
         let d = parse_udp_datagram(&buf).unwrap();
         assert_eq!(d.payload.len(), 4);
         assert_eq!(parse_udp_datagram(&buf[..30]), Err(Error::Truncated));
@@ -355,7 +387,13 @@ mod tests {
         let ip = IpRepr::for_addrs("::1".parse().unwrap(), "::1".parse().unwrap()).unwrap();
         let mut buf = vec![0u8; 40 + 8 + 4];
         ip.emit(&mut buf, 12).unwrap();
-        UdpRepr { src_port: 49152, dst_port: 4791, checksum: 0 }.emit(&mut buf[40..], 4).unwrap();
+        UdpRepr {
+            src_port: 49152,
+            dst_port: 4791,
+            checksum: 0,
+        }
+        .emit(&mut buf[40..], 4)
+        .unwrap();
         buf[48..].copy_from_slice(&[1, 2, 3, 4]);
         let d = parse_udp_datagram(&buf).unwrap();
         assert_eq!(d.ip, ip);
@@ -365,6 +403,9 @@ mod tests {
         // Summing the pseudo-header and datagram with the checksum in place gives zero.
         let len = 12u32.to_be_bytes();
         let lo = Ipv6Addr::LOCALHOST.octets();
-        assert_eq!(internet_checksum(&[&lo, &lo, &len, &[0, 0, 0, 17], &buf[40..]]), 0);
+        assert_eq!(
+            internet_checksum(&[&lo, &lo, &len, &[0, 0, 0, 17], &buf[40..]]),
+            0
+        );
     }
 }

@@ -55,10 +55,28 @@ pub const ROCE_V2_PORT: u16 = 4791;
 /// A byte range of a header field, as smoltcp's `wire::field`.
 pub(crate) type Field = core::ops::Range<usize>;
 
-/// Reads a big-endian integer of `N` bytes (N ≤ 8) from a slice of exactly that length.
+/// Reads a big-endian `u16` from the first two bytes of `b`.
 #[inline]
-pub(crate) fn read_be(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
+pub(crate) fn be16(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+
+/// Reads a big-endian 24-bit value from the first three bytes of `b`.
+#[inline]
+pub(crate) fn be24(b: &[u8]) -> u32 {
+    u32::from_be_bytes([0, b[0], b[1], b[2]])
+}
+
+/// Reads a big-endian `u32` from the first four bytes of `b`.
+#[inline]
+pub(crate) fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Reads a big-endian `u64` from the first eight bytes of `b`.
+#[inline]
+pub(crate) fn be64(b: &[u8]) -> u64 {
+    u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
 /// Writes the low `bytes.len()` bytes of `value` big-endian into `bytes`.
@@ -114,8 +132,8 @@ macro_rules! header_view {
             }
 
             #[allow(dead_code, reason = "not every header has a multi-byte field to read")]
-            fn get(&self, field: $crate::Field) -> u64 {
-                $crate::read_be(&self.buffer.as_ref()[field])
+            fn field(&self, field: $crate::Field) -> &[u8] {
+                &self.buffer.as_ref()[field]
             }
         }
 

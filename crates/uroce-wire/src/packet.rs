@@ -5,8 +5,8 @@ use core::fmt;
 
 use crate::icrc::{self, ICRC_LEN, PseudoHeader};
 use crate::opcode::{ExtHeader, OpFlags, OpcodeInfo};
-use crate::{aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth};
 use crate::{Error, Result};
+use crate::{aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth};
 
 /// The extension headers of one packet. Which are present is fixed by the opcode
 /// ([`OpcodeInfo::headers`]); the CNP's reserved block is not represented (it is sent as zeros).
@@ -54,7 +54,8 @@ impl ExtHeaders {
             ExtHeader::Ieth,
             ExtHeader::Deth,
         ];
-        ALL.iter().all(|&h| self.has(h) == info.headers.contains(&h))
+        ALL.iter()
+            .all(|&h| self.has(h) == info.headers.contains(&h))
     }
 
     /// Reads the headers `info` lists from `bytes`, which starts right after the BTH and holds
@@ -63,26 +64,36 @@ impl ExtHeaders {
         let mut ext = Self::default();
         let mut at = 0;
         for &h in info.headers {
-            let b = bytes.get(at..at + h.len()).ok_or(Error::Truncated)?;
+            let b = bytes.get(at..at + h.wire_len()).ok_or(Error::Truncated)?;
             match h {
-                ExtHeader::Reth => ext.reth = Some(reth::Repr::parse(&reth::Packet::new_checked(b)?)?),
-                ExtHeader::Aeth => ext.aeth = Some(aeth::Repr::parse(&aeth::Packet::new_checked(b)?)?),
+                ExtHeader::Reth => {
+                    ext.reth = Some(reth::Repr::parse(&reth::Packet::new_checked(b)?)?)
+                }
+                ExtHeader::Aeth => {
+                    ext.aeth = Some(aeth::Repr::parse(&aeth::Packet::new_checked(b)?)?)
+                }
                 ExtHeader::AtomicEth => {
-                    ext.atomic_eth =
-                        Some(atomic_eth::Repr::parse(&atomic_eth::Packet::new_checked(b)?)?);
+                    ext.atomic_eth = Some(atomic_eth::Repr::parse(
+                        &atomic_eth::Packet::new_checked(b)?,
+                    )?);
                 }
                 ExtHeader::AtomicAckEth => {
-                    ext.atomic_ack_eth =
-                        Some(atomic_ack_eth::Repr::parse(&atomic_ack_eth::Packet::new_checked(b)?)?);
+                    ext.atomic_ack_eth = Some(atomic_ack_eth::Repr::parse(
+                        &atomic_ack_eth::Packet::new_checked(b)?,
+                    )?);
                 }
                 ExtHeader::ImmDt => {
                     ext.immdt = Some(immdt::Repr::parse(&immdt::Packet::new_checked(b)?)?);
                 }
-                ExtHeader::Ieth => ext.ieth = Some(ieth::Repr::parse(&ieth::Packet::new_checked(b)?)?),
-                ExtHeader::Deth => ext.deth = Some(deth::Repr::parse(&deth::Packet::new_checked(b)?)?),
+                ExtHeader::Ieth => {
+                    ext.ieth = Some(ieth::Repr::parse(&ieth::Packet::new_checked(b)?)?)
+                }
+                ExtHeader::Deth => {
+                    ext.deth = Some(deth::Repr::parse(&deth::Packet::new_checked(b)?)?)
+                }
                 ExtHeader::CnpReserved => {}
             }
-            at += h.len();
+            at += h.wire_len();
         }
         Ok(ext)
     }
@@ -92,10 +103,14 @@ impl ExtHeaders {
     fn emit(&self, info: &OpcodeInfo, buf: &mut [u8]) {
         let mut at = 0;
         for &h in info.headers {
-            let b = &mut buf[at..at + h.len()];
+            let b = &mut buf[at..at + h.wire_len()];
             match h {
-                ExtHeader::Reth => emit_opt(self.reth, |r| r.emit(&mut reth::Packet::new_unchecked(b))),
-                ExtHeader::Aeth => emit_opt(self.aeth, |r| r.emit(&mut aeth::Packet::new_unchecked(b))),
+                ExtHeader::Reth => {
+                    emit_opt(self.reth, |r| r.emit(&mut reth::Packet::new_unchecked(b)))
+                }
+                ExtHeader::Aeth => {
+                    emit_opt(self.aeth, |r| r.emit(&mut aeth::Packet::new_unchecked(b)))
+                }
                 ExtHeader::AtomicEth => emit_opt(self.atomic_eth, |r| {
                     r.emit(&mut atomic_eth::Packet::new_unchecked(b));
                 }),
@@ -105,11 +120,15 @@ impl ExtHeaders {
                 ExtHeader::ImmDt => {
                     emit_opt(self.immdt, |r| r.emit(&mut immdt::Packet::new_unchecked(b)));
                 }
-                ExtHeader::Ieth => emit_opt(self.ieth, |r| r.emit(&mut ieth::Packet::new_unchecked(b))),
-                ExtHeader::Deth => emit_opt(self.deth, |r| r.emit(&mut deth::Packet::new_unchecked(b))),
+                ExtHeader::Ieth => {
+                    emit_opt(self.ieth, |r| r.emit(&mut ieth::Packet::new_unchecked(b)))
+                }
+                ExtHeader::Deth => {
+                    emit_opt(self.deth, |r| r.emit(&mut deth::Packet::new_unchecked(b)))
+                }
                 ExtHeader::CnpReserved => b.fill(0),
             }
-            at += h.len();
+            at += h.wire_len();
         }
     }
 }
@@ -173,10 +192,15 @@ pub const fn pad_for(payload_len: usize) -> usize {
     (4 - payload_len % 4) % 4
 }
 
+/// [`pad_for`] as the BTH's 2-bit pad count.
+const fn pad_count_for(payload_len: usize) -> u8 {
+    [0, 3, 2, 1][payload_len % 4]
+}
+
 impl<'a> PacketRepr<'a> {
     /// A packet with the pad count in `bth` set for `payload`.
     pub fn new(mut bth: bth::Repr, ext: ExtHeaders, payload: &'a [u8]) -> Self {
-        bth.pad_count = pad_for(payload.len()) as u8;
+        bth.pad_count = pad_count_for(payload.len());
         Self { bth, ext, payload }
     }
 
@@ -214,17 +238,23 @@ impl<'a> PacketRepr<'a> {
             }
         }
         // The transport packet is a whole number of 4-byte words; the pad makes it so.
-        if pad > payload_and_pad || roce.len() % 4 != 0 {
+        if pad > payload_and_pad || !roce.len().is_multiple_of(4) {
             return Err(Error::BadPadCount(bth.pad_count));
         }
         let ext = ExtHeaders::parse(info, &roce[bth::HEADER_LEN..info.header_len])?;
         let payload = &roce[info.header_len..body_end - pad];
-        Ok(ParsedPacket { repr: Self { bth, ext, payload }, icrc: icrc::carried(roce)? })
+        Ok(ParsedPacket {
+            repr: Self { bth, ext, payload },
+            icrc: icrc::carried(roce)?,
+        })
     }
 
     /// The opcode's table entry; an error for an opcode without one.
     fn info(&self) -> Result<&'static OpcodeInfo> {
-        self.bth.opcode.info().ok_or(Error::UnknownOpcode(self.bth.opcode))
+        self.bth
+            .opcode
+            .info()
+            .ok_or(Error::UnknownOpcode(self.bth.opcode))
     }
 
     /// Length of the headers (BTH and extension headers).
@@ -249,9 +279,11 @@ impl<'a> PacketRepr<'a> {
         if !info.has(OpFlags::PAYLOAD) && !self.payload.is_empty() {
             return Err(Error::UnexpectedPayload);
         }
-        let out = buf.get_mut(..info.header_len).ok_or(Error::BufferTooSmall)?;
+        let out = buf
+            .get_mut(..info.header_len)
+            .ok_or(Error::BufferTooSmall)?;
         let mut bth = self.bth;
-        bth.pad_count = pad_for(self.payload.len()) as u8;
+        bth.pad_count = pad_count_for(self.payload.len());
         bth.emit(&mut bth::Packet::new_unchecked(&mut out[..bth::HEADER_LEN]))?;
         self.ext.emit(info, &mut out[bth::HEADER_LEN..]);
         Ok(info.header_len)
@@ -308,9 +340,17 @@ mod tests {
     }
 
     fn write_first(payload: &[u8]) -> PacketRepr<'_> {
-        let bth = bth::Repr::new(Opcode::RC_RDMA_WRITE_FIRST, Qpn::from_masked(0x11), Psn::MAX);
+        let bth = bth::Repr::new(
+            Opcode::RC_RDMA_WRITE_FIRST,
+            Qpn::from_masked(0x11),
+            Psn::MAX,
+        );
         let ext = ExtHeaders {
-            reth: Some(reth::Repr { va: 0x1000, rkey: RKey(0xabc), dma_len: 4096 }),
+            reth: Some(reth::Repr {
+                va: 0x1000,
+                rkey: RKey(0xabc),
+                dma_len: 4096,
+            }),
             ..ExtHeaders::default()
         };
         PacketRepr::new(bth, ext, payload)
@@ -348,18 +388,36 @@ mod tests {
     #[test]
     fn emit_rejects_headers_that_do_not_match_the_opcode() {
         let mut repr = write_first(&[]);
-        repr.ext.aeth = Some(aeth::Repr { syndrome: aeth::Syndrome::Reserved(0xff), msn: Msn::default() });
+        repr.ext.aeth = Some(aeth::Repr {
+            syndrome: aeth::Syndrome::Reserved(0xff),
+            msn: Msn::default(),
+        });
         let mut buf = [0u8; 64];
-        assert_eq!(repr.emit(&pseudo(), &mut buf), Err(Error::HeaderMismatch(repr.bth.opcode)));
+        assert_eq!(
+            repr.emit(&pseudo(), &mut buf),
+            Err(Error::HeaderMismatch(repr.bth.opcode))
+        );
         repr.ext = ExtHeaders::default();
-        assert_eq!(repr.emit(&pseudo(), &mut buf), Err(Error::HeaderMismatch(repr.bth.opcode)));
+        assert_eq!(
+            repr.emit(&pseudo(), &mut buf),
+            Err(Error::HeaderMismatch(repr.bth.opcode))
+        );
         let ack = PacketRepr::new(
             bth::Repr::new(Opcode::RC_ACKNOWLEDGE, Qpn::QP1, Psn::ZERO),
-            ExtHeaders { aeth: Some(aeth::Repr { syndrome: aeth::Syndrome::from_byte(0x1f), msn: Msn::default() }), ..ExtHeaders::default() },
+            ExtHeaders {
+                aeth: Some(aeth::Repr {
+                    syndrome: aeth::Syndrome::from_byte(0x1f),
+                    msn: Msn::default(),
+                }),
+                ..ExtHeaders::default()
+            },
             &[1],
         );
         assert_eq!(ack.emit(&pseudo(), &mut buf), Err(Error::UnexpectedPayload));
-        assert_eq!(write_first(&[0; 40]).emit(&pseudo(), &mut buf), Err(Error::BufferTooSmall));
+        assert_eq!(
+            write_first(&[0; 40]).emit(&pseudo(), &mut buf),
+            Err(Error::BufferTooSmall)
+        );
     }
 
     #[test]
@@ -371,25 +429,43 @@ mod tests {
         // One flipped payload bit: ICRC mismatch.
         let mut bad = good.to_vec();
         bad[30] ^= 0x10;
-        assert!(matches!(PacketRepr::parse(&bad, &pseudo()), Err(Error::IcrcMismatch { .. })));
+        assert!(matches!(
+            PacketRepr::parse(&bad, &pseudo()),
+            Err(Error::IcrcMismatch { .. })
+        ));
         // TVer.
         let mut bad = good.to_vec();
         bad[1] |= 0x02;
-        assert_eq!(PacketRepr::parse_ignoring_icrc(&bad), Err(Error::BadTver(2)));
+        assert_eq!(
+            PacketRepr::parse_ignoring_icrc(&bad),
+            Err(Error::BadTver(2))
+        );
         // Unknown opcode.
         let mut bad = good.to_vec();
         bad[0] = 0x15;
-        assert_eq!(PacketRepr::parse_ignoring_icrc(&bad), Err(Error::UnknownOpcode(Opcode(0x15))));
+        assert_eq!(
+            PacketRepr::parse_ignoring_icrc(&bad),
+            Err(Error::UnknownOpcode(Opcode(0x15)))
+        );
         // Truncated inside the RETH.
-        assert_eq!(PacketRepr::parse_ignoring_icrc(&good[..24]), Err(Error::Truncated));
+        assert_eq!(
+            PacketRepr::parse_ignoring_icrc(&good[..24]),
+            Err(Error::Truncated)
+        );
         // Pad count larger than the payload, and a length that is not a whole number of words.
         let mut bad = good.to_vec();
         bad[1] = 0x30;
         assert!(PacketRepr::parse_ignoring_icrc(&bad[..12 + 16 + 4]).is_err());
-        assert_eq!(PacketRepr::parse_ignoring_icrc(&bad[..12 + 16 + 2 + 4]), Err(Error::BadPadCount(3)));
+        assert_eq!(
+            PacketRepr::parse_ignoring_icrc(&bad[..12 + 16 + 2 + 4]),
+            Err(Error::BadPadCount(3))
+        );
         // Payload on an ACK.
         let mut ack = vec![0x11, 0, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 5, 0x1f, 0, 0, 0];
         ack.extend_from_slice(&[0; 8]);
-        assert_eq!(PacketRepr::parse_ignoring_icrc(&ack), Err(Error::UnexpectedPayload));
+        assert_eq!(
+            PacketRepr::parse_ignoring_icrc(&ack),
+            Err(Error::UnexpectedPayload)
+        );
     }
 }

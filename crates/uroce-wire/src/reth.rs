@@ -31,15 +31,15 @@ crate::header_view!("an RDMA extended transport header");
 impl<T: AsRef<[u8]>> Packet<T> {
     /// Remote virtual address.
     pub fn va(&self) -> u64 {
-        self.get(field::VA)
+        crate::be64(self.field(field::VA))
     }
     /// Remote key.
     pub fn rkey(&self) -> RKey {
-        RKey(self.get(field::RKEY) as u32)
+        RKey(crate::be32(self.field(field::RKEY)))
     }
     /// Length of the whole message in bytes.
     pub fn dma_len(&self) -> u32 {
-        self.get(field::DMA_LEN) as u32
+        crate::be32(self.field(field::DMA_LEN))
     }
 }
 
@@ -58,7 +58,11 @@ impl Repr {
     /// Reads a RETH.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
-        Ok(Self { va: packet.va(), rkey: packet.rkey(), dma_len: packet.dma_len() })
+        Ok(Self {
+            va: packet.va(),
+            rkey: packet.rkey(),
+            dma_len: packet.dma_len(),
+        })
     }
     /// Length of the emitted header.
     pub const fn buffer_len(&self) -> usize {
@@ -74,7 +78,11 @@ impl Repr {
 
 impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "reth(va={:#x} rkey={} len={})", self.va, self.rkey, self.dma_len)
+        write!(
+            f,
+            "reth(va={:#x} rkey={} len={})",
+            self.va, self.rkey, self.dma_len
+        )
     }
 }
 
@@ -90,7 +98,14 @@ mod tests {
     #[test]
     fn parse_emit_roundtrip() {
         let repr = Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()).unwrap();
-        assert_eq!(repr, Repr { va: 0x7f12_3456_7800, rkey: RKey(0xdead_beef), dma_len: 65536 });
+        assert_eq!(
+            repr,
+            Repr {
+                va: 0x7f12_3456_7800,
+                rkey: RKey(0xdead_beef),
+                dma_len: 65536
+            }
+        );
         let mut out = [0u8; HEADER_LEN];
         repr.emit(&mut Packet::new_unchecked(&mut out[..]));
         assert_eq!(out, BYTES);

@@ -1,0 +1,242 @@
+//! `uroce decode`: one line per RoCEv2 packet, with its ICRC checked.
+//!
+//! tshark decodes RoCEv2 but never checks the ICRC; this does, over exactly the bytes given:
+//! for a hex line the IP and UDP headers are taken as they are (their length fields included),
+//! for a capture the frame is cut at the IP length so link-layer padding does not count.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+
+use uroce_wire::icrc::{self, PseudoHeader};
+use uroce_wire::ip::{UdpDatagram, parse_udp_datagram, parse_udp_datagram_lenient};
+use uroce_wire::{PacketRepr, ROCE_V2_PORT, bth, pcap};
+
+/// Exit statuses.
+const OK: u8 = 0;
+const BAD_PACKET: u8 = 1;
+const UNUSABLE: u8 = 2;
+
+/// Decodes every file, printing packet lines to `out` and problems to `err`; returns the exit
+/// status.
+pub(crate) fn run(files: &[OsString], out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let mut status = OK;
+    let prefix_names = files.len() > 1;
+    for file in files {
+        let name = file.to_string_lossy();
+        let bytes = match read_input(file) {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = writeln!(err, "uroce: {name}: {e}");
+                status = UNUSABLE;
+                continue;
+            }
+        };
+        let prefix = if prefix_names {
+            format!("{name}: ")
+        } else {
+            String::new()
+        };
+        let result = if pcap::looks_like_capture(&bytes) {
+            decode_capture(&bytes, &prefix, out)
+        } else {
+            decode_hex(&bytes, &prefix, out)
+        };
+        match result {
+            Ok(summary) => {
+                if summary.bad > 0 {
+                    status = status.max(BAD_PACKET);
+                }
+                if summary.skipped > 0 {
+                    let _ = writeln!(
+                        err,
+                        "uroce: {name}: {} frame(s) skipped: not UDP to port {ROCE_V2_PORT}",
+                        summary.skipped
+                    );
+                }
+                if summary.bad > 0 {
+                    let _ = writeln!(
+                        err,
+                        "uroce: {name}: {} of {} packet(s) failed to parse or verify",
+                        summary.bad, summary.packets
+                    );
+                }
+            }
+            Err(problem) => {
+                let _ = writeln!(err, "uroce: {name}: {problem}");
+                status = UNUSABLE;
+            }
+        }
+    }
+    status
+}
+
+fn read_input(file: &OsString) -> io::Result<Vec<u8>> {
+    if file == "-" {
+        let mut b = Vec::new();
+        io::stdin().lock().read_to_end(&mut b)?;
+        Ok(b)
+    } else {
+        std::fs::read(file)
+    }
+}
+
+#[derive(Default)]
+struct Summary {
+    packets: usize,
+    bad: usize,
+    skipped: usize,
+}
+
+impl Summary {
+    fn add(&mut self, good: bool) {
+        self.packets += 1;
+        if !good {
+            self.bad += 1;
+        }
+    }
+}
+
+fn decode_capture(bytes: &[u8], prefix: &str, out: &mut dyn Write) -> Result<Summary, String> {
+    let frames = pcap::read_frames(bytes).map_err(|e| e.to_string())?;
+    let mut summary = Summary::default();
+    for frame in frames {
+        let label = format!("{prefix}#{}", frame.number);
+        let Some(ip_packet) = frame.ip_packet() else {
+            summary.skipped += 1;
+            continue;
+        };
+        let datagram = match parse_udp_datagram(ip_packet) {
+            Ok(d) if d.udp.dst_port == ROCE_V2_PORT => d,
+            Ok(_) | Err(uroce_wire::Error::NotUdp) => {
+                summary.skipped += 1;
+                continue;
+            }
+            Err(e) => {
+                summary.add(false);
+                line(out, &format!("{label} error=\"{e}\""));
+                continue;
+            }
+        };
+        let (text, good) = describe(&datagram);
+        summary.add(good);
+        line(out, &format!("{label} {text}"));
+    }
+    Ok(summary)
+}
+
+fn decode_hex(bytes: &[u8], prefix: &str, out: &mut dyn Write) -> Result<Summary, String> {
+    let text =
+        std::str::from_utf8(bytes).map_err(|_| "not pcap, pcapng or hex text".to_string())?;
+    // Parse every line before printing anything, so that a file that is not hex at all gives
+    // one clear error rather than a screen of packets and then an error.
+    let mut packets = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let content = raw.split('#').next().unwrap_or("").trim();
+        if content.is_empty() {
+            continue;
+        }
+        let (name, data) = parse_hex_line(content)
+            .map_err(|why| format!("line {}: {why} (not pcap, pcapng or hex text)", i + 1))?;
+        packets.push((
+            name.map_or_else(|| format!("line {}", i + 1), str::to_string),
+            data,
+        ));
+    }
+    let mut summary = Summary::default();
+    for (name, data) in packets {
+        let label = format!("{prefix}{name}");
+        match parse_udp_datagram_lenient(&data) {
+            Ok(d) => {
+                let (text, good) = describe(&d);
+                summary.add(good);
+                line(out, &format!("{label} {text}"));
+            }
+            Err(e) => {
+                summary.add(false);
+                line(out, &format!("{label} error=\"{e}\""));
+            }
+        }
+    }
+    Ok(summary)
+}
+
+/// One packet's line (after the label) and whether it parsed and verified.
+fn describe(d: &UdpDatagram<'_>) -> (String, bool) {
+    let roce = d.payload;
+    let mut s = format!("{} > {} ", d.src(), d.dst());
+    let icrc_ok = PseudoHeader::from_headers(d.headers)
+        .and_then(|pseudo| icrc::verify(&pseudo, roce))
+        .is_ok();
+    let parsed_ok = match PacketRepr::parse_ignoring_icrc(roce) {
+        Ok(p) => {
+            let _ = write!(s, "{}", p.repr);
+            true
+        }
+        Err(e) => {
+            // Show what can be read: the BTH, if there is one.
+            if let Ok(b) = bth::Packet::new_checked(roce).and_then(|p| bth::Repr::parse(&p)) {
+                let _ = write!(s, "{b} ");
+            }
+            let _ = write!(s, "error=\"{e}\"");
+            false
+        }
+    };
+    let _ = write!(s, " icrc={}", if icrc_ok { "ok" } else { "BAD" });
+    (s, icrc_ok && parsed_ok)
+}
+
+/// Reads `[name] hex...`: if every token is hex the whole line is data, otherwise the first
+/// token is the packet's name. Colons between bytes are allowed.
+fn parse_hex_line(content: &str) -> Result<(Option<&str>, Vec<u8>), String> {
+    let tokens: Vec<&str> = content.split_whitespace().collect();
+    let is_hex = |t: &str| t.chars().all(|c| c.is_ascii_hexdigit() || c == ':');
+    let (name, data_tokens) = if tokens.iter().all(|t| is_hex(t)) {
+        (None, &tokens[..])
+    } else {
+        (tokens.first().copied(), &tokens[1..])
+    };
+    let digits: String = data_tokens.concat().chars().filter(|&c| c != ':').collect();
+    if digits.is_empty() {
+        return Err("no hex bytes".into());
+    }
+    if let Some(bad) = digits.chars().find(|c| !c.is_ascii_hexdigit()) {
+        return Err(format!("'{bad}' is not a hex digit"));
+    }
+    if !digits.len().is_multiple_of(2) {
+        return Err("odd number of hex digits".into());
+    }
+    let bytes = (0..digits.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<u8>, String>>()?;
+    Ok((name, bytes))
+}
+
+fn line(out: &mut dyn Write, text: &str) {
+    let _ = writeln!(out, "{text}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_lines_with_and_without_names() {
+        assert_eq!(
+            parse_hex_line("45 00 0a").unwrap(),
+            (None, vec![0x45, 0, 0x0a])
+        );
+        assert_eq!(
+            parse_hex_line("ack 4500:0a").unwrap(),
+            (Some("ack"), vec![0x45, 0, 0x0a])
+        );
+        assert!(parse_hex_line("ack 450").unwrap_err().contains("odd"));
+        assert!(
+            parse_hex_line("hello world")
+                .unwrap_err()
+                .contains("not a hex digit")
+        );
+        assert!(parse_hex_line("name").unwrap_err().contains("no hex"));
+    }
+}

@@ -1,0 +1,257 @@
+//! `uroce decode` as a user runs it: the real binary on real files.
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const VECTORS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../uroce-wire/tests/data/icrc-ipv4.txt"
+);
+const SAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../samples/rc-conversation.pcap"
+);
+
+fn uroce(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_uroce"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("uroce-decode-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn vectors() -> Vec<(String, Vec<u8>)> {
+    std::fs::read_to_string(VECTORS)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (name, h) = l.split_once(' ').unwrap();
+            let b = (0..h.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap());
+            (name.to_string(), b.collect())
+        })
+        .collect()
+}
+
+#[test]
+fn every_vector_is_icrc_ok_and_exit_is_zero() {
+    let o = uroce(&["decode", VECTORS]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert_eq!(out.lines().count(), 4);
+    assert!(out.lines().all(|l| l.ends_with(" icrc=ok")), "{out}");
+    assert!(out.contains(
+        "rxe_rc_ack 10.1.16.61:50208 > 10.1.16.62:4791 RC_ACKNOWLEDGE dqp=0x000021 psn=5890007 \
+         aeth(ACK credits=unlimited msn=1) len=0 icrc=ok"
+    ));
+    assert!(out.contains("cx4lx_cnp 10.0.17.1:0 > 10.0.18.1:4791 CNP dqp=0x000118 psn=0 becn"));
+}
+
+/// Byte offsets of the fields the ICRC masks (TOS, TTL, IP checksum, UDP checksum, BTH byte 4),
+/// and those that, flipped, leave no UDP packet to check (version/IHL, protocol).
+fn exempt(offset: usize) -> bool {
+    matches!(offset, 0 | 1 | 8 | 9 | 10 | 11 | 26 | 27 | 32)
+}
+
+#[test]
+fn one_flipped_bit_anywhere_is_reported_icrc_bad() {
+    let dir = temp_dir("flip");
+    let mut text = String::new();
+    let mut expected = 0;
+    for (name, bytes) in vectors() {
+        for offset in (0..bytes.len()).filter(|&o| !exempt(o)) {
+            for bit in 0..8 {
+                let mut b = bytes.clone();
+                b[offset] ^= 1 << bit;
+                text.push_str(&format!("{name}/{offset}.{bit} {}\n", hex(&b)));
+                expected += 1;
+            }
+        }
+    }
+    let file = dir.join("flipped.txt");
+    std::fs::write(&file, text).unwrap();
+    let o = uroce(&["decode", file.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(out.lines().count(), expected);
+    for line in out.lines() {
+        assert!(line.ends_with(" icrc=BAD"), "not reported bad: {line}");
+    }
+    assert!(stderr(&o).contains(&format!("{expected} of {expected} packet(s) failed")));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_sample_capture_decodes_clean() {
+    let o = uroce(&["decode", SAMPLE]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(out.lines().count(), 23);
+    assert!(out.lines().all(|l| l.ends_with(" icrc=ok")));
+    assert!(out.contains("#13 127.0.0.3:49154 > 127.0.0.2:4791 RC_ACKNOWLEDGE dqp=0x000011 psn=107 aeth(RNR_NAK timer=14 (1280 us) msn=4) len=0 icrc=ok"));
+    assert!(out.contains("#22 [fd00::2]:49155 > [fd00::3]:4791 UD_SEND_ONLY_WITH_IMMEDIATE"));
+}
+
+#[test]
+fn a_corrupted_frame_in_a_capture_is_bad_and_the_rest_ok() {
+    let dir = temp_dir("pcap");
+    let mut bytes = std::fs::read(SAMPLE).unwrap();
+    // The last byte of the file is the last ICRC byte of the last frame (the CNP).
+    let n = bytes.len();
+    bytes[n - 1] ^= 0x80;
+    let file = dir.join("corrupt.pcap");
+    std::fs::write(&file, &bytes).unwrap();
+    let o = uroce(&["decode", file.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1));
+    let bad: Vec<&str> = out.lines().filter(|l| l.ends_with("icrc=BAD")).collect();
+    assert_eq!(bad.len(), 1, "{out}");
+    assert!(
+        bad[0].starts_with("#23 ") && bad[0].contains(" CNP "),
+        "{}",
+        bad[0]
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn malformed_packets_show_what_was_readable() {
+    let dir = temp_dir("malformed");
+    let (_, mut ack) = vectors()
+        .into_iter()
+        .find(|(n, _)| n == "rxe_rc_ack")
+        .unwrap();
+    ack[28] = 0x15; // an opcode the table does not know
+    let file = dir.join("unknown.txt");
+    std::fs::write(&file, format!("# one packet\nodd {}\n", hex(&ack))).unwrap();
+    let o = uroce(&["decode", file.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        out.starts_with("odd 10.1.16.61:50208 > 10.1.16.62:4791 UNKNOWN(0x15) dqp=0x000021"),
+        "{out}"
+    );
+    assert!(
+        out.contains("error=\"unknown opcode UNKNOWN(0x15)\" icrc=BAD"),
+        "{out}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn unusable_input_is_exit_two_with_a_one_line_error_naming_the_file() {
+    let dir = temp_dir("unusable");
+    let missing = dir.join("missing.pcap");
+    let o = uroce(&["decode", missing.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("missing.pcap") && err.contains("No such file"),
+        "{err}"
+    );
+
+    let text = dir.join("notes.txt");
+    std::fs::write(&text, "these are not packets\n").unwrap();
+    let o = uroce(&["decode", text.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("notes.txt: line 1:") && err.contains("not pcap, pcapng or hex"),
+        "{err}"
+    );
+    assert!(stdout(&o).is_empty());
+
+    let binary = dir.join("blob.bin");
+    std::fs::write(&binary, [0xffu8, 0xfe, 0x00, 0x81, 0x92]).unwrap();
+    let o = uroce(&["decode", binary.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("blob.bin: not pcap, pcapng or hex text"));
+
+    let mut truncated = std::fs::read(SAMPLE).unwrap();
+    truncated.truncate(truncated.len() - 3);
+    let file = dir.join("cut.pcap");
+    std::fs::write(&file, truncated).unwrap();
+    let o = uroce(&["decode", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("cut.pcap: capture truncated at byte"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = uroce(&["decode"]);
+    assert_eq!(o.status.code(), Some(2));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn several_files_are_prefixed_with_their_names() {
+    let o = uroce(&["decode", VECTORS, SAMPLE]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 27);
+    assert!(
+        out.lines()
+            .next()
+            .unwrap()
+            .starts_with(&format!("{VECTORS}: cx4lx_cnp "))
+    );
+    assert!(
+        out.lines()
+            .last()
+            .unwrap()
+            .starts_with(&format!("{SAMPLE}: #23 "))
+    );
+}
+
+/// A capture converted to pcapng by tshark itself decodes the same way.
+#[test]
+fn pcapng_written_by_tshark_decodes_like_the_pcap() {
+    if Command::new("tshark").arg("--version").output().is_err() {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+        assert!(
+            !ci,
+            "tshark is required under CI (apt-get install -y tshark)"
+        );
+        eprintln!("SKIPPED: tshark not found (apt-get install -y tshark to run this test)");
+        return;
+    }
+    let dir = temp_dir("pcapng");
+    let ng = dir.join("sample.pcapng");
+    let conv = Command::new("tshark")
+        .args(["-r", SAMPLE, "-F", "pcapng", "-w", ng.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        conv.status.success(),
+        "{}",
+        String::from_utf8_lossy(&conv.stderr)
+    );
+    let a = uroce(&["decode", SAMPLE]);
+    let b = uroce(&["decode", ng.to_str().unwrap()]);
+    assert_eq!(b.status.code(), Some(0), "{}", stderr(&b));
+    assert_eq!(stdout(&a), stdout(&b));
+    std::fs::remove_dir_all(dir).unwrap();
+}
