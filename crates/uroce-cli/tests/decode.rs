@@ -9,6 +9,10 @@ const VECTORS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../uroce-wire/tests/data/icrc-ipv4.txt"
 );
+const SCAPY: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../uroce-wire/tests/data/icrc-scapy.txt"
+);
 const SAMPLE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../samples/rc-conversation.pcap"
@@ -66,6 +70,20 @@ fn every_vector_is_icrc_ok_and_exit_is_zero() {
          aeth(ACK credits=unlimited msn=1) len=0 icrc=ok"
     ));
     assert!(out.contains("cx4lx_cnp 10.0.17.1:0 > 10.0.18.1:4791 CNP dqp=0x000118 psn=0 becn"));
+
+    // Packets whose ICRC an independent implementation (scapy) computed, over IPv6 too.
+    let o = uroce(&["decode", SCAPY]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert_eq!(
+        out.lines().filter(|l| l.ends_with(" icrc=ok")).count(),
+        4,
+        "{out}"
+    );
+    assert!(
+        out.contains("v6_rc_ack [fd00::2]:49153 > [fd00::3]:4791 RC_ACKNOWLEDGE"),
+        "{out}"
+    );
 }
 
 /// Byte offsets of the fields the ICRC masks (TOS, TTL, IP checksum, UDP checksum, BTH byte 4),
