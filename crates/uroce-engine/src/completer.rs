@@ -1,0 +1,457 @@
+//! The completer: takes responses (ACK, NAK, RNR NAK, READ responses, atomic ACKs) and timers,
+//! completes send WQEs in order, and rewinds the requester when something was lost (IBA 9.7.5.2
+//! and 9.7.6; Linux rxe_comp.c).
+//!
+//! Heads up, read these first: IBA 9.7.5.2.x (an ACK for PSN n completes every WQE that ends at
+//! or before n; a NAK implicitly acknowledges what precedes it), 9.7.5.2.8 (RNR NAK and its
+//! timer), 9.7.6.1.3 (the local ACK timeout), and "implied NAK": an ACK that covers a READ or
+//! atomic whose response never arrived means the response was lost.
+
+use uroce_wire::aeth::{NakCode, Syndrome};
+use uroce_wire::opcode::Opcode;
+use uroce_wire::{PacketRepr, Psn};
+
+use crate::device::{Ctx, flush_wc};
+use crate::memory::MemoryAccess;
+use crate::qp::Qp;
+use crate::time::{Duration, Instant};
+use crate::types::{QpState, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
+
+/// A response packet for `qp` (already checked: ICRC, transport, peer, QP state).
+pub(crate) fn on_response<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Instant,
+    packet: &PacketRepr<'_>,
+) {
+    let psn = packet.bth.psn;
+    // A response must be for a PSN this requester has sent.
+    if !psn.is_before(qp.req.high_psn) {
+        ctx.counters.drop_stale_response += 1;
+        return;
+    }
+    let op = packet.bth.opcode;
+    if op == Opcode::RC_ACKNOWLEDGE {
+        let Some(aeth) = packet.ext.aeth else { return };
+        on_ack(qp, ctx, now, psn, aeth.syndrome);
+    } else if op == Opcode::RC_ATOMIC_ACKNOWLEDGE {
+        on_atomic_ack(
+            qp,
+            ctx,
+            now,
+            psn,
+            packet.ext.atomic_ack_eth.map_or(0, |a| a.orig),
+        );
+    } else {
+        on_read_response(qp, ctx, now, packet);
+    }
+    drain(qp, ctx);
+    if qp.has_request_work(now) {
+        ctx.schedule(qp);
+    }
+}
+
+fn on_ack<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Instant,
+    psn: Psn,
+    syndrome: Syndrome,
+) {
+    // Stale: acknowledges nothing new (older than the oldest unacknowledged PSN minus one).
+    if psn.next().is_before(qp.req.una) {
+        ctx.counters.drop_stale_response += 1;
+        return;
+    }
+    match syndrome {
+        Syndrome::Ack(_) => {
+            if let Some(from) = implied_nak(qp, psn) {
+                ctx.counters.implied_naks += 1;
+                retry(qp, ctx, now, from);
+                return;
+            }
+            advance_una(qp, now, psn.next());
+        }
+        Syndrome::RnrNak(timer) => {
+            ctx.counters.rnr_naks_rcvd += 1;
+            advance_una(qp, now, psn);
+            drain(qp, ctx);
+            // rnr_retry 7 means retry forever (IBA 9.7.5.2.8); only rnr_retry has that meaning.
+            if qp.rnr_retry != 7 {
+                if qp.req.rnr_retries_left == 0 {
+                    ctx.counters.rnr_retry_exceeded += 1;
+                    fail_front(qp, ctx, WcStatus::RNR_RETRY_EXC_ERR);
+                    return;
+                }
+                qp.req.rnr_retries_left -= 1;
+            }
+            let wait = Duration::from_micros(u64::from(timer.micros()));
+            qp.req.rnr_resume = Some((now + wait, psn));
+            qp.req.ack_deadline = None;
+        }
+        Syndrome::Nak(NakCode::PSN_SEQUENCE_ERROR) => {
+            ctx.counters.seq_naks_rcvd += 1;
+            advance_una(qp, now, psn);
+            drain(qp, ctx);
+            retry(qp, ctx, now, psn);
+        }
+        Syndrome::Nak(code) => {
+            // IBA 9.7.5.2.4: the NAKed request fails; everything before it succeeded.
+            advance_una(qp, now, psn);
+            drain(qp, ctx);
+            let status = match code {
+                NakCode::INVALID_REQUEST => WcStatus::REM_INV_REQ_ERR,
+                NakCode::REMOTE_ACCESS_ERROR => WcStatus::REM_ACCESS_ERR,
+                NakCode::REMOTE_OPERATIONAL_ERROR => WcStatus::REM_OP_ERR,
+                NakCode::INVALID_RD_REQUEST => WcStatus::REM_INV_RD_REQ_ERR,
+                _ => WcStatus::BAD_RESP_ERR,
+            };
+            fail_front(qp, ctx, status);
+        }
+        Syndrome::Reserved(_) => ctx.counters.drop_stale_response += 1,
+    }
+}
+
+/// If an ACK for `psn` covers a READ or atomic that has not had all its response, the response
+/// was lost: the PSN to resend from.
+fn implied_nak(qp: &Qp, psn: Psn) -> Option<Psn> {
+    for w in qp.req.sq.iter().take_while(|w| w.started) {
+        if w.first_psn.is_after(psn) {
+            break;
+        }
+        if w.wr.opcode.is_read_or_atomic() && !w.done && w.error.is_none() {
+            return Some(w.first_psn.add(w.resp_pkts));
+        }
+    }
+    None
+}
+
+fn on_atomic_ack<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Instant,
+    psn: Psn,
+    orig: u64,
+) {
+    let pd = qp.init.pd;
+    let Some(idx) = qp
+        .req
+        .sq
+        .iter()
+        .position(|w| w.started && w.wr.opcode.is_atomic() && !w.done && w.first_psn == psn)
+    else {
+        ctx.counters.drop_stale_response += 1;
+        return;
+    };
+    // Responses arrive in order: an earlier READ still waiting means its response was lost.
+    if let Some(from) = earlier_unanswered(qp, idx) {
+        ctx.counters.implied_naks += 1;
+        retry(qp, ctx, now, from);
+        return;
+    }
+    let w = &mut qp.req.sq[idx];
+    let Some(sge) = w.wr.sg_list.first().copied() else {
+        return;
+    };
+    if ctx
+        .mrs
+        .check_local(sge.lkey, pd, sge.addr, 8, true)
+        .is_err()
+    {
+        w.error = Some(WcStatus::LOC_PROT_ERR);
+    } else {
+        ctx.mem.write(sge.addr, &orig.to_ne_bytes());
+        w.resp_pkts = 1;
+        w.done = true;
+    }
+    advance_una(qp, now, psn.next());
+}
+
+fn on_read_response<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Instant,
+    packet: &PacketRepr<'_>,
+) {
+    let psn = packet.bth.psn;
+    let pd = qp.init.pd;
+    let mtu = qp.mtu.bytes();
+    let Some(idx) = qp.req.sq.iter().position(|w| {
+        w.started && w.wr.opcode == WrOpcode::RdmaRead && !w.done && w.error.is_none()
+    }) else {
+        ctx.counters.drop_stale_response += 1;
+        return;
+    };
+    if let Some(from) = earlier_unanswered(qp, idx) {
+        ctx.counters.implied_naks += 1;
+        retry(qp, ctx, now, from);
+        return;
+    }
+    let w = &mut qp.req.sq[idx];
+    let expected = w.first_psn.add(w.resp_pkts);
+    if psn != expected {
+        if psn.is_before(expected) {
+            // A replayed response we already have.
+            ctx.counters.drop_stale_response += 1;
+        } else {
+            // A gap in the responses: ask again from the first missing one (IBA 9.7.5.2.3).
+            ctx.counters.implied_naks += 1;
+            retry(qp, ctx, now, expected);
+        }
+        return;
+    }
+    let k = w.resp_pkts;
+    let is_last = k + 1 == w.npkts;
+    let op = packet.bth.opcode;
+    let position_ok = match (k == 0, is_last) {
+        (true, true) => op == Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+        (true, false) => op == Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        (false, false) => op == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+        (false, true) => op == Opcode::RC_RDMA_READ_RESPONSE_LAST,
+    };
+    let want = w.len.saturating_sub(k * mtu).min(mtu) as usize;
+    if !position_ok || packet.payload.len() != want {
+        w.error = Some(WcStatus::BAD_RESP_ERR);
+        return;
+    }
+    if scatter(ctx, pd, &w.wr.sg_list, u64::from(k * mtu), packet.payload).is_err() {
+        w.error = Some(WcStatus::LOC_PROT_ERR);
+        return;
+    }
+    w.resp_pkts += 1;
+    if w.resp_pkts == w.npkts {
+        w.done = true;
+    }
+    advance_una(qp, now, psn.next());
+}
+
+/// The PSN to resend from if a READ or atomic before `idx` is still waiting for its response.
+fn earlier_unanswered(qp: &Qp, idx: usize) -> Option<Psn> {
+    qp.req
+        .sq
+        .iter()
+        .take(idx)
+        .find(|w| w.wr.opcode.is_read_or_atomic() && !w.done && w.error.is_none())
+        .map(|w| w.first_psn.add(w.resp_pkts))
+}
+
+/// Records that every PSN before `una` is acknowledged; forward progress resets the retry
+/// counters (IBA 9.7.6.1.3) and restarts or stops the ACK timer.
+fn advance_una(qp: &mut Qp, now: Instant, una: Psn) {
+    if una.is_after(qp.req.una) && !una.is_after(qp.req.high_psn) {
+        qp.req.una = una;
+        qp.req.retries_left = qp.retry_cnt;
+        qp.req.rnr_retries_left = qp.rnr_retry;
+        qp.req.ack_deadline = if qp.req.una == qp.req.high_psn {
+            None
+        } else {
+            qp.ack_timeout().map(|t| now + t)
+        };
+    }
+}
+
+/// Completes, in order, every WQE at the front of the send queue that is finished: SEND and
+/// WRITE once acknowledged, READ and atomics once their data is in; a WQE marked failed ends
+/// with its error and moves the QP to Error.
+pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
+    while let Some(w) = qp.req.sq.front() {
+        if let Some(status) = w.error {
+            fail_front(qp, ctx, status);
+            return;
+        }
+        let finished = w.started
+            && if w.wr.opcode.is_read_or_atomic() {
+                w.done
+            } else {
+                qp.req.next_wqe > 0 && w.last_psn().is_before(qp.req.una)
+            };
+        if !finished {
+            return;
+        }
+        let Some(w) = qp.req.sq.pop_front() else {
+            return;
+        };
+        qp.req.next_wqe = qp.req.next_wqe.saturating_sub(1);
+        if w.signaled {
+            let wc = WorkCompletion {
+                wr_id: w.wr.wr_id,
+                status: WcStatus::SUCCESS,
+                opcode: WcOpcode::from(w.wr.opcode),
+                byte_len: w.len,
+                imm: None,
+                qp_num: qp.qpn,
+                src_qp: qp.dest_qpn,
+            };
+            ctx.complete(qp.init.send_cq, wc);
+        }
+    }
+}
+
+/// Ends the oldest WQE with `status` (reported even if unsignaled), then moves the QP to Error.
+pub(crate) fn fail_front<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) {
+    if let Some(w) = qp.req.sq.pop_front() {
+        qp.req.next_wqe = qp.req.next_wqe.saturating_sub(1);
+        let wc = WorkCompletion {
+            wr_id: w.wr.wr_id,
+            status,
+            opcode: WcOpcode::from(w.wr.opcode),
+            byte_len: 0,
+            imm: None,
+            qp_num: qp.qpn,
+            src_qp: qp.dest_qpn,
+        };
+        ctx.complete(qp.init.send_cq, wc);
+    }
+    enter_error(qp, ctx);
+}
+
+/// Moves the QP to Error: every outstanding send and receive WQE completes with
+/// `WR_FLUSH_ERR`, signaled or not (IBA 10.3.1, C10-?; `ibv_modify_qp(3)`). Error NAKs already
+/// queued still go out.
+pub(crate) fn enter_error<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
+    qp.state = QpState::Error;
+    let qpn = qp.qpn;
+    while let Some(w) = qp.req.sq.pop_front() {
+        ctx.complete(
+            qp.init.send_cq,
+            flush_wc(qpn, w.wr.wr_id, WcOpcode::from(w.wr.opcode)),
+        );
+    }
+    if let Some(crate::qp::InMessage::Send { wqe, .. }) = qp.resp.current.take() {
+        ctx.complete(qp.init.recv_cq, flush_wc(qpn, wqe.wr.wr_id, WcOpcode::Recv));
+    }
+    while let Some(r) = qp.rq.pop_front() {
+        ctx.complete(qp.init.recv_cq, flush_wc(qpn, r.wr.wr_id, WcOpcode::Recv));
+    }
+    qp.req.next_wqe = 0;
+    qp.req.ack_deadline = None;
+    qp.req.rnr_resume = None;
+    qp.resp.resources.clear();
+    qp.resp
+        .out
+        .retain(|r| matches!(r, crate::qp::Response::Ack { .. }));
+    if !qp.resp.out.is_empty() {
+        ctx.schedule(qp);
+    }
+}
+
+/// One retry of the transport (ACK timeout, sequence NAK or implied NAK): go back to `from`,
+/// or end with `RETRY_EXC_ERR` when `retry_cnt` retries are used up (IBA 9.7.6.1.3; a
+/// `retry_cnt` of 7 is seven retries, not infinity, unlike Linux rxe).
+fn retry<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, from: Psn) {
+    if qp.req.retries_left == 0 {
+        ctx.counters.retry_exceeded += 1;
+        fail_front(qp, ctx, WcStatus::RETRY_EXC_ERR);
+        return;
+    }
+    qp.req.retries_left -= 1;
+    rewind(qp, now, from);
+    ctx.schedule(qp);
+}
+
+/// Go-back-N: the requester resends from the packet with PSN `from` (a READ is re-requested
+/// whole; the completer drops the responses it already has).
+fn rewind(qp: &mut Qp, now: Instant, from: Psn) {
+    let deadline = qp.ack_timeout().map(|t| now + t);
+    let req = &mut qp.req;
+    let Some(idx) = req
+        .sq
+        .iter()
+        .take_while(|w| w.started)
+        .position(|w| !from.is_before(w.first_psn) && !from.is_after(w.last_psn()))
+    else {
+        return;
+    };
+    let w = &req.sq[idx];
+    req.next_wqe = idx;
+    if w.wr.opcode.is_read_or_atomic() {
+        req.next_pkt = 0;
+        req.next_psn = w.first_psn;
+    } else {
+        req.next_pkt = u32::try_from(from.distance(w.first_psn)).unwrap_or(0);
+        req.next_psn = from;
+    }
+    req.since_ack_req = 0;
+    req.ack_deadline = deadline;
+}
+
+/// Timers of `qp` due at `now`.
+pub(crate) fn on_timer<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
+    if let Some((at, from)) = qp.req.rnr_resume
+        && at <= now
+    {
+        qp.req.rnr_resume = None;
+        rewind(qp, now, from);
+        ctx.schedule(qp);
+    }
+    if qp.req.ack_deadline.is_some_and(|t| t <= now) {
+        qp.req.ack_deadline = None;
+        if qp.state == QpState::Rts && qp.req.una.is_before(qp.req.high_psn) {
+            ctx.counters.ack_timeouts += 1;
+            let from = qp.req.una;
+            retry(qp, ctx, now, from);
+        }
+    }
+}
+
+/// Places `data` at byte `offset` of the message described by `sges` (checking each element's
+/// key for local write by a QP of `pd`). Fails without writing anything if the data does not
+/// fit or a key is bad.
+pub(crate) fn scatter<M: MemoryAccess>(
+    ctx: &mut Ctx<M>,
+    pd: crate::types::PdHandle,
+    sges: &[crate::types::Sge],
+    offset: u64,
+    data: &[u8],
+) -> Result<(), ScatterError> {
+    // First pass checks every piece, so that a failure writes nothing; the second writes.
+    let mut placed = 0;
+    for (sge, addr, _, len) in pieces(sges, offset, data.len()) {
+        ctx.mrs
+            .check_local(sge.lkey, pd, addr, len as u64, true)
+            .map_err(|_| ScatterError::Protection)?;
+        placed += len;
+    }
+    if placed < data.len() {
+        return Err(ScatterError::Length);
+    }
+    for (_, addr, at, len) in pieces(sges, offset, data.len()) {
+        ctx.mem.write(addr, &data[at..at + len]);
+    }
+    Ok(())
+}
+
+/// The pieces of bytes `offset..offset + len` of a message laid over `sges`: for each, the
+/// element, the address, the offset in the data and the length.
+fn pieces(
+    sges: &[crate::types::Sge],
+    offset: u64,
+    len: usize,
+) -> impl Iterator<Item = (crate::types::Sge, u64, usize, usize)> + '_ {
+    let mut skip = offset;
+    let mut done = 0usize;
+    sges.iter().filter_map(move |s| {
+        let sl = u64::from(s.length);
+        if done == len {
+            return None;
+        }
+        if skip >= sl {
+            skip -= sl;
+            return None;
+        }
+        let take = usize::try_from((sl - skip).min((len - done) as u64)).unwrap_or(0);
+        let piece = (*s, s.addr + skip, done, take);
+        done += take;
+        skip = 0;
+        Some(piece)
+    })
+}
+
+/// Why data could not be placed in local buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScatterError {
+    /// The buffers are too small (`LOC_LEN_ERR`).
+    Length,
+    /// A key is invalid, of another PD, out of range or without local write (`LOC_PROT_ERR`).
+    Protection,
+}

@@ -1,0 +1,63 @@
+//! Counters, named after the Linux rxe ones (`RXE_CNT_*`) and the hardware port counters, so
+//! that people who know those can map them. Every dropped packet increments exactly one `drop_*`
+//! counter or `icrc_errors`.
+
+/// A device's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Packets handed to the network.
+    pub sent_pkts: u64,
+    /// Bytes of RoCE packets (BTH through ICRC) handed to the network.
+    pub sent_bytes: u64,
+    /// Packets received and accepted for processing.
+    pub rcvd_pkts: u64,
+    /// Bytes of RoCE packets received and accepted.
+    pub rcvd_bytes: u64,
+    /// Requests that arrived ahead of the expected PSN (each gap NAKed once) (`RCV_SEQ_ERR`).
+    pub rcv_seq_err: u64,
+    /// Duplicate requests: PSN behind the expected one (`DUP_REQ`).
+    pub dup_req: u64,
+    /// Packets sent again by go-back-N (`RETRY`-style).
+    pub retransmitted_pkts: u64,
+    /// ACK timeouts with packets outstanding: each starts a retry, or ends the WQE with
+    /// `RETRY_EXC_ERR` once the retries are used up.
+    pub ack_timeouts: u64,
+    /// Sequence NAKs received (`SEQ_NAK`).
+    pub seq_naks_rcvd: u64,
+    /// Implied NAKs: a READ or atomic response overtaken by a later ACK.
+    pub implied_naks: u64,
+    /// RNR NAKs sent (`SND_RNR`).
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received (`RCV_RNR`).
+    pub rnr_naks_rcvd: u64,
+    /// WQEs ended with `RETRY_EXC_ERR` (`RETRY_EXCEEDED`).
+    pub retry_exceeded: u64,
+    /// WQEs ended with `RNR_RETRY_EXC_ERR` (`RNR_RETRY_EXCEEDED`).
+    pub rnr_retry_exceeded: u64,
+    /// NAKs sent for invalid requests, access errors and operational errors.
+    pub err_naks_sent: u64,
+    /// Completions lost because their CQ was full.
+    pub cq_overflows: u64,
+    /// Packets whose ICRC did not match (`ICRC_ERROR`-style).
+    pub icrc_errors: u64,
+    /// Dropped: the packet could not be parsed (truncated, bad TVer, pad, unknown opcode…).
+    pub drop_malformed: u64,
+    /// Dropped: no QP with the destination QPN.
+    pub drop_unknown_qp: u64,
+    /// Dropped: the opcode's transport is not the QP's.
+    pub drop_wrong_transport: u64,
+    /// Dropped: the P_Key does not match.
+    pub drop_bad_pkey: u64,
+    /// Dropped: the QP is not in a state that accepts the packet.
+    pub drop_bad_state: u64,
+    /// Dropped: the sender is not the QP's peer.
+    pub drop_wrong_peer: u64,
+    /// Dropped: further packets after a sequence NAK, until the expected PSN arrives.
+    pub drop_out_of_sequence: u64,
+    /// Dropped: no receive WQE (answered by an RNR NAK).
+    pub drop_rnr: u64,
+    /// Dropped: a response (ACK, READ response, atomic ACK) that matches nothing outstanding.
+    pub drop_stale_response: u64,
+    /// Dropped: a duplicate READ or atomic whose saved responder resource is gone.
+    pub drop_dup_no_resource: u64,
+}

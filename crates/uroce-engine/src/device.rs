@@ -1,0 +1,493 @@
+//! A device: the engine's top-level object. It owns the protection domains, memory regions,
+//! completion queues and queue pairs of one RoCEv2 address, takes packets and time in, and
+//! gives packets and deadlines out.
+
+use core::net::{IpAddr, SocketAddr};
+use std::collections::{BTreeMap, VecDeque};
+
+use uroce_wire::icrc::{self, PseudoHeader};
+use uroce_wire::opcode::OpFlags;
+use uroce_wire::{PacketRepr, Psn, Qpn, ROCE_V2_PORT, Transport, bth};
+
+use crate::counters::Counters;
+use crate::cq::Cq;
+use crate::memory::MemoryAccess;
+use crate::mr::{MemoryRegion, MrTable};
+use crate::qp::{ModifyError, PostError, Qp, QpAttr, QpInitAttr, RecvWqe, SendWqe};
+use crate::rng::Rng;
+use crate::time::Instant;
+use crate::types::{
+    Access, CqHandle, LKey, PdHandle, QpState, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    WrOpcode,
+};
+use crate::{completer, requester, responder};
+
+/// How a device is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// The address the device sends from and receives at (its RoCEv2 GID).
+    pub addr: IpAddr,
+    /// Seed for every random choice the device makes (keys, QPNs).
+    pub seed: u64,
+    /// Packets a QP may have sent and not had acknowledged.
+    pub max_inflight_pkts: u32,
+    /// The requester asks for an ACK at least every this many packets of a long message.
+    pub ack_req_interval: u32,
+}
+
+impl DeviceConfig {
+    /// Defaults for a device at `addr`.
+    pub const fn new(addr: IpAddr, seed: u64) -> Self {
+        Self {
+            addr,
+            seed,
+            max_inflight_pkts: 256,
+            ack_req_interval: 32,
+        }
+    }
+}
+
+/// A packet to send: `poll_transmit` wrote its bytes (BTH through ICRC) into the caller's
+/// buffer; send them in a UDP datagram from `src_port` to `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination: the peer's address, UDP port 4791.
+    pub dst: SocketAddr,
+    /// UDP source port (per-QP flow entropy).
+    pub src_port: u16,
+}
+
+/// What the protocol steps share: everything of the device but its QPs, so a step can hold one
+/// QP mutably beside it.
+pub(crate) struct Ctx<M> {
+    pub(crate) config: DeviceConfig,
+    pub(crate) mrs: MrTable,
+    pub(crate) mem: M,
+    pub(crate) cqs: BTreeMap<u32, Cq>,
+    pub(crate) counters: Counters,
+    pub(crate) rng: Rng,
+    /// QPs with something to transmit, in turn.
+    pub(crate) rotation: VecDeque<Qpn>,
+    /// Payload staging for the packet being built.
+    pub(crate) scratch: Vec<u8>,
+}
+
+impl<M> Ctx<M> {
+    /// Puts `qp` on the transmit rotation if it is not there.
+    pub(crate) fn schedule(&mut self, qp: &mut Qp) {
+        if !qp.scheduled {
+            qp.scheduled = true;
+            self.rotation.push_back(qp.qpn);
+        }
+    }
+
+    /// Delivers a completion, counting it if its queue is full.
+    pub(crate) fn complete(&mut self, cq: CqHandle, wc: WorkCompletion) {
+        let delivered = self.cqs.get_mut(&cq.0).is_some_and(|q| q.push(wc));
+        if !delivered {
+            self.counters.cq_overflows += 1;
+        }
+    }
+
+    /// Builds `repr` into `buf` for `qp`, counting it.
+    pub(crate) fn emit(
+        &mut self,
+        qp: &Qp,
+        repr: &PacketRepr<'_>,
+        buf: &mut Vec<u8>,
+    ) -> Option<Transmit> {
+        let (pseudo, av) = (qp.tx_pseudo.as_ref()?, qp.av?);
+        let len = repr.buffer_len().ok()?;
+        buf.clear();
+        buf.resize(len, 0);
+        repr.emit(pseudo, buf).ok()?;
+        self.counters.sent_pkts += 1;
+        self.counters.sent_bytes += len as u64;
+        Some(Transmit {
+            dst: SocketAddr::new(av.dest, ROCE_V2_PORT),
+            src_port: qp.src_port,
+        })
+    }
+}
+
+/// A RoCEv2 device: the transport of one address, as a deterministic state machine.
+///
+/// Inputs: `handle_datagram`, `handle_timeout`, the verbs (`post_send`, `post_recv`,
+/// `modify_qp`, …). Outputs: `poll_transmit`, `poll_timeout`, `poll_cq`. Given the same seed
+/// and the same inputs at the same instants, it produces the same outputs.
+pub struct Device<M> {
+    ctx: Ctx<M>,
+    qps: BTreeMap<u32, Qp>,
+    next_qpn: u32,
+    next_pd: u32,
+    next_cq: u32,
+}
+
+impl<M: MemoryAccess> Device<M> {
+    /// A device at `config.addr` whose application memory is `mem`.
+    pub fn new(config: DeviceConfig, mem: M) -> Self {
+        let mut rng = Rng::new(config.seed);
+        // QPNs start at a seeded point above the special QPs 0 and 1 (rxe starts at 17).
+        let next_qpn = 0x10 + (rng.next_u32() & 0xFFFF);
+        Self {
+            ctx: Ctx {
+                config,
+                mrs: MrTable::default(),
+                mem,
+                cqs: BTreeMap::new(),
+                counters: Counters::default(),
+                rng,
+                rotation: VecDeque::new(),
+                scratch: Vec::new(),
+            },
+            qps: BTreeMap::new(),
+            next_qpn,
+            next_pd: 1,
+            next_cq: 1,
+        }
+    }
+
+    /// The device's address.
+    pub fn addr(&self) -> IpAddr {
+        self.ctx.config.addr
+    }
+
+    /// Application memory.
+    pub fn memory(&self) -> &M {
+        &self.ctx.mem
+    }
+
+    /// Application memory, mutably.
+    pub fn memory_mut(&mut self) -> &mut M {
+        &mut self.ctx.mem
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &Counters {
+        &self.ctx.counters
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&mut self) -> PdHandle {
+        let pd = PdHandle(self.next_pd);
+        self.next_pd += 1;
+        pd
+    }
+
+    /// Registers `length` bytes at virtual address `addr` with `access` rights.
+    pub fn reg_mr(&mut self, pd: PdHandle, addr: u64, length: u64, access: Access) -> MemoryRegion {
+        self.ctx
+            .mrs
+            .register(&mut self.ctx.rng, pd, addr, length, access)
+    }
+
+    /// Deregisters a region: its keys stop working at once. `None` if the key is unknown.
+    pub fn dereg_mr(&mut self, lkey: LKey) -> Option<MemoryRegion> {
+        self.ctx.mrs.deregister(lkey)
+    }
+
+    /// Number of registered regions.
+    pub fn mr_count(&self) -> usize {
+        self.ctx.mrs.len()
+    }
+
+    /// Creates a completion queue that holds `capacity` completions.
+    pub fn create_cq(&mut self, capacity: usize) -> CqHandle {
+        let cq = CqHandle(self.next_cq);
+        self.next_cq += 1;
+        self.ctx.cqs.insert(cq.0, Cq::new(capacity));
+        cq
+    }
+
+    /// Takes up to `max` completions from `cq`, oldest first, appending them to `out`; returns
+    /// how many.
+    pub fn poll_cq(&mut self, cq: CqHandle, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
+        let Some(q) = self.ctx.cqs.get_mut(&cq.0) else {
+            return 0;
+        };
+        let mut n = 0;
+        while n < max {
+            let Some(wc) = q.pop() else { break };
+            out.push(wc);
+            n += 1;
+        }
+        n
+    }
+
+    /// Whether `cq` lost a completion because it was full.
+    pub fn cq_overflowed(&self, cq: CqHandle) -> bool {
+        self.ctx.cqs.get(&cq.0).is_some_and(Cq::overflowed)
+    }
+
+    /// Completions waiting in `cq`.
+    pub fn cq_len(&self, cq: CqHandle) -> usize {
+        self.ctx.cqs.get(&cq.0).map_or(0, Cq::len)
+    }
+
+    /// Creates a queue pair in the Reset state and returns its number.
+    pub fn create_qp(&mut self, init: QpInitAttr) -> Qpn {
+        let qpn = Qpn::from_masked(self.next_qpn);
+        self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
+        if self.next_qpn < 0x10 || self.next_qpn == Qpn::MULTICAST.get() {
+            self.next_qpn = 0x10;
+        }
+        self.qps.insert(qpn.get(), Qp::new(qpn, init));
+        qpn
+    }
+
+    /// Destroys a queue pair; packets for it are dropped from then on.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> bool {
+        self.qps.remove(&qpn.get()).is_some()
+    }
+
+    /// The state of a QP.
+    pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+        self.qps.get(&qpn.get()).map(|q| q.state)
+    }
+
+    /// Moves a QP through its state machine (IBA 10.3.1; `ibv_modify_qp(3)`).
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), ModifyError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.get())
+            .ok_or(ModifyError::UnknownQp(qpn))?;
+        let from = qp.modify(attr)?;
+        match qp.state {
+            QpState::Rtr | QpState::Rts if qp.tx_pseudo.is_none() || attr.av.is_some() => {
+                if let Some(av) = qp.av {
+                    let src = SocketAddr::new(self.ctx.config.addr, qp.src_port);
+                    let dst = SocketAddr::new(av.dest, ROCE_V2_PORT);
+                    qp.tx_pseudo = PseudoHeader::for_endpoints(src, dst).ok();
+                }
+            }
+            QpState::Error if from != QpState::Error => completer::enter_error(qp, &mut self.ctx),
+            QpState::Reset if from != QpState::Reset => {
+                let init = qp.init;
+                *qp = Qp::new(qpn, init);
+            }
+            _ => {}
+        }
+        if qp.has_request_work(Instant::ZERO) {
+            self.ctx.schedule(qp);
+        }
+        Ok(())
+    }
+
+    /// Posts a send work request (`ibv_post_send`). On a QP in the Error state it completes at
+    /// once with `WR_FLUSH_ERR`, as verbs specify.
+    pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.get())
+            .ok_or(PostError::UnknownQp(qpn))?;
+        let len = validate_send(qp, &wr)?;
+        let signaled = qp.init.sq_sig_all || wr.flags.contains(crate::types::SendFlags::SIGNALED);
+        if qp.state == QpState::Error {
+            let wc = flush_wc(qpn, wr.wr_id, wr.opcode.into());
+            self.ctx.complete(qp.init.send_cq, wc);
+            return Ok(());
+        }
+        let mtu = qp.mtu.bytes();
+        let npkts = match wr.opcode {
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 1,
+            _ => len.div_ceil(mtu).max(1),
+        };
+        qp.req.sq.push_back(SendWqe {
+            wr,
+            len,
+            npkts,
+            first_psn: Psn::ZERO,
+            started: false,
+            resp_pkts: 0,
+            done: false,
+            signaled,
+            error: None,
+        });
+        if qp.can_send() {
+            self.ctx.schedule(qp);
+        }
+        Ok(())
+    }
+
+    /// Posts a receive work request (`ibv_post_recv`).
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), PostError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.get())
+            .ok_or(PostError::UnknownQp(qpn))?;
+        if qp.state == QpState::Reset {
+            return Err(PostError::InvalidState(qp.state));
+        }
+        if wr.sg_list.len() > qp.init.cap.max_recv_sge as usize {
+            return Err(PostError::TooManySge);
+        }
+        if qp.rq.len() >= qp.init.cap.max_recv_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        if qp.state == QpState::Error {
+            let wc = flush_wc(qpn, wr.wr_id, WcOpcode::Recv);
+            self.ctx.complete(qp.init.recv_cq, wc);
+            return Ok(());
+        }
+        qp.rq.push_back(RecvWqe { wr });
+        Ok(())
+    }
+
+    /// Takes in one received UDP payload (BTH through ICRC) that came from `src`.
+    ///
+    /// Every packet that is not processed increments exactly one drop counter (or
+    /// `icrc_errors`); nothing here panics on any input.
+    pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, payload: &[u8]) {
+        let c = &mut self.ctx.counters;
+        let Ok(view) = bth::Packet::new_checked(payload) else {
+            c.drop_malformed += 1;
+            return;
+        };
+        let Some(qp) = self.qps.get_mut(&view.dest_qp().get()) else {
+            c.drop_unknown_qp += 1;
+            return;
+        };
+        // ICRC first (IBA Annex A17.3.3): the prefix for this peer is kept per QP.
+        let pseudo = match qp.rx_pseudo {
+            Some((from, p)) if from == src => p,
+            _ => {
+                let local = SocketAddr::new(self.ctx.config.addr, ROCE_V2_PORT);
+                let Ok(p) = PseudoHeader::for_endpoints(src, local) else {
+                    c.drop_wrong_peer += 1;
+                    return;
+                };
+                qp.rx_pseudo = Some((src, p));
+                p
+            }
+        };
+        if icrc::verify(&pseudo, payload).is_err() {
+            c.icrc_errors += 1;
+            return;
+        }
+        let Ok(parsed) = PacketRepr::parse_ignoring_icrc(payload) else {
+            c.drop_malformed += 1;
+            return;
+        };
+        let packet = parsed.repr;
+        // Header checks (IBA 9.6.1: transport, partition, source; rxe_recv.c hdr_check).
+        if packet.bth.opcode.transport() != Transport::Rc {
+            c.drop_wrong_transport += 1;
+            return;
+        }
+        if packet.bth.pkey.base() != uroce_wire::PKey::DEFAULT.base() {
+            c.drop_bad_pkey += 1;
+            return;
+        }
+        if qp.av.is_none_or(|av| av.dest != src.ip()) {
+            c.drop_wrong_peer += 1;
+            return;
+        }
+        let Some(info) = packet.bth.opcode.info() else {
+            c.drop_malformed += 1;
+            return;
+        };
+        if info.has(OpFlags::REQUEST) {
+            if !qp.can_receive() {
+                c.drop_bad_state += 1;
+                return;
+            }
+            c.rcvd_pkts += 1;
+            c.rcvd_bytes += payload.len() as u64;
+            responder::on_request(qp, &mut self.ctx, now, &packet);
+        } else {
+            if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+                c.drop_bad_state += 1;
+                return;
+            }
+            c.rcvd_pkts += 1;
+            c.rcvd_bytes += payload.len() as u64;
+            completer::on_response(qp, &mut self.ctx, now, &packet);
+        }
+    }
+
+    /// Writes the next packet to send into `buf` (replacing its contents) and says where it
+    /// goes; `None` when nothing is ready. Call until `None` after every input.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        for _ in 0..self.ctx.rotation.len() {
+            let qpn = self.ctx.rotation.pop_front()?;
+            let Some(qp) = self.qps.get_mut(&qpn.get()) else {
+                continue;
+            };
+            qp.scheduled = false;
+            let tx = responder::poll(qp, &mut self.ctx, buf)
+                .or_else(|| requester::poll(qp, &mut self.ctx, now, buf));
+            if let Some(tx) = tx {
+                self.ctx.schedule(qp);
+                return Some(tx);
+            }
+        }
+        None
+    }
+
+    /// The earliest instant at which `handle_timeout` has work.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps
+            .values()
+            .flat_map(|qp| [qp.req.ack_deadline, qp.req.rnr_resume.map(|(t, _)| t)])
+            .flatten()
+            .min()
+    }
+
+    /// Runs the timers due at `now`: ACK timeouts and RNR waits.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for qp in self.qps.values_mut() {
+            completer::on_timer(qp, &mut self.ctx, now);
+        }
+    }
+}
+
+/// Checks a send WR against the QP and returns the message length.
+fn validate_send(qp: &Qp, wr: &SendWr) -> Result<u32, PostError> {
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Error) {
+        return Err(PostError::InvalidState(qp.state));
+    }
+    if qp.req.sq.len() >= qp.init.cap.max_send_wr as usize {
+        return Err(PostError::QueueFull);
+    }
+    if wr.opcode.is_rdma() && wr.remote.is_none() {
+        return Err(PostError::MissingRemote);
+    }
+    if wr.opcode.has_imm() && wr.imm.is_none() {
+        return Err(PostError::MissingImm);
+    }
+    let len: u64 = match &wr.inline_data {
+        Some(data) => {
+            if data.len() > qp.init.cap.max_inline_data as usize || wr.opcode.is_read_or_atomic() {
+                return Err(PostError::InlineTooLong);
+            }
+            data.len() as u64
+        }
+        None => {
+            if wr.sg_list.len() > qp.init.cap.max_send_sge as usize {
+                return Err(PostError::TooManySge);
+            }
+            wr.sg_list.iter().map(|s| u64::from(s.length)).sum()
+        }
+    };
+    if wr.opcode.is_atomic() && (wr.sg_list.len() != 1 || len != 8) {
+        return Err(PostError::BadAtomicSge);
+    }
+    // IBA 9.7.3: an RC message is at most 2^31 bytes.
+    if len > 1 << 31 {
+        return Err(PostError::MessageTooLong);
+    }
+    u32::try_from(len).map_err(|_| PostError::MessageTooLong)
+}
+
+/// A flushed completion.
+pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status: WcStatus::WR_FLUSH_ERR,
+        opcode,
+        byte_len: 0,
+        imm: None,
+        qp_num: qpn,
+        src_qp: Qpn::QP0,
+    }
+}

@@ -1,0 +1,38 @@
+//! The RoCEv2 transport as a sans-IO state machine: what an RNIC does in silicon.
+//!
+//! A [`Device`] is the transport of one address. It never reads a clock, sleeps, spawns a
+//! thread or touches a socket: packets go in through [`Device::handle_datagram`] and out through
+//! [`Device::poll_transmit`]; time is passed in as an [`Instant`], and the next deadline comes
+//! out of [`Device::poll_timeout`]; application memory is reached through [`MemoryAccess`].
+//! Given the same seed and the same inputs at the same instants it produces the same outputs,
+//! which is what lets `uroce-sim` test every loss and timing rule in virtual time.
+//!
+//! The call order a runtime follows: after every input (a datagram, a verb, a timeout), call
+//! `poll_transmit` until it returns `None`; sleep until `poll_timeout` or the next datagram.
+//!
+//! Module map (Linux rxe's split): `requester` builds request packets, `responder` executes
+//! requests and answers them, `completer` handles answers and timers and completes send WQEs,
+//! `mr` checks every memory access, `qp` holds the state machine.
+#![forbid(unsafe_code)]
+
+mod completer;
+pub mod counters;
+mod cq;
+pub mod device;
+pub mod memory;
+pub mod mr;
+pub mod qp;
+mod requester;
+mod responder;
+mod rng;
+pub mod time;
+pub mod types;
+
+pub use counters::Counters;
+pub use device::{Device, DeviceConfig, Transmit};
+pub use memory::{MemoryAccess, VecMemory};
+pub use mr::{AccessError, MemoryRegion};
+pub use qp::{ModifyError, PostError, QpAttr, QpCap, QpInitAttr};
+pub use time::{Duration, Instant};
+pub use types::*;
+pub use uroce_wire::{Psn, Qpn, RKey};

@@ -1,0 +1,526 @@
+//! Queue pairs: their state machine, attributes and queues. The protocol steps that act on
+//! them are in `requester.rs`, `completer.rs` and `responder.rs`.
+
+use core::fmt;
+use core::net::SocketAddr;
+use std::collections::VecDeque;
+
+use uroce_wire::aeth::Syndrome;
+use uroce_wire::icrc::PseudoHeader;
+use uroce_wire::{Msn, Psn, Qpn, RKey};
+
+use crate::time::{Duration, Instant};
+use crate::types::{
+    Access, AddressVector, CqHandle, Mtu, PdHandle, QpState, QpType, RecvWr, RnrTimer, SendWr,
+};
+
+/// Limits of a QP's queues (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send WQEs outstanding at once.
+    pub max_send_wr: u32,
+    /// Receive WQEs outstanding at once.
+    pub max_recv_wr: u32,
+    /// Scatter/gather elements per send WQE.
+    pub max_send_sge: u32,
+    /// Scatter/gather elements per receive WQE.
+    pub max_recv_sge: u32,
+    /// Bytes of inline data per send WQE.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> Self {
+        Self {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 256,
+        }
+    }
+}
+
+/// What `create_qp` needs (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInitAttr {
+    /// Transport.
+    pub qp_type: QpType,
+    /// Protection domain: the QP may only use regions of this PD.
+    pub pd: PdHandle,
+    /// Where send completions go.
+    pub send_cq: CqHandle,
+    /// Where receive completions go.
+    pub recv_cq: CqHandle,
+    /// Queue limits.
+    pub cap: QpCap,
+    /// Every send WR is signaled, whatever its flags (`sq_sig_all`).
+    pub sq_sig_all: bool,
+}
+
+/// Attributes for `modify_qp` (`ibv_qp_attr` with its mask: a `Some` field is in the mask).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpAttr {
+    /// The state to move to.
+    pub state: Option<QpState>,
+    /// Partition key index (uroce has one partition, index 0).
+    pub pkey_index: Option<u16>,
+    /// Port (uroce devices have port 1).
+    pub port_num: Option<u8>,
+    /// Remote operations the responder allows.
+    pub access_flags: Option<Access>,
+    /// Path MTU.
+    pub path_mtu: Option<Mtu>,
+    /// The peer's address.
+    pub av: Option<AddressVector>,
+    /// The peer's QPN.
+    pub dest_qp_num: Option<Qpn>,
+    /// First PSN the responder expects.
+    pub rq_psn: Option<Psn>,
+    /// READ and atomic requests the responder keeps resources for (1–16).
+    pub max_dest_rd_atomic: Option<u8>,
+    /// RNR NAK delay this responder asks for.
+    pub min_rnr_timer: Option<RnrTimer>,
+    /// First PSN the requester sends.
+    pub sq_psn: Option<Psn>,
+    /// Local ACK timeout exponent: 4.096 µs × 2^timeout; 0 waits forever (IBA 9.7.6.1.3).
+    pub timeout: Option<u8>,
+    /// Retries after an ACK timeout or a sequence NAK (0–7).
+    pub retry_cnt: Option<u8>,
+    /// Retries after an RNR NAK (0–7; 7 means forever, IBA 9.7.5.2.8).
+    pub rnr_retry: Option<u8>,
+    /// READ and atomic requests the requester keeps outstanding (1–16).
+    pub max_rd_atomic: Option<u8>,
+}
+
+/// Why `modify_qp` refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModifyError {
+    /// No such QP.
+    UnknownQp(Qpn),
+    /// The state machine has no such transition (IBA 10.3.1).
+    InvalidTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
+    /// The transition requires an attribute that was not given (`ibv_modify_qp(3)`).
+    MissingAttribute {
+        /// The attribute, as rdma-core names its mask bit.
+        attr: &'static str,
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
+    /// An attribute is outside its range.
+    InvalidValue {
+        /// The attribute.
+        attr: &'static str,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+}
+
+impl fmt::Display for ModifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownQp(q) => write!(f, "no QP {q}"),
+            Self::InvalidTransition { from, to } => write!(f, "no transition {from:?} -> {to:?}"),
+            Self::MissingAttribute { attr, from, to } => {
+                write!(f, "{from:?} -> {to:?} requires {attr}")
+            }
+            Self::InvalidValue { attr, rule } => write!(f, "{attr}: {rule}"),
+        }
+    }
+}
+
+impl std::error::Error for ModifyError {}
+
+/// Why a post was refused. Nothing was queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// No such QP.
+    UnknownQp(Qpn),
+    /// Sends need RTS (or SQD/Error), receives need Init or later (`ibv_post_send(3)`).
+    InvalidState(QpState),
+    /// The queue already holds `max_send_wr` / `max_recv_wr` WQEs.
+    QueueFull,
+    /// More scatter/gather elements than `max_send_sge` / `max_recv_sge`.
+    TooManySge,
+    /// Inline data longer than `max_inline_data`.
+    InlineTooLong,
+    /// A message longer than 2^31 bytes (IBA 9.7.3: RC messages are at most 2^31 bytes).
+    MessageTooLong,
+    /// An RDMA or atomic opcode without a remote address.
+    MissingRemote,
+    /// An atomic whose local buffer is not one 8-byte element.
+    BadAtomicSge,
+    /// Immediate data missing on a `*WithImm` opcode.
+    MissingImm,
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownQp(q) => write!(f, "no QP {q}"),
+            Self::InvalidState(s) => write!(f, "QP in state {s:?} cannot take this post"),
+            Self::QueueFull => f.write_str("work queue full"),
+            Self::TooManySge => f.write_str("more scatter/gather elements than the QP allows"),
+            Self::InlineTooLong => f.write_str("inline data longer than max_inline_data"),
+            Self::MessageTooLong => f.write_str("message longer than 2^31 bytes"),
+            Self::MissingRemote => {
+                f.write_str("RDMA or atomic work request without remote address")
+            }
+            Self::BadAtomicSge => f.write_str("atomic needs exactly one 8-byte local element"),
+            Self::MissingImm => f.write_str("immediate opcode without immediate data"),
+        }
+    }
+}
+
+impl std::error::Error for PostError {}
+
+/// A send WQE and its progress.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub(crate) wr: SendWr,
+    /// Message length in bytes.
+    pub(crate) len: u32,
+    /// Packets (PSNs) the message occupies; a READ occupies one per response packet.
+    pub(crate) npkts: u32,
+    /// Assigned when the WQE first goes on the wire.
+    pub(crate) first_psn: Psn,
+    pub(crate) started: bool,
+    /// READ: response packets received in order; atomic: 1 once the ACK arrived.
+    pub(crate) resp_pkts: u32,
+    /// READ or atomic: all response data is in.
+    pub(crate) done: bool,
+    pub(crate) signaled: bool,
+    /// A local error found when the WQE was started; reported when it reaches the front.
+    pub(crate) error: Option<crate::types::WcStatus>,
+}
+
+impl SendWqe {
+    pub(crate) fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts.saturating_sub(1))
+    }
+}
+
+/// A receive WQE.
+#[derive(Debug)]
+pub(crate) struct RecvWqe {
+    pub(crate) wr: RecvWr,
+}
+
+/// The requester's progress through the send queue (IBA 9.7.4; rxe_req.c).
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// Posted WQEs not yet completed, oldest first.
+    pub(crate) sq: VecDeque<SendWqe>,
+    /// Index in `sq` of the first WQE with packets still to send.
+    pub(crate) next_wqe: usize,
+    /// Packets of `sq[next_wqe]` already sent.
+    pub(crate) next_pkt: u32,
+    /// PSN of the next packet to send.
+    pub(crate) next_psn: Psn,
+    /// Oldest PSN not yet acknowledged.
+    pub(crate) una: Psn,
+    /// Retries left before `RETRY_EXC_ERR`.
+    pub(crate) retries_left: u8,
+    /// RNR retries left before `RNR_RETRY_EXC_ERR` (unused when `rnr_retry` is 7).
+    pub(crate) rnr_retries_left: u8,
+    /// ACK timeout deadline while packets are outstanding.
+    pub(crate) ack_deadline: Option<Instant>,
+    /// After an RNR NAK: when to resume, and from which PSN.
+    pub(crate) rnr_resume: Option<(Instant, Psn)>,
+    /// Packets sent since the last one with AckReq.
+    pub(crate) since_ack_req: u32,
+    /// One past the highest PSN ever sent: PSNs before it that go out again are retransmits.
+    pub(crate) high_psn: Psn,
+}
+
+/// A message the responder is in the middle of.
+#[derive(Debug)]
+pub(crate) enum InMessage {
+    /// A multi-packet SEND: its receive WQE and the bytes placed so far.
+    Send { wqe: RecvWqe, written: u32 },
+    /// A multi-packet RDMA WRITE.
+    Write {
+        va: u64,
+        rkey: RKey,
+        dma_len: u32,
+        written: u32,
+    },
+}
+
+/// What a READ or atomic request left behind, to answer a duplicate of it (IBA 9.7.5.1.x;
+/// rxe's `resp_res`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Resource {
+    pub(crate) first_psn: Psn,
+    pub(crate) kind: ResourceKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ResourceKind {
+    Read {
+        va: u64,
+        rkey: RKey,
+        len: u32,
+        npkts: u32,
+    },
+    Atomic {
+        orig: u64,
+    },
+}
+
+/// A response waiting to go out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Response {
+    Ack {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: Msn,
+    },
+    Read {
+        first_psn: Psn,
+        va: u64,
+        rkey: RKey,
+        len: u32,
+        npkts: u32,
+        next: u32,
+        msn: Msn,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: Msn,
+    },
+}
+
+/// The responder's state (IBA 9.7.5; rxe_resp.c).
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    /// Expected PSN.
+    pub(crate) epsn: Psn,
+    /// Messages completed.
+    pub(crate) msn: Msn,
+    /// A sequence NAK went out for the current gap; further out-of-order packets are dropped.
+    pub(crate) nak_sent: bool,
+    pub(crate) current: Option<InMessage>,
+    pub(crate) resources: VecDeque<Resource>,
+    pub(crate) out: VecDeque<Response>,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub(crate) qpn: Qpn,
+    pub(crate) init: QpInitAttr,
+    pub(crate) state: QpState,
+    pub(crate) access: Access,
+    pub(crate) mtu: Mtu,
+    pub(crate) av: Option<AddressVector>,
+    pub(crate) dest_qpn: Qpn,
+    /// UDP source port: per-QP flow entropy (RoCEv2, IBA Annex A17.4.2.1), as rxe derives it.
+    pub(crate) src_port: u16,
+    pub(crate) timeout: u8,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) min_rnr_timer: RnrTimer,
+    pub(crate) max_rd_atomic: u8,
+    pub(crate) max_dest_rd_atomic: u8,
+    /// ICRC prefix for what this QP sends.
+    pub(crate) tx_pseudo: Option<PseudoHeader>,
+    /// ICRC prefix for the last peer address this QP received from.
+    pub(crate) rx_pseudo: Option<(SocketAddr, PseudoHeader)>,
+    pub(crate) req: Requester,
+    pub(crate) resp: Responder,
+    pub(crate) rq: VecDeque<RecvWqe>,
+    /// Queued on the device's transmit rotation.
+    pub(crate) scheduled: bool,
+}
+
+/// Largest READ and atomic depth a uroce device supports (`max_qp_rd_atom`).
+pub const MAX_RD_ATOMIC: u8 = 16;
+
+impl Qp {
+    pub(crate) fn new(qpn: Qpn, init: QpInitAttr) -> Self {
+        // 0xC000 | 14 bits of the QPN: the dynamic port range, one flow per QP.
+        let src_port = 0xC000 | u16::try_from(qpn.get() & 0x3FFF).unwrap_or(0);
+        Self {
+            qpn,
+            init,
+            state: QpState::Reset,
+            access: Access::NONE,
+            mtu: Mtu::Mtu1024,
+            av: None,
+            dest_qpn: Qpn::QP0,
+            src_port,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: RnrTimer::from_masked(12),
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            tx_pseudo: None,
+            rx_pseudo: None,
+            req: Requester::default(),
+            resp: Responder::default(),
+            rq: VecDeque::new(),
+            scheduled: false,
+        }
+    }
+
+    /// The local ACK timeout, `None` for infinite (IBA 9.7.6.1.3: 4.096 µs × 2^timeout).
+    pub(crate) fn ack_timeout(&self) -> Option<Duration> {
+        (self.timeout != 0).then(|| Duration::from_nanos(4_096u64 << self.timeout.min(31)))
+    }
+
+    /// Validates and applies `attr` (IBA 10.3.1; the required and optional attributes per
+    /// transition are those of `ibv_modify_qp(3)` for RC). On error nothing changes. Returns
+    /// the previous state.
+    pub(crate) fn modify(&mut self, attr: &QpAttr) -> Result<QpState, ModifyError> {
+        let from = self.state;
+        let to = attr.state.unwrap_or(from);
+        use QpState::{Error, Init, Reset, Rtr, Rts, Sqd, Sqe};
+        let legal = matches!(
+            (from, to),
+            (_, Reset | Error)
+                | (Reset, Init)
+                | (Init, Init | Rtr)
+                | (Rtr, Rts)
+                | (Rts, Rts | Sqd)
+                | (Sqd, Sqd | Rts)
+                | (Sqe, Rts)
+        );
+        if !legal {
+            return Err(ModifyError::InvalidTransition { from, to });
+        }
+        let required: &[(&'static str, bool)] = match (from, to) {
+            (Reset, Init) => &[
+                ("IBV_QP_PKEY_INDEX", attr.pkey_index.is_some()),
+                ("IBV_QP_PORT", attr.port_num.is_some()),
+                ("IBV_QP_ACCESS_FLAGS", attr.access_flags.is_some()),
+            ],
+            (Init, Rtr) => &[
+                ("IBV_QP_AV", attr.av.is_some()),
+                ("IBV_QP_PATH_MTU", attr.path_mtu.is_some()),
+                ("IBV_QP_DEST_QPN", attr.dest_qp_num.is_some()),
+                ("IBV_QP_RQ_PSN", attr.rq_psn.is_some()),
+                (
+                    "IBV_QP_MAX_DEST_RD_ATOMIC",
+                    attr.max_dest_rd_atomic.is_some(),
+                ),
+                ("IBV_QP_MIN_RNR_TIMER", attr.min_rnr_timer.is_some()),
+            ],
+            (Rtr, Rts) => &[
+                ("IBV_QP_SQ_PSN", attr.sq_psn.is_some()),
+                ("IBV_QP_TIMEOUT", attr.timeout.is_some()),
+                ("IBV_QP_RETRY_CNT", attr.retry_cnt.is_some()),
+                ("IBV_QP_RNR_RETRY", attr.rnr_retry.is_some()),
+                ("IBV_QP_MAX_QP_RD_ATOMIC", attr.max_rd_atomic.is_some()),
+            ],
+            _ => &[],
+        };
+        if let Some((name, _)) = required.iter().find(|(_, present)| !present) {
+            return Err(ModifyError::MissingAttribute {
+                attr: name,
+                from,
+                to,
+            });
+        }
+        let check = |v: Option<u8>, max: u8, attr: &'static str, rule: &'static str| match v {
+            Some(v) if v > max => Err(ModifyError::InvalidValue { attr, rule }),
+            _ => Ok(()),
+        };
+        check(attr.retry_cnt, 7, "retry_cnt", "at most 7")?;
+        check(attr.rnr_retry, 7, "rnr_retry", "at most 7")?;
+        check(attr.timeout, 31, "timeout", "at most 31")?;
+        check(
+            attr.max_rd_atomic,
+            MAX_RD_ATOMIC,
+            "max_rd_atomic",
+            "at most max_qp_rd_atom (16)",
+        )?;
+        check(
+            attr.max_dest_rd_atomic,
+            MAX_RD_ATOMIC,
+            "max_dest_rd_atomic",
+            "at most 16",
+        )?;
+        if attr.pkey_index.is_some_and(|i| i != 0) {
+            return Err(ModifyError::InvalidValue {
+                attr: "pkey_index",
+                rule: "the P_Key table has one entry",
+            });
+        }
+        if attr.port_num.is_some_and(|p| p != 1) {
+            return Err(ModifyError::InvalidValue {
+                attr: "port_num",
+                rule: "the device has port 1 only",
+            });
+        }
+
+        if let Some(a) = attr.access_flags {
+            self.access = a;
+        }
+        if let Some(m) = attr.path_mtu {
+            self.mtu = m;
+        }
+        if let Some(av) = attr.av {
+            self.av = Some(av);
+        }
+        if let Some(q) = attr.dest_qp_num {
+            self.dest_qpn = q;
+        }
+        if let Some(p) = attr.rq_psn {
+            self.resp.epsn = p;
+        }
+        if let Some(n) = attr.max_dest_rd_atomic {
+            self.max_dest_rd_atomic = n.max(1);
+        }
+        if let Some(t) = attr.min_rnr_timer {
+            self.min_rnr_timer = t;
+        }
+        if let Some(p) = attr.sq_psn {
+            self.req.next_psn = p;
+            self.req.una = p;
+            self.req.high_psn = p;
+        }
+        if let Some(t) = attr.timeout {
+            self.timeout = t;
+        }
+        if let Some(r) = attr.retry_cnt {
+            self.retry_cnt = r;
+            self.req.retries_left = r;
+        }
+        if let Some(r) = attr.rnr_retry {
+            self.rnr_retry = r;
+            self.req.rnr_retries_left = r;
+        }
+        if let Some(n) = attr.max_rd_atomic {
+            self.max_rd_atomic = n.max(1);
+        }
+        self.state = to;
+        Ok(from)
+    }
+
+    /// Whether the requester may start new work.
+    pub(crate) fn can_send(&self) -> bool {
+        self.state == QpState::Rts
+    }
+
+    /// Whether the responder accepts requests (IBA 10.3.1: from RTR on).
+    pub(crate) fn can_receive(&self) -> bool {
+        matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+    }
+
+    /// Whether the requester has anything to put on the wire now.
+    pub(crate) fn has_request_work(&self, now: Instant) -> bool {
+        self.can_send()
+            && self.req.rnr_resume.is_none_or(|(t, _)| t <= now)
+            && self.req.next_wqe < self.req.sq.len()
+    }
+}

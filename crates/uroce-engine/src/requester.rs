@@ -1,0 +1,250 @@
+//! The requester: turns send WQEs into request packets (IBA 9.7.4; Linux rxe_req.c).
+//!
+//! Heads up, read these first: IBA 9.7.1 (PSNs: one per packet, a READ reserves one per
+//! response packet), 9.7.4.1 (segmentation: FIRST and MIDDLE carry exactly one path MTU),
+//! 9.7.6 (when the requester asks for acknowledgement). Retransmission rewinds `next_wqe`,
+//! `next_pkt` and `next_psn` (see `completer::rewind`); this module just sends from there.
+
+use uroce_wire::opcode::Opcode;
+use uroce_wire::{ExtHeaders, PacketRepr, atomic_eth, bth, immdt, reth};
+
+use crate::completer;
+use crate::device::{Ctx, Transmit};
+use crate::memory::MemoryAccess;
+use crate::qp::Qp;
+use crate::time::Instant;
+use crate::types::{SendFlags, Sge, WcStatus, WrOpcode};
+
+/// Builds the next request packet of `qp` into `buf`, if the QP may send one now.
+pub(crate) fn poll<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Instant,
+    buf: &mut Vec<u8>,
+) -> Option<Transmit> {
+    if !qp.has_request_work(now) {
+        return None;
+    }
+    let idx = qp.req.next_wqe;
+    // The window: packets sent and not acknowledged.
+    let inflight = qp.req.next_psn.distance(qp.req.una);
+    if inflight >= i32::try_from(ctx.config.max_inflight_pkts).unwrap_or(i32::MAX) {
+        return None;
+    }
+    if !qp.req.sq.get(idx)?.started && !start_wqe(qp, ctx, idx) {
+        return None;
+    }
+    let w = qp.req.sq.get(idx)?;
+    if w.error.is_some() {
+        return None;
+    }
+    let mtu = qp.mtu.bytes();
+    let k = qp.req.next_pkt;
+    let psn = w.first_psn.add(k);
+    let first = k == 0;
+    let last = k + 1 >= w.npkts;
+    let op = w.wr.opcode;
+    let mut ext = ExtHeaders::default();
+    let remote = w.wr.remote.unwrap_or(crate::types::RemoteAddr {
+        addr: 0,
+        rkey: uroce_wire::RKey(0),
+    });
+    let opcode = match op {
+        WrOpcode::RdmaRead => {
+            ext.reth = Some(reth::Repr {
+                va: remote.addr,
+                rkey: remote.rkey,
+                dma_len: w.len,
+            });
+            Opcode::RC_RDMA_READ_REQUEST
+        }
+        WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+            let (swap_add, compare) = if op == WrOpcode::AtomicCmpAndSwp {
+                (w.wr.swap, w.wr.compare_add)
+            } else {
+                (w.wr.compare_add, 0)
+            };
+            ext.atomic_eth = Some(atomic_eth::Repr {
+                va: remote.addr,
+                rkey: remote.rkey,
+                swap_add,
+                compare,
+            });
+            if op == WrOpcode::AtomicCmpAndSwp {
+                Opcode::RC_COMPARE_SWAP
+            } else {
+                Opcode::RC_FETCH_ADD
+            }
+        }
+        WrOpcode::Send
+        | WrOpcode::SendWithImm
+        | WrOpcode::RdmaWrite
+        | WrOpcode::RdmaWriteWithImm => {
+            let is_write = matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm);
+            if is_write && first {
+                ext.reth = Some(reth::Repr {
+                    va: remote.addr,
+                    rkey: remote.rkey,
+                    dma_len: w.len,
+                });
+            }
+            if last && op.has_imm() {
+                ext.immdt = w.wr.imm.map(|imm| immdt::Repr { imm });
+            }
+            let with_imm = last && op.has_imm();
+            match (is_write, first, last, with_imm) {
+                (false, true, true, false) => Opcode::RC_SEND_ONLY,
+                (false, true, true, true) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+                (false, true, false, _) => Opcode::RC_SEND_FIRST,
+                (false, false, false, _) => Opcode::RC_SEND_MIDDLE,
+                (false, false, true, false) => Opcode::RC_SEND_LAST,
+                (false, false, true, true) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+                (true, true, true, false) => Opcode::RC_RDMA_WRITE_ONLY,
+                (true, true, true, true) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+                (true, true, false, _) => Opcode::RC_RDMA_WRITE_FIRST,
+                (true, false, false, _) => Opcode::RC_RDMA_WRITE_MIDDLE,
+                (true, false, true, false) => Opcode::RC_RDMA_WRITE_LAST,
+                (true, false, true, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+            }
+        }
+    };
+    // Payload: the k-th MTU-sized slice of the message.
+    let payload_len = if op.is_read_or_atomic() {
+        0
+    } else {
+        w.len.saturating_sub(k * mtu).min(mtu)
+    };
+    ctx.scratch.clear();
+    if payload_len > 0 {
+        let offset = k * mtu;
+        if let Some(data) = &w.wr.inline_data {
+            let start = offset as usize;
+            ctx.scratch
+                .extend_from_slice(data.get(start..start + payload_len as usize)?);
+        } else if gather(ctx, qp.init.pd, &w.wr.sg_list, offset, payload_len).is_err() {
+            // The region went away under an in-flight WQE (IBA 10.6.3.x: local protection).
+            fail_at_start(qp, ctx, idx, WcStatus::LOC_PROT_ERR);
+            return None;
+        }
+    }
+    // AckReq on the last packet of every message, and periodically inside long ones so the
+    // window keeps moving (IBA 9.7.6.1.1).
+    qp.req.since_ack_req += 1;
+    let ack_req = last || qp.req.since_ack_req >= ctx.config.ack_req_interval;
+    if ack_req {
+        qp.req.since_ack_req = 0;
+    }
+    let mut b = bth::Repr::new(opcode, qp.dest_qpn, psn);
+    b.ack_req = ack_req;
+    b.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED) && !op.is_read_or_atomic();
+    let scratch = core::mem::take(&mut ctx.scratch);
+    let repr = PacketRepr::new(b, ext, &scratch);
+    let tx = ctx.emit(qp, &repr, buf);
+    ctx.scratch = scratch;
+    let tx = tx?;
+
+    // Advance. A READ's request is one packet but its responses use `npkts` PSNs.
+    let (npkts, first_psn) = (w.npkts, w.first_psn);
+    if op == WrOpcode::RdmaRead || last {
+        qp.req.next_wqe += 1;
+        qp.req.next_pkt = 0;
+        qp.req.next_psn = first_psn.add(npkts);
+    } else {
+        qp.req.next_pkt += 1;
+        qp.req.next_psn = psn.next();
+    }
+    if psn.is_before(qp.req.high_psn) {
+        ctx.counters.retransmitted_pkts += 1;
+    }
+    if qp.req.next_psn.is_after(qp.req.high_psn) {
+        qp.req.high_psn = qp.req.next_psn;
+    }
+    if qp.req.ack_deadline.is_none() {
+        qp.req.ack_deadline = qp.ack_timeout().map(|t| now + t);
+    }
+    Some(tx)
+}
+
+/// Starts WQE `idx`: waits for the fence and the READ/atomic limit, assigns its PSNs and checks
+/// its local keys. Returns whether it may go on the wire now.
+fn start_wqe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) -> bool {
+    let outstanding_rd = qp
+        .req
+        .sq
+        .iter()
+        .take(idx)
+        .filter(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
+        .count();
+    let Some(w) = qp.req.sq.get(idx) else {
+        return false;
+    };
+    // IBA 10.8.3.3: a fenced WQE waits for every earlier READ and atomic to complete.
+    if w.wr.flags.contains(SendFlags::FENCE) && outstanding_rd > 0 {
+        return false;
+    }
+    // IBA 9.7.7.1: at most max_rd_atomic READ/atomic requests outstanding (ORA).
+    if w.wr.opcode.is_read_or_atomic() && outstanding_rd >= usize::from(qp.max_rd_atomic) {
+        return false;
+    }
+    let write = w.wr.opcode.is_read_or_atomic();
+    let local_ok = w.wr.inline_data.is_some()
+        || w.wr.sg_list.iter().all(|s| {
+            ctx.mrs
+                .check_local(s.lkey, qp.init.pd, s.addr, u64::from(s.length), write)
+                .is_ok()
+        });
+    let first_psn = qp.req.next_psn;
+    let Some(w) = qp.req.sq.get_mut(idx) else {
+        return false;
+    };
+    w.first_psn = first_psn;
+    w.started = true;
+    if !local_ok {
+        fail_at_start(qp, ctx, idx, WcStatus::LOC_PROT_ERR);
+        return false;
+    }
+    true
+}
+
+/// Marks WQE `idx` failed; the error completes when every earlier WQE has (completions stay in
+/// order), and then the QP enters Error.
+fn fail_at_start<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, status: WcStatus) {
+    if let Some(w) = qp.req.sq.get_mut(idx) {
+        w.error = Some(status);
+    }
+    completer::drain(qp, ctx);
+}
+
+/// Copies `len` bytes starting `offset` bytes into the message described by `sges` into
+/// `ctx.scratch`, checking each element's key for a QP of `pd`.
+fn gather<M: MemoryAccess>(
+    ctx: &mut Ctx<M>,
+    pd: crate::types::PdHandle,
+    sges: &[Sge],
+    offset: u32,
+    len: u32,
+) -> Result<(), crate::mr::AccessError> {
+    let mut skip = u64::from(offset);
+    let mut want = u64::from(len);
+    for s in sges {
+        if want == 0 {
+            break;
+        }
+        let sl = u64::from(s.length);
+        if skip >= sl {
+            skip -= sl;
+            continue;
+        }
+        let take = (sl - skip).min(want);
+        let addr = s.addr + skip;
+        ctx.mrs.check_local(s.lkey, pd, addr, take, false)?;
+        let start = ctx.scratch.len();
+        // `take` is at most one MTU.
+        ctx.scratch
+            .resize(start + usize::try_from(take).unwrap_or(0), 0);
+        ctx.mem.read(addr, &mut ctx.scratch[start..]);
+        want -= take;
+        skip = 0;
+    }
+    Ok(())
+}

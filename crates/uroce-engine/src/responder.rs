@@ -1,0 +1,607 @@
+//! The responder: executes requests in PSN order and answers them (IBA 9.7.5.1; Linux
+//! rxe_resp.c: ChkPsn → ChkOpSeq → ChkOpValid → ChkResource → ChkLength → ChkRkey → Execute →
+//! Ack).
+//!
+//! Heads up, read these first: IBA 9.7.5.1.1 (PSN checks: the expected PSN executes; one ahead
+//! is a sequence error NAKed once; behind is a duplicate that is re-acknowledged, a duplicate
+//! READ replayed and a duplicate atomic answered from the saved result, never re-executed),
+//! 9.7.5.1.2 (opcode sequence), 9.7.5.1.6–7 (length and R_Key checks: nothing is written
+//! unless every check passes), and 9.7.5.2.8 (RNR NAK when no receive WQE is posted).
+
+use uroce_wire::aeth::{CreditCode, NakCode, Syndrome};
+use uroce_wire::opcode::{OpFlags, Opcode};
+use uroce_wire::{ExtHeaders, PacketRepr, Psn, aeth, atomic_ack_eth, bth};
+
+use crate::completer::{self, ScatterError, scatter};
+use crate::device::{Ctx, Transmit};
+use crate::memory::MemoryAccess;
+use crate::qp::{InMessage, Qp, RecvWqe, Resource, ResourceKind, Response};
+use crate::time::Instant;
+use crate::types::{Access, WcOpcode, WcStatus, WorkCompletion};
+
+/// A request packet for `qp` (already checked: ICRC, transport, peer, QP state).
+pub(crate) fn on_request<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    _now: Instant,
+    packet: &PacketRepr<'_>,
+) {
+    let psn = packet.bth.psn;
+    let distance = psn.distance(qp.resp.epsn);
+    if distance > 0 {
+        // Ahead: a packet was lost. NAK once per gap, carrying the expected PSN.
+        if qp.resp.nak_sent {
+            ctx.counters.drop_out_of_sequence += 1;
+        } else {
+            ctx.counters.rcv_seq_err += 1;
+            qp.resp.nak_sent = true;
+            let (epsn, msn) = (qp.resp.epsn, qp.resp.msn);
+            queue(
+                qp,
+                ctx,
+                Response::Ack {
+                    psn: epsn,
+                    syndrome: nak(NakCode::PSN_SEQUENCE_ERROR),
+                    msn,
+                },
+            );
+        }
+        return;
+    }
+    if distance < 0 {
+        duplicate(qp, ctx, packet);
+        return;
+    }
+    execute(qp, ctx, packet);
+}
+
+fn nak(code: NakCode) -> Syndrome {
+    Syndrome::Nak(code)
+}
+
+/// A request behind the expected PSN: already executed, so never executed again.
+fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>) {
+    ctx.counters.dup_req += 1;
+    let psn = packet.bth.psn;
+    let op = packet.bth.opcode;
+    let msn = qp.resp.msn;
+    if op == Opcode::RC_RDMA_READ_REQUEST
+        || op == Opcode::RC_COMPARE_SWAP
+        || op == Opcode::RC_FETCH_ADD
+    {
+        let Some(res) = qp
+            .resp
+            .resources
+            .iter()
+            .find(|r| r.first_psn == psn)
+            .copied()
+        else {
+            ctx.counters.drop_dup_no_resource += 1;
+            return;
+        };
+        let response = match res.kind {
+            ResourceKind::Read {
+                va,
+                rkey,
+                len,
+                npkts,
+            } => Response::Read {
+                first_psn: psn,
+                va,
+                rkey,
+                len,
+                npkts,
+                next: 0,
+                msn,
+            },
+            ResourceKind::Atomic { orig } => Response::Atomic { psn, orig, msn },
+        };
+        queue(qp, ctx, response);
+    } else if packet.bth.ack_req {
+        // Re-acknowledge everything executed so far (IBA 9.7.5.1.1).
+        let last = qp.resp.epsn.sub(1);
+        queue(
+            qp,
+            ctx,
+            Response::Ack {
+                psn: last,
+                syndrome: ack_syndrome(qp),
+                msn,
+            },
+        );
+    }
+}
+
+/// The ACK syndrome with the credits this responder can advertise: receive WQEs posted
+/// (IBA 9.7.7.2; Linux rxe always says "unlimited").
+fn ack_syndrome(qp: &Qp) -> Syndrome {
+    let posted = u32::try_from(qp.rq.len()).unwrap_or(u32::MAX);
+    Syndrome::Ack(CreditCode::for_available(posted))
+}
+
+/// Queues a response; an ACK replaces a queued ACK not yet sent (coalescing).
+fn queue<M>(qp: &mut Qp, ctx: &mut Ctx<M>, response: Response) {
+    let is_ack = |r: &Response| {
+        matches!(
+            r,
+            Response::Ack {
+                syndrome: Syndrome::Ack(_),
+                ..
+            }
+        )
+    };
+    if is_ack(&response) && qp.resp.out.back().is_some_and(is_ack) {
+        qp.resp.out.pop_back();
+    }
+    qp.resp.out.push_back(response);
+    ctx.schedule(qp);
+}
+
+/// A fatal responder error: NAK the request, complete the receive WQE (if any) with
+/// `recv_status`, and move the QP to Error (IBA 9.7.5.1.x "Class B/C/D errors").
+fn fatal<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    psn: Psn,
+    code: NakCode,
+    recv: Option<(RecvWqe, WcStatus)>,
+) {
+    ctx.counters.err_naks_sent += 1;
+    let msn = qp.resp.msn;
+    queue(
+        qp,
+        ctx,
+        Response::Ack {
+            psn,
+            syndrome: nak(code),
+            msn,
+        },
+    );
+    if let Some((wqe, status)) = recv {
+        let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
+        ctx.complete(qp.init.recv_cq, wc);
+    }
+    completer::enter_error(qp, ctx);
+}
+
+fn recv_wc(
+    qp: &Qp,
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    byte_len: u32,
+    imm: Option<[u8; 4]>,
+) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status,
+        opcode,
+        byte_len,
+        imm,
+        qp_num: qp.qpn,
+        src_qp: qp.dest_qpn,
+    }
+}
+
+/// The request at the expected PSN.
+fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>) {
+    let psn = packet.bth.psn;
+    let op = packet.bth.opcode;
+    let Some(info) = op.info() else { return };
+    let mtu = qp.mtu.bytes() as usize;
+    let len = packet.payload.len();
+
+    // ChkOpSeq (IBA 9.7.5.1.2): a FIRST or ONLY starts a message only when none is open; a
+    // MIDDLE or LAST continues the open one of the same kind.
+    let continues =
+        info.has(OpFlags::MIDDLE) || (info.has(OpFlags::LAST) && !info.has(OpFlags::FIRST));
+    let sequence_ok = match &qp.resp.current {
+        None => !continues,
+        Some(InMessage::Send { .. }) => continues && info.has(OpFlags::SEND),
+        Some(InMessage::Write { .. }) => continues && info.has(OpFlags::WRITE),
+    };
+    // ChkOpValid: the QP must allow the remote operation (rxe: unsupported opcode → NAK-INV).
+    let right = if info.has(OpFlags::WRITE) {
+        Access::REMOTE_WRITE
+    } else if info.has(OpFlags::READ) {
+        Access::REMOTE_READ
+    } else if info.has(OpFlags::ATOMIC) {
+        Access::REMOTE_ATOMIC
+    } else {
+        Access::NONE
+    };
+    // ChkLength: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one (IBA 9.7.4.1).
+    let length_ok = if info.has(OpFlags::FIRST | OpFlags::LAST) || info.has(OpFlags::LAST) {
+        len <= mtu
+    } else {
+        len == mtu
+    };
+    if !sequence_ok || !qp.access.contains(right) || !length_ok {
+        let recv = match qp.resp.current.take() {
+            Some(InMessage::Send { wqe, .. }) => Some((wqe, WcStatus::REM_INV_REQ_ERR)),
+            _ => None,
+        };
+        fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, recv);
+        return;
+    }
+
+    let advanced = if info.has(OpFlags::SEND) {
+        send(qp, ctx, packet)
+    } else if info.has(OpFlags::WRITE) {
+        write(qp, ctx, packet)
+    } else if info.has(OpFlags::READ) {
+        return read(qp, ctx, packet);
+    } else if info.has(OpFlags::ATOMIC) {
+        return atomic(qp, ctx, packet);
+    } else {
+        false
+    };
+    if !advanced {
+        return;
+    }
+    qp.resp.epsn = psn.next();
+    qp.resp.nak_sent = false;
+    if info.has(OpFlags::LAST) {
+        qp.resp.msn = qp.resp.msn.next();
+    }
+    if packet.bth.ack_req {
+        let (msn, syndrome) = (qp.resp.msn, ack_syndrome(qp));
+        queue(qp, ctx, Response::Ack { psn, syndrome, msn });
+    }
+}
+
+/// Takes the receive WQE a message needs, or answers RNR NAK (IBA 9.7.5.2.8).
+fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) -> Option<RecvWqe> {
+    let wqe = qp.rq.pop_front();
+    if wqe.is_none() {
+        ctx.counters.rnr_naks_sent += 1;
+        ctx.counters.drop_rnr += 1;
+        let msn = qp.resp.msn;
+        let syndrome = Syndrome::RnrNak(qp.min_rnr_timer);
+        queue(qp, ctx, Response::Ack { psn, syndrome, msn });
+    }
+    wqe
+}
+
+/// SEND FIRST/MIDDLE/LAST/ONLY. Returns whether the packet was consumed.
+fn send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>) -> bool {
+    let psn = packet.bth.psn;
+    let info = packet.bth.opcode.info().map_or(OpFlags::NONE, |i| i.flags);
+    let (wqe, written) = match qp.resp.current.take() {
+        Some(InMessage::Send { wqe, written }) => (wqe, written),
+        _ => match take_recv(qp, ctx, psn) {
+            Some(wqe) => (wqe, 0),
+            None => return false,
+        },
+    };
+    match scatter(
+        ctx,
+        qp.init.pd,
+        &wqe.wr.sg_list,
+        u64::from(written),
+        packet.payload,
+    ) {
+        Ok(()) => {}
+        Err(ScatterError::Length) => {
+            // IBA 9.7.5.1.6 / C9-?: the receive buffer is too small: LOC_LEN_ERR here,
+            // NAK invalid request to the sender (REM_INV_REQ_ERR there).
+            fatal(
+                qp,
+                ctx,
+                psn,
+                NakCode::INVALID_REQUEST,
+                Some((wqe, WcStatus::LOC_LEN_ERR)),
+            );
+            return false;
+        }
+        Err(ScatterError::Protection) => {
+            fatal(
+                qp,
+                ctx,
+                psn,
+                NakCode::REMOTE_OPERATIONAL_ERROR,
+                Some((wqe, WcStatus::LOC_PROT_ERR)),
+            );
+            return false;
+        }
+    }
+    let written = written + u32::try_from(packet.payload.len()).unwrap_or(u32::MAX);
+    if info.contains(OpFlags::LAST) {
+        let imm = packet.ext.immdt.map(|i| i.imm);
+        let wc = recv_wc(
+            qp,
+            wqe.wr.wr_id,
+            WcStatus::SUCCESS,
+            WcOpcode::Recv,
+            written,
+            imm,
+        );
+        ctx.complete(qp.init.recv_cq, wc);
+    } else {
+        qp.resp.current = Some(InMessage::Send { wqe, written });
+    }
+    true
+}
+
+/// RDMA WRITE FIRST/MIDDLE/LAST/ONLY (with immediate). Returns whether the packet was consumed.
+fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>) -> bool {
+    let psn = packet.bth.psn;
+    let info = packet.bth.opcode.info().map_or(OpFlags::NONE, |i| i.flags);
+    let len = u32::try_from(packet.payload.len()).unwrap_or(u32::MAX);
+    let (va, rkey, dma_len, written) = match (qp.resp.current.take(), packet.ext.reth) {
+        (
+            Some(InMessage::Write {
+                va,
+                rkey,
+                dma_len,
+                written,
+            }),
+            _,
+        ) => (va, rkey, dma_len, written),
+        (None, Some(reth)) => (reth.va, reth.rkey, reth.dma_len, 0),
+        _ => {
+            fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
+            return false;
+        }
+    };
+    let last = info.contains(OpFlags::LAST);
+    // ChkLength: the packets must add up to the DMA length exactly (IBA 9.7.5.1.6).
+    let total = written.saturating_add(len);
+    if total > dma_len || (last && total != dma_len) || dma_len > 1 << 31 {
+        fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
+        return false;
+    }
+    // ChkRkey, on every packet, so a region deregistered mid-message stops the writes
+    // (IBA 9.7.5.1.7, C9-88). A zero-length WRITE names no memory and is not checked.
+    if dma_len > 0 {
+        let addr = va.wrapping_add(u64::from(written));
+        if ctx
+            .mrs
+            .check_remote(rkey, qp.init.pd, addr, u64::from(len), Access::REMOTE_WRITE)
+            .is_err()
+            || ctx
+                .mrs
+                .check_remote(
+                    rkey,
+                    qp.init.pd,
+                    va,
+                    u64::from(dma_len),
+                    Access::REMOTE_WRITE,
+                )
+                .is_err()
+        {
+            fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
+            return false;
+        }
+    }
+    // WRITE with immediate consumes a receive WQE where the immediate arrives (IBA 9.4.3).
+    let recv = if info.contains(OpFlags::IMMEDIATE) {
+        match take_recv(qp, ctx, psn) {
+            Some(w) => Some(w),
+            None => {
+                // Keep the message open: the retried LAST comes back to this point.
+                qp.resp.current = (written > 0).then_some(InMessage::Write {
+                    va,
+                    rkey,
+                    dma_len,
+                    written,
+                });
+                return false;
+            }
+        }
+    } else {
+        None
+    };
+    ctx.mem
+        .write(va.wrapping_add(u64::from(written)), packet.payload);
+    if last {
+        if let Some(wqe) = recv {
+            let imm = packet.ext.immdt.map(|i| i.imm);
+            let wc = recv_wc(
+                qp,
+                wqe.wr.wr_id,
+                WcStatus::SUCCESS,
+                WcOpcode::RecvRdmaWithImm,
+                dma_len,
+                imm,
+            );
+            ctx.complete(qp.init.recv_cq, wc);
+        }
+    } else {
+        qp.resp.current = Some(InMessage::Write {
+            va,
+            rkey,
+            dma_len,
+            written: total,
+        });
+    }
+    true
+}
+
+/// RDMA READ request: checks and remembers it; the responses go out from `poll`.
+fn read<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>) {
+    let psn = packet.bth.psn;
+    let Some(reth) = packet.ext.reth else { return };
+    if reth.dma_len > 1 << 31 {
+        fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
+        return;
+    }
+    if reth.dma_len > 0
+        && ctx
+            .mrs
+            .check_remote(
+                reth.rkey,
+                qp.init.pd,
+                reth.va,
+                u64::from(reth.dma_len),
+                Access::REMOTE_READ,
+            )
+            .is_err()
+    {
+        fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
+        return;
+    }
+    let npkts = reth.dma_len.div_ceil(qp.mtu.bytes()).max(1);
+    remember(
+        qp,
+        Resource {
+            first_psn: psn,
+            kind: ResourceKind::Read {
+                va: reth.va,
+                rkey: reth.rkey,
+                len: reth.dma_len,
+                npkts,
+            },
+        },
+    );
+    qp.resp.msn = qp.resp.msn.next();
+    qp.resp.epsn = psn.add(npkts);
+    qp.resp.nak_sent = false;
+    let msn = qp.resp.msn;
+    queue(
+        qp,
+        ctx,
+        Response::Read {
+            first_psn: psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.dma_len,
+            npkts,
+            next: 0,
+            msn,
+        },
+    );
+}
+
+/// Atomic compare-and-swap or fetch-and-add: executed once, the result kept for duplicates.
+fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>) {
+    let psn = packet.bth.psn;
+    let Some(a) = packet.ext.atomic_eth else {
+        return;
+    };
+    // IBA 9.4.5: the target must be 8-byte aligned; a misaligned one is an invalid request.
+    if a.va % 8 != 0 {
+        fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
+        return;
+    }
+    if ctx
+        .mrs
+        .check_remote(a.rkey, qp.init.pd, a.va, 8, Access::REMOTE_ATOMIC)
+        .is_err()
+    {
+        fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
+        return;
+    }
+    let orig = if packet.bth.opcode == Opcode::RC_COMPARE_SWAP {
+        ctx.mem.compare_and_swap(a.va, a.compare, a.swap_add)
+    } else {
+        ctx.mem.fetch_and_add(a.va, a.swap_add)
+    };
+    remember(
+        qp,
+        Resource {
+            first_psn: psn,
+            kind: ResourceKind::Atomic { orig },
+        },
+    );
+    qp.resp.msn = qp.resp.msn.next();
+    qp.resp.epsn = psn.next();
+    qp.resp.nak_sent = false;
+    let msn = qp.resp.msn;
+    queue(qp, ctx, Response::Atomic { psn, orig, msn });
+}
+
+/// Keeps a READ or atomic for duplicates, evicting the oldest beyond `max_dest_rd_atomic`.
+fn remember(qp: &mut Qp, res: Resource) {
+    while qp.resp.resources.len() >= usize::from(qp.max_dest_rd_atomic) {
+        qp.resp.resources.pop_front();
+    }
+    qp.resp.resources.push_back(res);
+}
+
+/// Builds the next response of `qp` into `buf`.
+pub(crate) fn poll<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    buf: &mut Vec<u8>,
+) -> Option<Transmit> {
+    let response = *qp.resp.out.front()?;
+    let mut ext = ExtHeaders::default();
+    let (opcode, psn) = match response {
+        Response::Ack { psn, syndrome, msn } => {
+            qp.resp.out.pop_front();
+            ext.aeth = Some(aeth::Repr { syndrome, msn });
+            (Opcode::RC_ACKNOWLEDGE, psn)
+        }
+        Response::Atomic { psn, orig, msn } => {
+            qp.resp.out.pop_front();
+            ext.aeth = Some(aeth::Repr {
+                syndrome: ack_syndrome(qp),
+                msn,
+            });
+            ext.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig });
+            (Opcode::RC_ATOMIC_ACKNOWLEDGE, psn)
+        }
+        Response::Read {
+            first_psn,
+            va,
+            rkey,
+            len,
+            npkts,
+            next,
+            msn,
+        } => {
+            let mtu = qp.mtu.bytes();
+            let (first, last) = (next == 0, next + 1 >= npkts);
+            let opcode = match (first, last) {
+                (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+            };
+            if first || last {
+                ext.aeth = Some(aeth::Repr {
+                    syndrome: ack_syndrome(qp),
+                    msn,
+                });
+            }
+            let offset = next * mtu;
+            let chunk = len.saturating_sub(offset).min(mtu);
+            let addr = va.wrapping_add(u64::from(offset));
+            let psn = first_psn.add(next);
+            // The region may have been deregistered since the request was checked.
+            if chunk > 0
+                && ctx
+                    .mrs
+                    .check_remote(
+                        rkey,
+                        qp.init.pd,
+                        addr,
+                        u64::from(chunk),
+                        Access::REMOTE_READ,
+                    )
+                    .is_err()
+            {
+                qp.resp.out.pop_front();
+                fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
+                return poll(qp, ctx, buf);
+            }
+            ctx.scratch.clear();
+            ctx.scratch.resize(chunk as usize, 0);
+            ctx.mem.read(addr, &mut ctx.scratch);
+            if last {
+                qp.resp.out.pop_front();
+            } else if let Some(Response::Read { next, .. }) = qp.resp.out.front_mut() {
+                *next += 1;
+            }
+            (opcode, psn)
+        }
+    };
+    let b = bth::Repr::new(opcode, qp.dest_qpn, psn);
+    let payload = core::mem::take(&mut ctx.scratch);
+    let is_read = matches!(response, Response::Read { .. });
+    let repr = PacketRepr::new(b, ext, if is_read { &payload } else { &[] });
+    let tx = ctx.emit(qp, &repr, buf);
+    ctx.scratch = payload;
+    tx
+}

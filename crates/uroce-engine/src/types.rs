@@ -1,0 +1,387 @@
+//! The verbs vocabulary: handles, access flags, work requests and work completions.
+
+use core::fmt;
+use core::net::IpAddr;
+use core::ops::{BitOr, BitOrAssign};
+
+use uroce_wire::{Qpn, RKey};
+
+pub use uroce_wire::aeth::RnrTimer;
+
+/// A local key: names a registered memory region for the local side of a work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LKey(pub u32);
+
+impl fmt::Display for LKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#010x}", self.0)
+    }
+}
+
+/// A protection domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PdHandle(pub(crate) u32);
+
+/// A completion queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CqHandle(pub(crate) u32);
+
+/// Access rights of a memory region or of a queue pair (`ibv_access_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No rights beyond local read.
+    pub const NONE: Self = Self(0);
+    /// The local side may write (receive buffers, READ and atomic results).
+    pub const LOCAL_WRITE: Self = Self(1);
+    /// A peer may RDMA WRITE.
+    pub const REMOTE_WRITE: Self = Self(1 << 1);
+    /// A peer may RDMA READ.
+    pub const REMOTE_READ: Self = Self(1 << 2);
+    /// A peer may perform atomic operations.
+    pub const REMOTE_ATOMIC: Self = Self(1 << 3);
+
+    /// Whether every right in `other` is granted.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// The `ibv_access_flags` bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    /// From `ibv_access_flags` bits (unknown bits are kept and ignored).
+    pub const fn from_bits(bits: u32) -> Self {
+        Self(bits)
+    }
+}
+
+impl BitOr for Access {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+impl BitOrAssign for Access {
+    fn bitor_assign(&mut self, rhs: Self) {
+        self.0 |= rhs.0;
+    }
+}
+
+/// Path MTU: the largest payload of one packet (IBA 9.7.3, `ibv_mtu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256,
+    /// 512 bytes.
+    Mtu512,
+    /// 1024 bytes.
+    Mtu1024,
+    /// 2048 bytes.
+    Mtu2048,
+    /// 4096 bytes.
+    Mtu4096,
+}
+
+impl Mtu {
+    /// The payload size in bytes.
+    pub const fn bytes(self) -> u32 {
+        match self {
+            Self::Mtu256 => 256,
+            Self::Mtu512 => 512,
+            Self::Mtu1024 => 1024,
+            Self::Mtu2048 => 2048,
+            Self::Mtu4096 => 4096,
+        }
+    }
+    /// Every MTU, smallest first.
+    pub const ALL: [Self; 5] = [
+        Self::Mtu256,
+        Self::Mtu512,
+        Self::Mtu1024,
+        Self::Mtu2048,
+        Self::Mtu4096,
+    ];
+}
+
+/// The transport service of a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connection.
+    Rc,
+}
+
+/// Queue pair states (IBA 10.3.1, figure "QP/EE context state transitions"; `ibv_qp_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Just created or reset: no queues active.
+    Reset,
+    /// Initialized: receives may be posted, nothing is processed.
+    Init,
+    /// Ready to receive: the responder runs.
+    Rtr,
+    /// Ready to send: requester and responder run.
+    Rts,
+    /// Send queue drain: no new send WQEs are started.
+    Sqd,
+    /// Send queue error (UD/UC only on real hardware).
+    Sqe,
+    /// Error: every WQE completes with `WR_FLUSH_ERR`.
+    Error,
+}
+
+/// Where a connected QP sends: the peer's address (its RoCEv2 GID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AddressVector {
+    /// The peer device's IP address.
+    pub dest: IpAddr,
+}
+
+/// One scatter/gather element: `length` bytes at `addr` in the region named by `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sge {
+    /// Virtual address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the region that holds the bytes.
+    pub lkey: LKey,
+}
+
+/// The operation of a send work request (`ibv_wr_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WrOpcode {
+    /// SEND.
+    Send,
+    /// SEND with immediate data.
+    SendWithImm,
+    /// RDMA WRITE.
+    RdmaWrite,
+    /// RDMA WRITE with immediate data (consumes a receive WQE at the peer).
+    RdmaWriteWithImm,
+    /// RDMA READ.
+    RdmaRead,
+    /// Atomic compare and swap of 8 bytes.
+    AtomicCmpAndSwp,
+    /// Atomic fetch and add of 8 bytes.
+    AtomicFetchAndAdd,
+}
+
+impl WrOpcode {
+    /// READ or atomic: operations that wait for response data and count against
+    /// `max_rd_atomic`.
+    pub const fn is_read_or_atomic(self) -> bool {
+        matches!(
+            self,
+            Self::RdmaRead | Self::AtomicCmpAndSwp | Self::AtomicFetchAndAdd
+        )
+    }
+    /// Atomic operations.
+    pub const fn is_atomic(self) -> bool {
+        matches!(self, Self::AtomicCmpAndSwp | Self::AtomicFetchAndAdd)
+    }
+    /// Operations that name remote memory.
+    pub const fn is_rdma(self) -> bool {
+        !matches!(self, Self::Send | Self::SendWithImm)
+    }
+    /// Operations that carry immediate data.
+    pub const fn has_imm(self) -> bool {
+        matches!(self, Self::SendWithImm | Self::RdmaWriteWithImm)
+    }
+}
+
+/// Flags of a send work request (`ibv_send_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SendFlags(u32);
+
+impl SendFlags {
+    /// No flags: unsignaled, no fence.
+    pub const NONE: Self = Self(0);
+    /// Wait for every earlier READ and atomic to complete before starting.
+    pub const FENCE: Self = Self(1);
+    /// Generate a completion on success (errors always complete).
+    pub const SIGNALED: Self = Self(1 << 1);
+    /// Set the solicited-event bit on the last packet.
+    pub const SOLICITED: Self = Self(1 << 2);
+
+    /// Whether every flag in `other` is set.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for SendFlags {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+/// The remote side of an RDMA or atomic operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteAddr {
+    /// Remote virtual address.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: RKey,
+}
+
+/// A send work request (`ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub opcode: WrOpcode,
+    /// Local buffers: gathered for SEND and WRITE, scattered into for READ and atomics (one
+    /// 8-byte element for atomics).
+    pub sg_list: Vec<Sge>,
+    /// Flags.
+    pub flags: SendFlags,
+    /// Immediate data, in network byte order, for the `*WithImm` opcodes.
+    pub imm: Option<[u8; 4]>,
+    /// Remote buffer, for RDMA and atomic opcodes.
+    pub remote: Option<RemoteAddr>,
+    /// Compare operand (compare-and-swap).
+    pub compare_add: u64,
+    /// Swap operand (compare-and-swap); for fetch-and-add the add operand is `compare_add`,
+    /// as in `ibv_send_wr.wr.atomic`.
+    pub swap: u64,
+    /// Inline data (`IBV_SEND_INLINE`): the bytes to send, copied at post time; `sg_list` is
+    /// then ignored and no local key is checked. The caller copies them from wherever they are.
+    pub inline_data: Option<Vec<u8>>,
+}
+
+impl SendWr {
+    /// A signaled work request of `opcode` over `sg_list`, with no remote side.
+    pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: Vec<Sge>) -> Self {
+        Self {
+            wr_id,
+            opcode,
+            sg_list,
+            flags: SendFlags::SIGNALED,
+            imm: None,
+            remote: None,
+            compare_add: 0,
+            swap: 0,
+            inline_data: None,
+        }
+    }
+}
+
+/// A receive work request (`ibv_recv_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Buffers the incoming message is scattered into, in order.
+    pub sg_list: Vec<Sge>,
+}
+
+/// Work completion status, numbered as `ibv_wc_status` (IBA 11.6.2 / rdma-core `verbs.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WcStatus(pub u32);
+
+impl WcStatus {
+    /// The operation completed.
+    pub const SUCCESS: Self = Self(0);
+    /// Local length error: a received message did not fit the receive buffers.
+    pub const LOC_LEN_ERR: Self = Self(1);
+    /// Local QP operation error.
+    pub const LOC_QP_OP_ERR: Self = Self(2);
+    /// Local protection error: a local key was invalid, of another PD, out of range, or lacked
+    /// local write access.
+    pub const LOC_PROT_ERR: Self = Self(4);
+    /// Flushed: the QP was in the Error state.
+    pub const WR_FLUSH_ERR: Self = Self(5);
+    /// Bad response: an unexpected response opcode or length.
+    pub const BAD_RESP_ERR: Self = Self(7);
+    /// The responder reported an invalid request (NAK invalid request).
+    pub const REM_INV_REQ_ERR: Self = Self(9);
+    /// The responder reported a remote access error (NAK remote access error).
+    pub const REM_ACCESS_ERR: Self = Self(10);
+    /// The responder reported a remote operational error.
+    pub const REM_OP_ERR: Self = Self(11);
+    /// Transport retries (ACK timeouts and sequence NAKs) exhausted.
+    pub const RETRY_EXC_ERR: Self = Self(12);
+    /// RNR NAK retries exhausted.
+    pub const RNR_RETRY_EXC_ERR: Self = Self(13);
+    /// The responder reported an invalid RD request.
+    pub const REM_INV_RD_REQ_ERR: Self = Self(15);
+
+    /// rdma-core's name for the status (`ibv_wc_status_str` without the prose).
+    pub const fn name(self) -> &'static str {
+        match self.0 {
+            0 => "SUCCESS",
+            1 => "LOC_LEN_ERR",
+            2 => "LOC_QP_OP_ERR",
+            4 => "LOC_PROT_ERR",
+            5 => "WR_FLUSH_ERR",
+            7 => "BAD_RESP_ERR",
+            9 => "REM_INV_REQ_ERR",
+            10 => "REM_ACCESS_ERR",
+            11 => "REM_OP_ERR",
+            12 => "RETRY_EXC_ERR",
+            13 => "RNR_RETRY_EXC_ERR",
+            15 => "REM_INV_RD_REQ_ERR",
+            _ => "OTHER",
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a completion completes (`ibv_wc_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A SEND (with or without immediate).
+    Send,
+    /// An RDMA WRITE (with or without immediate).
+    RdmaWrite,
+    /// An RDMA READ.
+    RdmaRead,
+    /// A compare and swap.
+    CompSwap,
+    /// A fetch and add.
+    FetchAdd,
+    /// A received SEND.
+    Recv,
+    /// A received RDMA WRITE with immediate.
+    RecvRdmaWithImm,
+}
+
+impl From<WrOpcode> for WcOpcode {
+    fn from(op: WrOpcode) -> Self {
+        match op {
+            WrOpcode::Send | WrOpcode::SendWithImm => Self::Send,
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => Self::RdmaWrite,
+            WrOpcode::RdmaRead => Self::RdmaRead,
+            WrOpcode::AtomicCmpAndSwp => Self::CompSwap,
+            WrOpcode::AtomicFetchAndAdd => Self::FetchAdd,
+        }
+    }
+}
+
+/// A work completion (`ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// What completed. For flushed receive WQEs this is `Recv`.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives, READ) or the message length (sends).
+    pub byte_len: u32,
+    /// Immediate data, for receives that carried it.
+    pub imm: Option<[u8; 4]>,
+    /// The local QP.
+    pub qp_num: Qpn,
+    /// The sending QP, for receives.
+    pub src_qp: Qpn,
+}

@@ -1,0 +1,733 @@
+//! Two devices wired back to back in virtual time, each rule of the RC transport exercised by a
+//! scripted scenario. (Random loss, reordering and the seed sweep are in `uroce-sim`.)
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "test sizes and offsets are small"
+)]
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+
+use uroce_engine::*;
+use uroce_wire::opcode::Opcode;
+use uroce_wire::{PacketRepr, ROCE_V2_PORT};
+
+const A: usize = 0;
+const B: usize = 1;
+
+struct Host {
+    dev: Device<VecMemory>,
+    pd: PdHandle,
+    cq: CqHandle,
+    qp: Qpn,
+    /// Registered buffer: (addr, region).
+    mr: MemoryRegion,
+}
+
+struct Pair {
+    hosts: [Host; 2],
+    now: Instant,
+    /// Packets on the wire: (deliver at, to, from, bytes).
+    wire: VecDeque<(Instant, usize, SocketAddr, Vec<u8>)>,
+    /// Decides the fate of each packet: return false to drop it.
+    filter: Filter,
+    delay: Duration,
+    /// Every packet sent: (when, from, opcode, psn, AETH syndrome byte).
+    log: Vec<(Instant, usize, Opcode, u32, Option<u8>)>,
+}
+
+const BUF: u64 = 1 << 20;
+
+/// Sees each packet sent (sender index, packet) and says whether it arrives.
+type Filter = Box<dyn FnMut(usize, &PacketRepr<'_>) -> bool>;
+
+fn host(addr: &str, seed: u64, base: u64) -> Host {
+    let ip: IpAddr = addr.parse().unwrap();
+    let mut mem = VecMemory::new();
+    mem.insert(base, vec![0; BUF as usize]);
+    let mut dev = Device::new(DeviceConfig::new(ip, seed), mem);
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(1024);
+    let access =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let mr = dev.reg_mr(pd, base, BUF, access);
+    let init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap::default(),
+        sq_sig_all: false,
+    };
+    let qp = dev.create_qp(init);
+    Host {
+        dev,
+        pd,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+fn rc_attrs(state: QpState) -> QpAttr {
+    QpAttr {
+        state: Some(state),
+        ..QpAttr::default()
+    }
+}
+
+impl Pair {
+    fn new(mtu: Mtu) -> Self {
+        let mut hosts = [
+            host("127.0.0.2", 1, 0x10_0000),
+            host("127.0.0.3", 2, 0x20_0000),
+        ];
+        let qpns = [hosts[0].qp, hosts[1].qp];
+        let addrs = [hosts[0].dev.addr(), hosts[1].dev.addr()];
+        for (i, h) in hosts.iter_mut().enumerate() {
+            let peer = 1 - i;
+            let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+            let init = QpAttr {
+                pkey_index: Some(0),
+                port_num: Some(1),
+                access_flags: Some(all),
+                ..rc_attrs(QpState::Init)
+            };
+            h.dev.modify_qp(h.qp, &init).unwrap();
+            let rtr = QpAttr {
+                av: Some(AddressVector { dest: addrs[peer] }),
+                path_mtu: Some(mtu),
+                dest_qp_num: Some(qpns[peer]),
+                rq_psn: Some(Psn::from_masked(0xFF_FFF0 + peer as u32)),
+                max_dest_rd_atomic: Some(4),
+                min_rnr_timer: Some(RnrTimer::from_masked(1)),
+                ..rc_attrs(QpState::Rtr)
+            };
+            h.dev.modify_qp(h.qp, &rtr).unwrap();
+            let rts = QpAttr {
+                sq_psn: Some(Psn::from_masked(0xFF_FFF0 + i as u32)),
+                timeout: Some(10),
+                retry_cnt: Some(3),
+                rnr_retry: Some(3),
+                max_rd_atomic: Some(4),
+                ..rc_attrs(QpState::Rts)
+            };
+            h.dev.modify_qp(h.qp, &rts).unwrap();
+        }
+        Self {
+            hosts,
+            now: Instant::ZERO,
+            wire: VecDeque::new(),
+            filter: Box::new(|_, _| true),
+            delay: Duration::from_micros(1),
+            log: Vec::new(),
+        }
+    }
+
+    /// Moves packets and time until nothing is left to do or `limit` passes.
+    fn run(&mut self, limit: Duration) {
+        let end = self.now + limit;
+        let mut buf = Vec::new();
+        loop {
+            for i in 0..2 {
+                let src_ip = self.hosts[i].dev.addr();
+                while let Some(tx) = self.hosts[i].dev.poll_transmit(self.now, &mut buf) {
+                    let parsed = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
+                    let syndrome = parsed.ext.aeth.map(|a| a.syndrome.to_byte());
+                    self.log.push((
+                        self.now,
+                        i,
+                        parsed.bth.opcode,
+                        parsed.bth.psn.get(),
+                        syndrome,
+                    ));
+                    let to = if tx.dst.ip() == self.hosts[0].dev.addr() {
+                        0
+                    } else {
+                        1
+                    };
+                    assert_eq!(tx.dst.port(), ROCE_V2_PORT);
+                    if (self.filter)(i, &parsed) {
+                        let from = SocketAddr::new(src_ip, tx.src_port);
+                        self.wire
+                            .push_back((self.now + self.delay, to, from, buf.clone()));
+                    }
+                }
+            }
+            let next_wire = self.wire.front().map(|w| w.0);
+            let next_timer = [0, 1]
+                .iter()
+                .filter_map(|&i| self.hosts[i].dev.poll_timeout())
+                .min();
+            let Some(next) = [next_wire, next_timer].into_iter().flatten().min() else {
+                return;
+            };
+            if next > end {
+                return;
+            }
+            self.now = self.now.max(next);
+            while self.wire.front().is_some_and(|w| w.0 <= self.now) {
+                let (_, to, from, bytes) = self.wire.pop_front().unwrap();
+                self.hosts[to].dev.handle_datagram(self.now, from, &bytes);
+            }
+            for h in &mut self.hosts {
+                if h.dev.poll_timeout().is_some_and(|t| t <= self.now) {
+                    h.dev.handle_timeout(self.now);
+                }
+            }
+        }
+    }
+
+    fn cq(&mut self, i: usize) -> Vec<WorkCompletion> {
+        let mut out = Vec::new();
+        let h = &mut self.hosts[i];
+        h.dev.poll_cq(h.cq, usize::MAX, &mut out);
+        out
+    }
+
+    fn mem(&mut self, i: usize, offset: u64, len: usize) -> &mut [u8] {
+        let base = self.hosts[i].mr.addr;
+        let buf = self.hosts[i].dev.memory_mut().buffer_mut(base).unwrap();
+        &mut buf[offset as usize..offset as usize + len]
+    }
+
+    fn sge(&self, i: usize, offset: u64, len: u32) -> Sge {
+        let mr = self.hosts[i].mr;
+        Sge {
+            addr: mr.addr + offset,
+            length: len,
+            lkey: mr.lkey,
+        }
+    }
+
+    fn remote(&self, i: usize, offset: u64) -> RemoteAddr {
+        let mr = self.hosts[i].mr;
+        RemoteAddr {
+            addr: mr.addr + offset,
+            rkey: mr.rkey,
+        }
+    }
+
+    fn post_recv(&mut self, i: usize, wr_id: u64, offset: u64, len: u32) {
+        let sge = self.sge(i, offset, len);
+        let h = &mut self.hosts[i];
+        h.dev
+            .post_recv(
+                h.qp,
+                RecvWr {
+                    wr_id,
+                    sg_list: vec![sge],
+                },
+            )
+            .unwrap();
+    }
+
+    fn post_send(&mut self, i: usize, wr: SendWr) {
+        let h = &mut self.hosts[i];
+        h.dev.post_send(h.qp, wr).unwrap();
+    }
+}
+
+fn fill(p: &mut Pair, i: usize, offset: u64, len: usize, seed: u8) -> Vec<u8> {
+    let data: Vec<u8> = (0..len)
+        .map(|k| (k as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    p.mem(i, offset, len).copy_from_slice(&data);
+    data
+}
+
+#[test]
+fn send_of_every_size_arrives_whole() {
+    for mtu in Mtu::ALL {
+        let mut p = Pair::new(mtu);
+        let mut wr_id = 0;
+        for len in [
+            0usize, 1, 255, 256, 257, 1024, 4095, 4096, 4097, 10_000, 65_536,
+        ] {
+            wr_id += 1;
+            let data = fill(&mut p, A, 0, len, wr_id as u8);
+            p.post_recv(B, wr_id, 0x8_0000, 0x8_0000);
+            let sge = p.sge(A, 0, len as u32);
+            p.post_send(A, SendWr::new(wr_id, WrOpcode::Send, vec![sge]));
+            p.run(Duration::from_millis(10));
+            let send = p.cq(A);
+            assert_eq!(send.len(), 1, "mtu {mtu:?} len {len}: {send:?}");
+            assert_eq!((send[0].wr_id, send[0].status), (wr_id, WcStatus::SUCCESS));
+            let recv = p.cq(B);
+            assert_eq!(recv.len(), 1);
+            assert_eq!(
+                (recv[0].status, recv[0].byte_len as usize),
+                (WcStatus::SUCCESS, len)
+            );
+            assert_eq!(p.mem(B, 0x8_0000, len), &data[..], "mtu {mtu:?} len {len}");
+        }
+    }
+}
+
+fn write_wr(p: &Pair, wr_id: u64, local: u64, remote: u64, len: u32) -> SendWr {
+    let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWrite, vec![p.sge(A, local, len)]);
+    wr.remote = Some(p.remote(B, remote));
+    wr
+}
+
+fn read_wr(p: &Pair, wr_id: u64, local: u64, remote: u64, len: u32) -> SendWr {
+    let mut wr = SendWr::new(wr_id, WrOpcode::RdmaRead, vec![p.sge(A, local, len)]);
+    wr.remote = Some(p.remote(B, remote));
+    wr
+}
+
+fn statuses(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
+    wcs.iter().map(|w| (w.wr_id, w.status)).collect()
+}
+
+#[test]
+fn write_and_read_move_bytes_across_psn_wrap() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let data = fill(&mut p, A, 0, 100_000, 7);
+    p.post_send(A, write_wr(&p, 1, 0, 0x1000, 100_000));
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert!(
+        p.cq(B).is_empty(),
+        "a WRITE without immediate completes nothing at the target"
+    );
+    assert_eq!(p.mem(B, 0x1000, 100_000), &data[..]);
+    // The PSNs started at 2^24 - 16: the write crossed the wrap.
+    assert!(p.log.iter().any(|&(_, _, _, psn, _)| psn == 0));
+
+    let back = fill(&mut p, B, 0x4_0000, 5000, 9);
+    p.post_send(A, read_wr(&p, 2, 0x8_0000, 0x4_0000, 5000));
+    p.run(Duration::from_millis(10));
+    let wcs = p.cq(A);
+    assert_eq!(statuses(&wcs), [(2, WcStatus::SUCCESS)]);
+    assert_eq!((wcs[0].opcode, wcs[0].byte_len), (WcOpcode::RdmaRead, 5000));
+    assert_eq!(p.mem(A, 0x8_0000, 5000), &back[..]);
+}
+
+#[test]
+fn write_with_immediate_consumes_a_receive() {
+    let mut p = Pair::new(Mtu::Mtu256);
+    fill(&mut p, A, 0, 1000, 1);
+    p.post_recv(B, 77, 0x9_0000, 16);
+    let mut wr = write_wr(&p, 1, 0, 0x100, 1000);
+    wr.opcode = WrOpcode::RdmaWriteWithImm;
+    wr.imm = Some([1, 2, 3, 4]);
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    let recv = p.cq(B);
+    assert_eq!(recv.len(), 1);
+    assert_eq!(
+        (recv[0].wr_id, recv[0].opcode, recv[0].byte_len),
+        (77, WcOpcode::RecvRdmaWithImm, 1000)
+    );
+    assert_eq!(recv[0].imm, Some([1, 2, 3, 4]));
+}
+
+#[test]
+fn atomics_apply_exactly_once_even_when_the_ack_is_lost() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.mem(B, 0x100, 8).copy_from_slice(&40u64.to_ne_bytes());
+    // Lose the first atomic ACK: the requester times out, resends the FETCH_ADD, and the
+    // responder must answer from its saved result without adding again.
+    let mut lost = false;
+    p.filter = Box::new(move |_, pkt| {
+        if pkt.bth.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE && !lost {
+            lost = true;
+            return false;
+        }
+        true
+    });
+    let mut wr = SendWr::new(1, WrOpcode::AtomicFetchAndAdd, vec![p.sge(A, 0x10, 8)]);
+    wr.remote = Some(p.remote(B, 0x100));
+    wr.compare_add = 2;
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(50));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(
+        u64::from_ne_bytes(p.mem(A, 0x10, 8).try_into().unwrap()),
+        40,
+        "original value"
+    );
+    assert_eq!(
+        u64::from_ne_bytes(p.mem(B, 0x100, 8).try_into().unwrap()),
+        42,
+        "added once"
+    );
+    assert_eq!(p.hosts[B].dev.counters().dup_req, 1);
+    assert_eq!(p.hosts[A].dev.counters().ack_timeouts, 1);
+
+    let mut wr = SendWr::new(2, WrOpcode::AtomicCmpAndSwp, vec![p.sge(A, 0x18, 8)]);
+    wr.remote = Some(p.remote(B, 0x100));
+    (wr.compare_add, wr.swap) = (42, 7);
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(50));
+    assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
+    assert_eq!(
+        u64::from_ne_bytes(p.mem(B, 0x100, 8).try_into().unwrap()),
+        7
+    );
+}
+
+#[test]
+fn a_lost_packet_is_nak_ed_once_and_resent_go_back_n() {
+    let mut p = Pair::new(Mtu::Mtu256);
+    let data = fill(&mut p, A, 0, 256 * 20, 3);
+    let mut dropped = None;
+    p.filter = Box::new(move |from, pkt| {
+        // Drop the third packet of the write, once.
+        if from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_MIDDLE && dropped.is_none() {
+            dropped = Some(pkt.bth.psn);
+            return false;
+        }
+        true
+    });
+    p.post_send(A, write_wr(&p, 1, 0, 0, 256 * 20));
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(B, 0, 256 * 20), &data[..]);
+    let b = *p.hosts[B].dev.counters();
+    let a = *p.hosts[A].dev.counters();
+    assert_eq!(b.rcv_seq_err, 1, "one NAK per gap");
+    assert!(
+        b.drop_out_of_sequence > 0,
+        "later packets dropped until the gap is filled"
+    );
+    assert_eq!(a.seq_naks_rcvd, 1);
+    assert!(a.retransmitted_pkts > 0);
+    assert_eq!(
+        a.ack_timeouts, 0,
+        "the NAK, not the timer, triggered the resend"
+    );
+}
+
+#[test]
+fn a_lost_read_response_is_recovered() {
+    let mut p = Pair::new(Mtu::Mtu512);
+    let data = fill(&mut p, B, 0, 512 * 6, 5);
+    let mut n = 0;
+    p.filter = Box::new(move |from, pkt| {
+        if from == B && pkt.bth.opcode == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
+            n += 1;
+            return n != 2;
+        }
+        true
+    });
+    p.post_send(A, read_wr(&p, 1, 0x1000, 0, 512 * 6));
+    p.run(Duration::from_millis(50));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(A, 0x1000, 512 * 6), &data[..]);
+    assert!(
+        p.hosts[B].dev.counters().dup_req >= 1,
+        "the READ was replayed"
+    );
+}
+
+#[test]
+fn rnr_nak_waits_the_coded_time_then_succeeds() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    fill(&mut p, A, 0, 64, 1);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    p.run(Duration::from_micros(5));
+    assert!(p.hosts[A].dev.counters().rnr_naks_rcvd >= 1);
+    p.post_recv(B, 9, 0x100, 64);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(statuses(&p.cq(B)), [(9, WcStatus::SUCCESS)]);
+    // Every retry waits the responder's min_rnr_timer (code 1: 10 µs) after the RNR NAK.
+    let naks: Vec<Instant> = p
+        .log
+        .iter()
+        .filter(|e| e.4.is_some_and(|s| s >> 5 == 1))
+        .map(|e| e.0)
+        .collect();
+    let sends: Vec<Instant> = p
+        .log
+        .iter()
+        .filter(|e| e.2 == Opcode::RC_SEND_ONLY)
+        .map(|e| e.0)
+        .collect();
+    assert!(!naks.is_empty());
+    assert_eq!(sends.len(), naks.len() + 1);
+    for (nak, resend) in naks.iter().zip(&sends[1..]) {
+        assert!(
+            *resend - *nak >= Duration::from_micros(10),
+            "resent {} after the NAK",
+            *resend - *nak
+        );
+    }
+}
+
+#[test]
+fn rnr_retries_exhausted_end_in_rnr_retry_exc_err_and_flush() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
+    let mut second = SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 8)]);
+    second.flags = SendFlags::NONE; // unsignaled: still reported once flushed
+    p.post_send(A, second);
+    p.run(Duration::from_secs(1));
+    assert_eq!(
+        statuses(&p.cq(A)),
+        [
+            (1, WcStatus::RNR_RETRY_EXC_ERR),
+            (2, WcStatus::WR_FLUSH_ERR)
+        ]
+    );
+    assert_eq!(p.hosts[A].dev.qp_state(p.hosts[A].qp), Some(QpState::Error));
+    // rnr_retry 3: the first try and three retries.
+    assert_eq!(p.hosts[A].dev.counters().rnr_naks_rcvd, 4);
+}
+
+#[test]
+fn a_dead_link_ends_in_retry_exc_err_after_exactly_retry_cnt_retries() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.post_recv(B, 1, 0, 64);
+    p.filter = Box::new(|from, _| from != A);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    let t0 = p.now;
+    p.run(Duration::from_secs(10));
+    assert_eq!(
+        statuses(&p.cq(A)),
+        [(1, WcStatus::RETRY_EXC_ERR), (2, WcStatus::WR_FLUSH_ERR)]
+    );
+    let c = *p.hosts[A].dev.counters();
+    // retry_cnt 3: three timeouts each start a retry; the fourth ends the WQE.
+    assert_eq!((c.ack_timeouts, c.retry_exceeded), (4, 1));
+    assert_eq!(
+        c.retransmitted_pkts,
+        3 * 2,
+        "both SENDs go again on every retry"
+    );
+    // Four timeouts of 4.096 µs × 2^10 each.
+    let timeout = Duration::from_nanos(4096 << 10);
+    assert!(
+        p.now - t0 >= timeout.saturating_mul(4),
+        "took {}",
+        p.now - t0
+    );
+    assert!(p.now - t0 < timeout.saturating_mul(5));
+}
+
+#[test]
+fn receive_buffer_too_small_is_loc_len_err_there_and_rem_inv_req_err_here() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.post_recv(B, 5, 0, 100);
+    p.post_recv(B, 6, 0, 100);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 101)]));
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::REM_INV_REQ_ERR)]);
+    assert_eq!(
+        statuses(&p.cq(B)),
+        [(5, WcStatus::LOC_LEN_ERR), (6, WcStatus::WR_FLUSH_ERR)]
+    );
+    assert_eq!(p.hosts[A].dev.qp_state(p.hosts[A].qp), Some(QpState::Error));
+    assert_eq!(p.hosts[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Error));
+}
+
+/// Remote accesses that must be refused: the target's memory stays untouched.
+#[test]
+fn bad_rkeys_bounds_rights_and_revoked_regions_are_rem_access_err_and_touch_nothing() {
+    type Twist = fn(&mut Pair, &mut SendWr);
+    let cases: [(&str, Twist); 6] = [
+        ("forged rkey", |_, wr| {
+            wr.remote.as_mut().unwrap().rkey.0 ^= 0x55
+        }),
+        ("one byte past the region", |p, wr| {
+            wr.remote.as_mut().unwrap().addr = p.hosts[B].mr.addr + BUF - 15;
+        }),
+        ("address before the region", |p, wr| {
+            wr.remote.as_mut().unwrap().addr = p.hosts[B].mr.addr - 1
+        }),
+        ("revoked region", |p, _| {
+            let lkey = p.hosts[B].mr.lkey;
+            p.hosts[B].dev.dereg_mr(lkey).unwrap();
+        }),
+        ("region of another PD", |p, wr| {
+            let h = &mut p.hosts[B];
+            let pd2 = h.dev.alloc_pd();
+            let mr = h.dev.reg_mr(
+                pd2,
+                h.mr.addr,
+                4096,
+                Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+            );
+            wr.remote.as_mut().unwrap().rkey = mr.rkey;
+        }),
+        ("region without remote write", |p, wr| {
+            let h = &mut p.hosts[B];
+            let mr = h.dev.reg_mr(
+                h.pd,
+                h.mr.addr,
+                4096,
+                Access::LOCAL_WRITE | Access::REMOTE_READ,
+            );
+            wr.remote.as_mut().unwrap().rkey = mr.rkey;
+        }),
+    ];
+    for (what, twist) in cases {
+        let mut p = Pair::new(Mtu::Mtu1024);
+        fill(&mut p, A, 0, 16, 1);
+        let before = p.hosts[B]
+            .dev
+            .memory()
+            .buffer(p.hosts[B].mr.addr)
+            .unwrap()
+            .to_vec();
+        let mut wr = write_wr(&p, 1, 0, 0, 16);
+        twist(&mut p, &mut wr);
+        p.post_send(A, wr);
+        p.run(Duration::from_millis(10));
+        assert_eq!(
+            statuses(&p.cq(A)),
+            [(1, WcStatus::REM_ACCESS_ERR)],
+            "{what}"
+        );
+        let after = p.hosts[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap();
+        assert!(after == &before[..], "{what}: memory was written");
+        assert_eq!(p.hosts[B].dev.counters().err_naks_sent, 1, "{what}");
+    }
+}
+
+#[test]
+fn a_bad_lkey_is_loc_prot_err_and_nothing_is_sent() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mut sge = p.sge(A, 0, 8);
+    sge.lkey = LKey(sge.lkey.0 ^ 1);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![sge]));
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::LOC_PROT_ERR)]);
+    assert!(p.log.is_empty());
+}
+
+#[test]
+fn misaligned_atomic_is_rem_inv_req_err() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mut wr = SendWr::new(1, WrOpcode::AtomicFetchAndAdd, vec![p.sge(A, 0, 8)]);
+    wr.remote = Some(p.remote(B, 0x104));
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::REM_INV_REQ_ERR)]);
+}
+
+#[test]
+fn modify_qp_names_the_missing_attribute_and_refuses_bad_transitions() {
+    let mut h = host("127.0.0.9", 3, 0);
+    assert_eq!(
+        h.dev.modify_qp(h.qp, &rc_attrs(QpState::Rts)),
+        Err(ModifyError::InvalidTransition {
+            from: QpState::Reset,
+            to: QpState::Rts
+        })
+    );
+    let init = QpAttr {
+        pkey_index: Some(0),
+        port_num: Some(1),
+        ..rc_attrs(QpState::Init)
+    };
+    assert_eq!(
+        h.dev.modify_qp(h.qp, &init),
+        Err(ModifyError::MissingAttribute {
+            attr: "IBV_QP_ACCESS_FLAGS",
+            from: QpState::Reset,
+            to: QpState::Init
+        })
+    );
+    let init = QpAttr {
+        access_flags: Some(Access::NONE),
+        ..init
+    };
+    h.dev.modify_qp(h.qp, &init).unwrap();
+    let rtr = QpAttr {
+        path_mtu: Some(Mtu::Mtu1024),
+        ..rc_attrs(QpState::Rtr)
+    };
+    assert!(matches!(
+        h.dev.modify_qp(h.qp, &rtr),
+        Err(ModifyError::MissingAttribute {
+            attr: "IBV_QP_AV",
+            ..
+        })
+    ));
+    assert_eq!(
+        h.dev.qp_state(h.qp),
+        Some(QpState::Init),
+        "a refused modify changes nothing"
+    );
+    let bad = QpAttr {
+        retry_cnt: Some(8),
+        ..rc_attrs(QpState::Init)
+    };
+    assert!(matches!(
+        h.dev.modify_qp(h.qp, &bad),
+        Err(ModifyError::InvalidValue {
+            attr: "retry_cnt",
+            ..
+        })
+    ));
+    assert_eq!(
+        h.dev
+            .post_send(h.qp, SendWr::new(1, WrOpcode::Send, vec![])),
+        Err(PostError::InvalidState(QpState::Init))
+    );
+}
+
+#[test]
+fn psns_far_out_of_window_and_wrong_qpns_are_dropped_and_counted() {
+    // Rewrite every request to a PSN far ahead, then far behind, then to a QPN that is not there.
+    for (shift, what) in [(0x40_0000u32, "ahead"), (0xC0_0000, "behind"), (0, "qpn")] {
+        let mut q = Pair::new(Mtu::Mtu1024);
+        q.post_recv(B, 1, 0, 64);
+        let before = q.hosts[B]
+            .dev
+            .memory()
+            .buffer(q.hosts[B].mr.addr)
+            .unwrap()
+            .to_vec();
+        let qpn_b = q.hosts[B].qp;
+        q.post_send(A, SendWr::new(1, WrOpcode::Send, vec![q.sge(A, 0, 64)]));
+        // Take the packet off A by hand and forge it.
+        let mut buf = Vec::new();
+        let tx = q.hosts[A].dev.poll_transmit(q.now, &mut buf).unwrap();
+        let mut repr = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
+        let payload = repr.payload.to_vec();
+        repr.payload = &payload;
+        if what == "qpn" {
+            repr.bth.dest_qp = Qpn::from_masked(qpn_b.get() ^ 0x800);
+        } else {
+            repr.bth.psn = repr.bth.psn.add(shift);
+        }
+        let src = SocketAddr::new(q.hosts[A].dev.addr(), tx.src_port);
+        let dst = SocketAddr::new(q.hosts[B].dev.addr(), ROCE_V2_PORT);
+        let pseudo = uroce_wire::icrc::PseudoHeader::for_endpoints(src, dst).unwrap();
+        let mut out = vec![0u8; repr.buffer_len().unwrap()];
+        repr.emit(&pseudo, &mut out).unwrap();
+        for _ in 0..3 {
+            q.hosts[B].dev.handle_datagram(q.now, src, &out);
+        }
+        let c = *q.hosts[B].dev.counters();
+        match what {
+            "ahead" => assert_eq!((c.rcv_seq_err, c.drop_out_of_sequence), (1, 2)),
+            "behind" => assert_eq!(c.dup_req, 3),
+            _ => assert_eq!(c.drop_unknown_qp, 3),
+        }
+        assert!(q.cq(B).is_empty(), "{what}: nothing delivered");
+        assert!(q.hosts[B].dev.memory().buffer(q.hosts[B].mr.addr).unwrap() == &before[..]);
+    }
+}
+
+#[test]
+fn corrupted_packets_fail_the_icrc_and_are_counted() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.post_recv(B, 1, 0, 64);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    let mut buf = Vec::new();
+    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
+    let src = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
+    buf[20] ^= 1;
+    p.hosts[B].dev.handle_datagram(p.now, src, &buf);
+    p.hosts[B].dev.handle_datagram(p.now, src, &buf[..7]);
+    let c = *p.hosts[B].dev.counters();
+    assert_eq!((c.icrc_errors, c.drop_malformed, c.rcvd_pkts), (1, 1, 0));
+}
