@@ -8,7 +8,7 @@
 //! atomic whose response never arrived means the response was lost.
 
 use uroce_wire::aeth::{NakCode, Syndrome};
-use uroce_wire::opcode::Opcode;
+use uroce_wire::opcode::{OpFlags, Opcode};
 use uroce_wire::{PacketRepr, Psn};
 
 use crate::device::{Ctx, flush_wc};
@@ -63,18 +63,26 @@ fn on_ack<M: MemoryAccess>(
         ctx.counters.drop_stale_response += 1;
         return;
     }
-    match syndrome {
-        Syndrome::Ack(_) => {
-            if let Some(from) = implied_nak(qp, psn) {
-                ctx.counters.implied_naks += 1;
-                retry(qp, ctx, now, from);
-                return;
-            }
-            advance_una(qp, now, psn.next());
+    // An ACK covers its PSN; a NAK or RNR NAK covers what precedes it (IBA 9.7.5.2.x). But an
+    // acknowledgement that passes a READ or atomic whose response has not arrived means that
+    // response was lost: go back to it (an implied NAK) instead.
+    let upto = if matches!(syndrome, Syndrome::Ack(_)) {
+        psn.next()
+    } else {
+        psn
+    };
+    if let Some(from) = implied_nak(qp, upto) {
+        advance_una(qp, now, from);
+        if retry(qp, ctx, now, from) {
+            ctx.counters.implied_naks += 1;
         }
+        return;
+    }
+    advance_una(qp, now, upto);
+    match syndrome {
+        Syndrome::Ack(_) => {}
         Syndrome::RnrNak(timer) => {
             ctx.counters.rnr_naks_rcvd += 1;
-            advance_una(qp, now, psn);
             drain(qp, ctx);
             // rnr_retry 7 means retry forever (IBA 9.7.5.2.8); only rnr_retry has that meaning.
             if qp.rnr_retry != 7 {
@@ -91,13 +99,11 @@ fn on_ack<M: MemoryAccess>(
         }
         Syndrome::Nak(NakCode::PSN_SEQUENCE_ERROR) => {
             ctx.counters.seq_naks_rcvd += 1;
-            advance_una(qp, now, psn);
             drain(qp, ctx);
             retry(qp, ctx, now, psn);
         }
         Syndrome::Nak(code) => {
             // IBA 9.7.5.2.4: the NAKed request fails; everything before it succeeded.
-            advance_una(qp, now, psn);
             drain(qp, ctx);
             let status = match code {
                 NakCode::INVALID_REQUEST => WcStatus::REM_INV_REQ_ERR,
@@ -112,15 +118,16 @@ fn on_ack<M: MemoryAccess>(
     }
 }
 
-/// If an ACK for `psn` covers a READ or atomic that has not had all its response, the response
-/// was lost: the PSN to resend from.
-fn implied_nak(qp: &Qp, psn: Psn) -> Option<Psn> {
+/// The PSN to go back to if acknowledging everything before `upto` would pass a READ or
+/// atomic whose response has not (all) arrived.
+fn implied_nak(qp: &Qp, upto: Psn) -> Option<Psn> {
     for w in qp.req.sq.iter().take_while(|w| w.started) {
-        if w.first_psn.is_after(psn) {
+        if !w.first_psn.is_before(upto) {
             break;
         }
         if w.wr.opcode.is_read_or_atomic() && !w.done && w.error.is_none() {
-            return Some(w.first_psn.add(w.resp_pkts));
+            let missing = w.first_psn.add(w.resp_pkts);
+            return missing.is_before(upto).then_some(missing);
         }
     }
     None
@@ -145,8 +152,9 @@ fn on_atomic_ack<M: MemoryAccess>(
     };
     // Responses arrive in order: an earlier READ still waiting means its response was lost.
     if let Some(from) = earlier_unanswered(qp, idx) {
-        ctx.counters.implied_naks += 1;
-        retry(qp, ctx, now, from);
+        if retry(qp, ctx, now, from) {
+            ctx.counters.implied_naks += 1;
+        }
         return;
     }
     let w = &mut qp.req.sq[idx];
@@ -183,8 +191,9 @@ fn on_read_response<M: MemoryAccess>(
         return;
     };
     if let Some(from) = earlier_unanswered(qp, idx) {
-        ctx.counters.implied_naks += 1;
-        retry(qp, ctx, now, from);
+        if retry(qp, ctx, now, from) {
+            ctx.counters.implied_naks += 1;
+        }
         return;
     }
     let w = &mut qp.req.sq[idx];
@@ -195,23 +204,25 @@ fn on_read_response<M: MemoryAccess>(
             ctx.counters.drop_stale_response += 1;
         } else {
             // A gap in the responses: ask again from the first missing one (IBA 9.7.5.2.3).
-            ctx.counters.implied_naks += 1;
-            retry(qp, ctx, now, expected);
+            if retry(qp, ctx, now, expected) {
+                ctx.counters.implied_naks += 1;
+            }
         }
         return;
     }
     let k = w.resp_pkts;
+    // The response that ends the READ must say LAST (or ONLY), and only it. Whether a packet
+    // says FIRST or MIDDLE depends on which request it answers (the original, or one that asked
+    // again from a missing packet), so either is accepted; the PSN places the data.
     let is_last = k + 1 == w.npkts;
-    let op = packet.bth.opcode;
-    let position_ok = match (k == 0, is_last) {
-        (true, true) => op == Opcode::RC_RDMA_READ_RESPONSE_ONLY,
-        (true, false) => op == Opcode::RC_RDMA_READ_RESPONSE_FIRST,
-        (false, false) => op == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
-        (false, true) => op == Opcode::RC_RDMA_READ_RESPONSE_LAST,
-    };
+    let says_last = packet
+        .bth
+        .opcode
+        .info()
+        .is_some_and(|i| i.has(OpFlags::LAST));
     let want = w.len.saturating_sub(k * mtu).min(mtu) as usize;
-    if !position_ok || packet.payload.len() != want {
-        w.error = Some(WcStatus::BAD_RESP_ERR);
+    if says_last != is_last || packet.payload.len() != want {
+        ctx.counters.drop_stale_response += 1;
         return;
     }
     if scatter(ctx, pd, &w.wr.sg_list, u64::from(k * mtu), packet.payload).is_err() {
@@ -240,6 +251,7 @@ fn earlier_unanswered(qp: &Qp, idx: usize) -> Option<Psn> {
 fn advance_una(qp: &mut Qp, now: Instant, una: Psn) {
     if una.is_after(qp.req.una) && !una.is_after(qp.req.high_psn) {
         qp.req.una = una;
+        qp.req.recovering = None;
         qp.req.retries_left = qp.retry_cnt;
         qp.req.rnr_retries_left = qp.rnr_retry;
         qp.req.ack_deadline = if qp.req.una == qp.req.high_psn {
@@ -263,15 +275,14 @@ pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
             && if w.wr.opcode.is_read_or_atomic() {
                 w.done
             } else {
-                qp.req.next_wqe > 0 && w.last_psn().is_before(qp.req.una)
+                w.last_psn().is_before(qp.req.una)
             };
         if !finished {
             return;
         }
-        let Some(w) = qp.req.sq.pop_front() else {
+        let Some(w) = pop_front(qp) else {
             return;
         };
-        qp.req.next_wqe = qp.req.next_wqe.saturating_sub(1);
         if w.signaled {
             let wc = WorkCompletion {
                 wr_id: w.wr.wr_id,
@@ -287,10 +298,25 @@ pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     }
 }
 
+/// Removes the oldest WQE. If the requester was (re)sending it, it carries on with the next
+/// one from that one's start (or with new PSNs if it has not started).
+fn pop_front(qp: &mut Qp) -> Option<crate::qp::SendWqe> {
+    let w = qp.req.sq.pop_front()?;
+    if qp.req.next_wqe > 0 {
+        qp.req.next_wqe -= 1;
+    } else {
+        qp.req.next_pkt = 0;
+        qp.req.next_psn = match qp.req.sq.front() {
+            Some(next) if next.started => next.first_psn,
+            _ => qp.req.high_psn,
+        };
+    }
+    Some(w)
+}
+
 /// Ends the oldest WQE with `status` (reported even if unsignaled), then moves the QP to Error.
 pub(crate) fn fail_front<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) {
-    if let Some(w) = qp.req.sq.pop_front() {
-        qp.req.next_wqe = qp.req.next_wqe.saturating_sub(1);
+    if let Some(w) = pop_front(qp) {
         let wc = WorkCompletion {
             wr_id: w.wr.wr_id,
             status,
@@ -338,7 +364,23 @@ pub(crate) fn enter_error<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
 /// One retry of the transport (ACK timeout, sequence NAK or implied NAK): go back to `from`,
 /// or end with `RETRY_EXC_ERR` when `retry_cnt` retries are used up (IBA 9.7.6.1.3; a
 /// `retry_cnt` of 7 is seven retries, not infinity, unlike Linux rxe).
-fn retry<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, from: Psn) {
+///
+/// A loss shows up as a burst of signs (every later READ response, a duplicated NAK, an ACK
+/// overtaking the responses): once go-back-N from `from` is under way, further signs of the
+/// same loss are ignored until the requester makes progress, so one loss costs one retry. Only
+/// the ACK timer retries the same PSN again.
+/// Returns whether this was a new retry.
+fn retry<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, from: Psn) -> bool {
+    if qp.req.recovering == Some(from) {
+        return false;
+    }
+    force_retry(qp, ctx, now, from);
+    true
+}
+
+/// A retry that always counts: the ACK timer's.
+fn force_retry<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, from: Psn) {
+    qp.req.recovering = Some(from);
     if qp.req.retries_left == 0 {
         ctx.counters.retry_exceeded += 1;
         fail_front(qp, ctx, WcStatus::RETRY_EXC_ERR);
@@ -364,13 +406,10 @@ fn rewind(qp: &mut Qp, now: Instant, from: Psn) {
     };
     let w = &req.sq[idx];
     req.next_wqe = idx;
-    if w.wr.opcode.is_read_or_atomic() {
-        req.next_pkt = 0;
-        req.next_psn = w.first_psn;
-    } else {
-        req.next_pkt = u32::try_from(from.distance(w.first_psn)).unwrap_or(0);
-        req.next_psn = from;
-    }
+    // A SEND or WRITE resumes at the packet; a READ asks again for the responses from there on
+    // (IBA 9.7.5.2.3); an atomic is one packet.
+    req.next_pkt = u32::try_from(from.distance(w.first_psn)).unwrap_or(0);
+    req.next_psn = from;
     req.since_ack_req = 0;
     req.ack_deadline = deadline;
 }
@@ -389,7 +428,7 @@ pub(crate) fn on_timer<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Inst
         if qp.state == QpState::Rts && qp.req.una.is_before(qp.req.high_psn) {
             ctx.counters.ack_timeouts += 1;
             let from = qp.req.una;
-            retry(qp, ctx, now, from);
+            force_retry(qp, ctx, now, from);
         }
     }
 }

@@ -240,6 +240,44 @@ impl<M: MemoryAccess> Device<M> {
         self.qps.remove(&qpn.get()).is_some()
     }
 
+    /// A one-line account of a QP's transport state (requester position, acknowledged PSN,
+    /// timers, the send queue, the responder's expected PSN), for traces and test failures.
+    pub fn describe_qp(&self, qpn: Qpn) -> Option<String> {
+        let q = self.qps.get(&qpn.get())?;
+        let r = &q.req;
+        let sq: Vec<_> =
+            r.sq.iter()
+                .map(|w| {
+                    (
+                        w.wr.wr_id,
+                        w.wr.opcode,
+                        w.first_psn.get(),
+                        w.npkts,
+                        w.resp_pkts,
+                        w.done,
+                    )
+                })
+                .collect();
+        Some(format!(
+            "qp {} {:?}: next wqe {} pkt {} psn {}, una {}, high {}, ack timer {:?}, rnr {:?}, \
+             recovering {:?}, retries left {}, sq {:?}; responder epsn {}, {} responses queued",
+            q.qpn,
+            q.state,
+            r.next_wqe,
+            r.next_pkt,
+            r.next_psn,
+            r.una,
+            r.high_psn,
+            r.ack_deadline,
+            r.rnr_resume,
+            r.recovering,
+            r.retries_left,
+            sq,
+            q.resp.epsn,
+            q.resp.out.len()
+        ))
+    }
+
     /// The state of a QP.
     pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
         self.qps.get(&qpn.get()).map(|q| q.state)

@@ -238,6 +238,8 @@ pub(crate) struct Requester {
     pub(crate) since_ack_req: u32,
     /// One past the highest PSN ever sent: PSNs before it that go out again are retransmits.
     pub(crate) high_psn: Psn,
+    /// Go-back-N from this PSN is under way; further signs of the same loss are ignored.
+    pub(crate) recovering: Option<Psn>,
 }
 
 /// A message the responder is in the middle of.

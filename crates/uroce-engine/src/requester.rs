@@ -51,10 +51,14 @@ pub(crate) fn poll<M: MemoryAccess>(
     });
     let opcode = match op {
         WrOpcode::RdmaRead => {
+            // After a loss, ask again only for the responses from packet `k` on.
+            let skip = k * mtu;
+            let va = remote.addr.wrapping_add(u64::from(skip));
+            let dma_len = w.len - skip;
             ext.reth = Some(reth::Repr {
-                va: remote.addr,
+                va,
                 rkey: remote.rkey,
-                dma_len: w.len,
+                dma_len,
             });
             Opcode::RC_RDMA_READ_REQUEST
         }

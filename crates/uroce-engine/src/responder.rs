@@ -69,33 +69,61 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
         || op == Opcode::RC_COMPARE_SWAP
         || op == Opcode::RC_FETCH_ADD
     {
-        let Some(res) = qp
-            .resp
-            .resources
-            .iter()
-            .find(|r| r.first_psn == psn)
-            .copied()
-        else {
+        let mtu = qp.mtu.bytes();
+        let found = qp.resp.resources.iter().find_map(|r| {
+            let k = u32::try_from(psn.distance(r.first_psn)).ok()?;
+            match r.kind {
+                // A duplicate READ may ask for the tail of the original (from a lost response
+                // on): it must name exactly that tail (IBA 9.7.5.1.x).
+                ResourceKind::Read {
+                    va,
+                    rkey,
+                    len,
+                    npkts,
+                } if k < npkts => {
+                    let reth = packet.ext.reth?;
+                    let skip = k * mtu;
+                    let tail = reth.va == va.wrapping_add(u64::from(skip))
+                        && reth.rkey == rkey
+                        && reth.dma_len == len - skip;
+                    tail.then_some(Response::Read {
+                        first_psn: psn,
+                        va: reth.va,
+                        rkey,
+                        len: reth.dma_len,
+                        npkts: npkts - k,
+                        next: 0,
+                        msn,
+                    })
+                }
+                ResourceKind::Atomic { orig } if k == 0 => {
+                    Some(Response::Atomic { psn, orig, msn })
+                }
+                _ => None,
+            }
+        });
+        let Some(response) = found else {
             ctx.counters.drop_dup_no_resource += 1;
             return;
         };
-        let response = match res.kind {
-            ResourceKind::Read {
-                va,
-                rkey,
-                len,
-                npkts,
-            } => Response::Read {
-                first_psn: psn,
-                va,
-                rkey,
-                len,
-                npkts,
-                next: 0,
-                msn,
-            },
-            ResourceKind::Atomic { orig } => Response::Atomic { psn, orig, msn },
-        };
+        // The requester wants the responses from this PSN on: a replay of the same READ still
+        // queued is superseded (otherwise duplicated requests would multiply the responses).
+        if let Response::Read {
+            first_psn, npkts, ..
+        } = response
+        {
+            let end = first_psn.add(npkts);
+            let replays_same_range = |r: &Response| match *r {
+                Response::Read {
+                    first_psn: f, next, ..
+                } => {
+                    let at = f.add(next);
+                    !at.is_before(first_psn) && at.is_before(end)
+                }
+                _ => false,
+            };
+            qp.resp.out.retain(|r| !replays_same_range(r));
+        }
         queue(qp, ctx, response);
     } else if packet.bth.ack_req {
         // Re-acknowledge everything executed so far (IBA 9.7.5.1.1).

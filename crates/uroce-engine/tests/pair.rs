@@ -731,3 +731,211 @@ fn corrupted_packets_fail_the_icrc_and_are_counted() {
     let c = *p.hosts[B].dev.counters();
     assert_eq!((c.icrc_errors, c.drop_malformed, c.rcvd_pkts), (1, 1, 0));
 }
+
+#[test]
+fn inline_data_is_copied_at_post_time() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.post_recv(B, 1, 0, 64);
+    let mut wr = SendWr::new(1, WrOpcode::Send, vec![]);
+    wr.inline_data = Some(b"inline bytes".to_vec());
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(1));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(p.cq(B)[0].byte_len, 12);
+    assert_eq!(p.mem(B, 0, 12), b"inline bytes");
+    let mut big = SendWr::new(2, WrOpcode::Send, vec![]);
+    big.inline_data = Some(vec![0; 257]);
+    let h = &mut p.hosts[A];
+    assert_eq!(h.dev.post_send(h.qp, big), Err(PostError::InlineTooLong));
+}
+
+#[test]
+fn unsignaled_successes_complete_nothing() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mut wr = write_wr(&p, 1, 0, 0, 8);
+    wr.flags = SendFlags::NONE;
+    p.post_send(A, wr);
+    p.post_send(A, write_wr(&p, 2, 0, 8, 8));
+    p.run(Duration::from_millis(1));
+    assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
+}
+
+/// The first packet each of the given opcodes was sent at.
+fn first_sent(p: &Pair, from: usize, op: Opcode) -> Instant {
+    p.log.iter().find(|e| e.1 == from && e.2 == op).unwrap().0
+}
+
+#[test]
+fn a_fenced_request_waits_for_earlier_reads() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.delay = Duration::from_micros(10);
+    p.post_send(A, read_wr(&p, 1, 0x1000, 0, 4000));
+    let mut wr = write_wr(&p, 2, 0, 0x8000, 8);
+    wr.flags = SendFlags::SIGNALED | SendFlags::FENCE;
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(1));
+    assert_eq!(
+        statuses(&p.cq(A)),
+        [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]
+    );
+    let last_response = first_sent(&p, B, Opcode::RC_RDMA_READ_RESPONSE_LAST);
+    let write = first_sent(&p, A, Opcode::RC_RDMA_WRITE_ONLY);
+    assert!(
+        write >= last_response + p.delay,
+        "the WRITE left before the READ completed"
+    );
+
+    // Without the fence the WRITE goes right behind the READ request.
+    let mut q = Pair::new(Mtu::Mtu1024);
+    q.delay = Duration::from_micros(10);
+    q.post_send(A, read_wr(&q, 1, 0x1000, 0, 4000));
+    q.post_send(A, write_wr(&q, 2, 0, 0x8000, 8));
+    q.run(Duration::from_millis(1));
+    assert_eq!(first_sent(&q, A, Opcode::RC_RDMA_WRITE_ONLY), Instant::ZERO);
+}
+
+#[test]
+fn max_rd_atomic_limits_outstanding_reads() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.delay = Duration::from_micros(10);
+    let qp = p.hosts[A].qp;
+    p.hosts[A]
+        .dev
+        .modify_qp(
+            qp,
+            &QpAttr {
+                max_rd_atomic: Some(2),
+                ..rc_attrs(QpState::Rts)
+            },
+        )
+        .unwrap();
+    for k in 0..4 {
+        p.post_send(A, read_wr(&p, k, 0x1000 * (k + 1), 0, 100));
+    }
+    p.run(Duration::from_millis(1));
+    assert_eq!(p.cq(A).len(), 4);
+    let requests: Vec<Instant> = p
+        .log
+        .iter()
+        .filter(|e| e.1 == A && e.2 == Opcode::RC_RDMA_READ_REQUEST)
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(requests.len(), 4);
+    assert_eq!(requests[1], Instant::ZERO, "two READs may be outstanding");
+    assert!(
+        requests[2] > Instant::ZERO,
+        "the third waits for the first to complete"
+    );
+}
+
+#[test]
+fn post_checks_name_the_rule_broken() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let h = &mut p.hosts[A];
+    let mr = h.mr;
+    let huge = vec![
+        Sge {
+            addr: mr.addr,
+            length: 1 << 30,
+            lkey: mr.lkey,
+        },
+        Sge {
+            addr: mr.addr,
+            length: 1 << 30,
+            lkey: mr.lkey,
+        },
+        Sge {
+            addr: mr.addr,
+            length: 1,
+            lkey: mr.lkey,
+        },
+    ];
+    assert_eq!(
+        h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::Send, huge)),
+        Err(PostError::MessageTooLong)
+    );
+    assert_eq!(
+        h.dev
+            .post_send(h.qp, SendWr::new(1, WrOpcode::RdmaWrite, vec![])),
+        Err(PostError::MissingRemote)
+    );
+    let five = vec![
+        Sge {
+            addr: mr.addr,
+            length: 1,
+            lkey: mr.lkey
+        };
+        5
+    ];
+    assert_eq!(
+        h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::Send, five)),
+        Err(PostError::TooManySge)
+    );
+    let mut atomic = SendWr::new(
+        1,
+        WrOpcode::AtomicFetchAndAdd,
+        vec![Sge {
+            addr: mr.addr,
+            length: 4,
+            lkey: mr.lkey,
+        }],
+    );
+    atomic.remote = Some(RemoteAddr {
+        addr: 0,
+        rkey: mr.rkey,
+    });
+    assert_eq!(h.dev.post_send(h.qp, atomic), Err(PostError::BadAtomicSge));
+    assert_eq!(
+        h.dev
+            .post_send(h.qp, SendWr::new(1, WrOpcode::SendWithImm, vec![])),
+        Err(PostError::MissingImm)
+    );
+    for k in 0..256 {
+        h.dev
+            .post_send(h.qp, SendWr::new(k, WrOpcode::Send, vec![]))
+            .unwrap();
+    }
+    assert_eq!(
+        h.dev
+            .post_send(h.qp, SendWr::new(9, WrOpcode::Send, vec![])),
+        Err(PostError::QueueFull)
+    );
+}
+
+#[test]
+fn a_full_cq_loses_completions_and_says_so() {
+    let mut h = host("127.0.0.9", 3, 0);
+    let small = h.dev.create_cq(2);
+    let init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd: h.pd,
+        send_cq: small,
+        recv_cq: small,
+        cap: QpCap::default(),
+        sq_sig_all: true,
+    };
+    let qp = h.dev.create_qp(init);
+    let access = QpAttr {
+        pkey_index: Some(0),
+        port_num: Some(1),
+        access_flags: Some(Access::NONE),
+        ..rc_attrs(QpState::Init)
+    };
+    h.dev.modify_qp(qp, &access).unwrap();
+    for k in 0..3 {
+        h.dev
+            .post_recv(
+                qp,
+                RecvWr {
+                    wr_id: k,
+                    sg_list: vec![],
+                },
+            )
+            .unwrap();
+    }
+    h.dev.modify_qp(qp, &rc_attrs(QpState::Error)).unwrap();
+    assert_eq!(h.dev.cq_len(small), 2);
+    assert!(h.dev.cq_overflowed(small));
+    assert_eq!(h.dev.counters().cq_overflows, 1);
+    let _ = h.cq;
+}

@@ -51,6 +51,9 @@
 //! and the command that reruns exactly it.
 #![forbid(unsafe_code)]
 
+mod engine;
+pub use engine::DeviceNode;
+
 use core::net::{IpAddr, SocketAddr};
 use core::ops::{AddAssign, Range};
 use std::collections::{BTreeMap, HashMap};
