@@ -171,6 +171,7 @@ fn on_atomic_ack<M: MemoryAccess>(
         ctx.mem.write(sge.addr, &orig.to_ne_bytes());
         w.resp_pkts = 1;
         w.done = true;
+        qp.req.rd_atomic_outstanding -= 1;
     }
     advance_una(qp, now, psn.next());
 }
@@ -232,6 +233,7 @@ fn on_read_response<M: MemoryAccess>(
     w.resp_pkts += 1;
     if w.resp_pkts == w.npkts {
         w.done = true;
+        qp.req.rd_atomic_outstanding -= 1;
     }
     advance_una(qp, now, psn.next());
 }
@@ -302,6 +304,9 @@ pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
 /// one from that one's start (or with new PSNs if it has not started).
 fn pop_front(qp: &mut Qp) -> Option<crate::qp::SendWqe> {
     let w = qp.req.sq.pop_front()?;
+    if w.started && w.wr.opcode.is_read_or_atomic() && !w.done {
+        qp.req.rd_atomic_outstanding -= 1;
+    }
     if qp.req.next_wqe > 0 {
         qp.req.next_wqe -= 1;
     } else {
@@ -350,6 +355,7 @@ pub(crate) fn enter_error<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
         ctx.complete(qp.init.recv_cq, flush_wc(qpn, r.wr.wr_id, WcOpcode::Recv));
     }
     qp.req.next_wqe = 0;
+    qp.req.rd_atomic_outstanding = 0;
     qp.req.ack_deadline = None;
     qp.req.rnr_resume = None;
     qp.resp.resources.clear();

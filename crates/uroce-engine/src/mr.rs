@@ -5,6 +5,7 @@
 //! uses an index plus an 8-bit tag). Deregistration removes both keys at once: a request that
 //! arrives a nanosecond later is refused.
 
+use core::hash::{BuildHasherDefault, Hasher};
 use std::collections::HashMap;
 
 use uroce_wire::RKey;
@@ -52,11 +53,33 @@ pub enum AccessError {
     NotPermitted,
 }
 
+/// Hashes a key: keys are already uniformly random 32-bit values, so one multiplication
+/// spreads them; SipHash's resistance to chosen keys buys nothing when a peer can only look
+/// keys up, never insert them.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 29)
+    }
+}
+
+type KeyMap<V> = HashMap<u32, V, BuildHasherDefault<KeyHasher>>;
+
 /// The device's regions, by key.
 #[derive(Debug, Default)]
 pub(crate) struct MrTable {
-    by_lkey: HashMap<u32, MemoryRegion>,
-    rkey_to_lkey: HashMap<u32, u32>,
+    by_lkey: KeyMap<MemoryRegion>,
+    rkey_to_lkey: KeyMap<u32>,
 }
 
 impl MrTable {

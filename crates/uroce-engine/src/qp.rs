@@ -240,6 +240,9 @@ pub(crate) struct Requester {
     pub(crate) high_psn: Psn,
     /// Go-back-N from this PSN is under way; further signs of the same loss are ignored.
     pub(crate) recovering: Option<Psn>,
+    /// READ and atomic WQEs started and still waiting for their response (against
+    /// `max_rd_atomic` and the fence).
+    pub(crate) rd_atomic_outstanding: u32,
 }
 
 /// A message the responder is in the middle of.

@@ -172,13 +172,9 @@ pub(crate) fn poll<M: MemoryAccess>(
 /// Starts WQE `idx`: waits for the fence and the READ/atomic limit, assigns its PSNs and checks
 /// its local keys. Returns whether it may go on the wire now.
 fn start_wqe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) -> bool {
-    let outstanding_rd = qp
-        .req
-        .sq
-        .iter()
-        .take(idx)
-        .filter(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
-        .count();
+    // WQEs start in order, so every READ or atomic still waiting for its response is before
+    // `idx`.
+    let outstanding_rd = qp.req.rd_atomic_outstanding;
     let Some(w) = qp.req.sq.get(idx) else {
         return false;
     };
@@ -187,7 +183,7 @@ fn start_wqe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) -> bool
         return false;
     }
     // IBA 9.7.7.1: at most max_rd_atomic READ/atomic requests outstanding (ORA).
-    if w.wr.opcode.is_read_or_atomic() && outstanding_rd >= usize::from(qp.max_rd_atomic) {
+    if w.wr.opcode.is_read_or_atomic() && outstanding_rd >= u32::from(qp.max_rd_atomic) {
         return false;
     }
     let write = w.wr.opcode.is_read_or_atomic();
@@ -203,6 +199,9 @@ fn start_wqe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) -> bool
     };
     w.first_psn = first_psn;
     w.started = true;
+    if w.wr.opcode.is_read_or_atomic() {
+        qp.req.rd_atomic_outstanding += 1;
+    }
     if !local_ok {
         fail_at_start(qp, ctx, idx, WcStatus::LOC_PROT_ERR);
         return false;
