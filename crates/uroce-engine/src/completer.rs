@@ -1,8 +1,8 @@
 //! The completer: takes responses (ACK, NAK, RNR NAK, READ responses, atomic ACKs) and timers,
-//! completes send WQEs in order, and rewinds the requester when something was lost (IBA 9.7.5.2
+//! completes send WQEs in order, and rewinds the requester when something was lost (IBA 9.7
 //! and 9.7.6; Linux rxe_comp.c).
 //!
-//! Heads up, read these first: IBA 9.7.5.2.x (an ACK for PSN n completes every WQE that ends at
+//! Heads up, read these first: IBA 9.7 (an ACK for PSN n completes every WQE that ends at
 //! or before n; a NAK implicitly acknowledges what precedes it), 9.7.5.2.8 (RNR NAK and its
 //! timer), 9.7.6.1.3 (the local ACK timeout), and "implied NAK": an ACK that covers a READ or
 //! atomic whose response never arrived means the response was lost.
@@ -63,7 +63,7 @@ fn on_ack<M: MemoryAccess>(
         ctx.counters.drop_stale_response += 1;
         return;
     }
-    // An ACK covers its PSN; a NAK or RNR NAK covers what precedes it (IBA 9.7.5.2.x). But an
+    // An ACK covers its PSN; a NAK or RNR NAK covers what precedes it (IBA 9.7). But an
     // acknowledgement that passes a READ or atomic whose response has not arrived means that
     // response was lost: go back to it (an implied NAK) instead.
     let upto = if matches!(syndrome, Syndrome::Ack(_)) {
@@ -84,7 +84,7 @@ fn on_ack<M: MemoryAccess>(
         Syndrome::RnrNak(timer) => {
             ctx.counters.rnr_naks_rcvd += 1;
             drain(qp, ctx);
-            // rnr_retry 7 means retry forever (IBA 9.7.5.2.8); only rnr_retry has that meaning.
+            // rnr_retry 7 means retry forever (IBA 9.7); only rnr_retry has that meaning.
             if qp.rnr_retry != 7 {
                 if qp.req.rnr_retries_left == 0 {
                     ctx.counters.rnr_retry_exceeded += 1;
@@ -103,7 +103,7 @@ fn on_ack<M: MemoryAccess>(
             retry(qp, ctx, now, psn);
         }
         Syndrome::Nak(code) => {
-            // IBA 9.7.5.2.4: the NAKed request fails; everything before it succeeded.
+            // IBA 9.7: the NAKed request fails; everything before it succeeded.
             drain(qp, ctx);
             let status = match code {
                 NakCode::INVALID_REQUEST => WcStatus::REM_INV_REQ_ERR,
@@ -204,7 +204,7 @@ fn on_read_response<M: MemoryAccess>(
             // A replayed response we already have.
             ctx.counters.drop_stale_response += 1;
         } else {
-            // A gap in the responses: ask again from the first missing one (IBA 9.7.5.2.3).
+            // A gap in the responses: ask again from the first missing one (IBA 9.7).
             if retry(qp, ctx, now, expected) {
                 ctx.counters.implied_naks += 1;
             }
@@ -249,7 +249,7 @@ fn earlier_unanswered(qp: &Qp, idx: usize) -> Option<Psn> {
 }
 
 /// Records that every PSN before `una` is acknowledged; forward progress resets the retry
-/// counters (IBA 9.7.6.1.3) and restarts or stops the ACK timer.
+/// counters (IBA 9.7) and restarts or stops the ACK timer.
 fn advance_una(qp: &mut Qp, now: Instant, una: Psn) {
     if una.is_after(qp.req.una) && !una.is_after(qp.req.high_psn) {
         qp.req.una = una;
@@ -337,7 +337,7 @@ pub(crate) fn fail_front<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, status:
 }
 
 /// Moves the QP to Error: every outstanding send and receive WQE completes with
-/// `WR_FLUSH_ERR`, signaled or not (IBA 10.3.1, C10-?; `ibv_modify_qp(3)`). Error NAKs already
+/// `WR_FLUSH_ERR`, signaled or not (IBA 10.3; `ibv_modify_qp(3)`). Error NAKs already
 /// queued still go out.
 pub(crate) fn enter_error<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     qp.state = QpState::Error;
@@ -368,7 +368,7 @@ pub(crate) fn enter_error<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
 }
 
 /// One retry of the transport (ACK timeout, sequence NAK or implied NAK): go back to `from`,
-/// or end with `RETRY_EXC_ERR` when `retry_cnt` retries are used up (IBA 9.7.6.1.3; a
+/// or end with `RETRY_EXC_ERR` when `retry_cnt` retries are used up (IBA 9.7; a
 /// `retry_cnt` of 7 is seven retries, not infinity, unlike Linux rxe).
 ///
 /// A loss shows up as a burst of signs (every later READ response, a duplicated NAK, an ACK
@@ -413,7 +413,7 @@ fn rewind(qp: &mut Qp, now: Instant, from: Psn) {
     let w = &req.sq[idx];
     req.next_wqe = idx;
     // A SEND or WRITE resumes at the packet; a READ asks again for the responses from there on
-    // (IBA 9.7.5.2.3); an atomic is one packet.
+    // (IBA 9.7); an atomic is one packet.
     req.next_pkt = u32::try_from(from.distance(w.first_psn)).unwrap_or(0);
     req.next_psn = from;
     req.since_ack_req = 0;

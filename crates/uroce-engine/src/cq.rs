@@ -6,7 +6,7 @@ use crate::types::WorkCompletion;
 
 /// A completion queue of fixed capacity. A completion that finds it full is lost and the queue
 /// is marked overflowed: on hardware a CQ overrun is a CQ error, reported as an asynchronous
-/// event, and the QPs that use the queue move to Error (IBA 11.4.2.1).
+/// event, and the QPs that use the queue move to Error (IBA 11.4).
 #[derive(Debug)]
 pub(crate) struct Cq {
     entries: VecDeque<WorkCompletion>,

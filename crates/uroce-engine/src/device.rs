@@ -283,7 +283,7 @@ impl<M: MemoryAccess> Device<M> {
         self.qps.get(&qpn.get()).map(|q| q.state)
     }
 
-    /// Moves a QP through its state machine (IBA 10.3.1; `ibv_modify_qp(3)`).
+    /// Moves a QP through its state machine (IBA 10.3; `ibv_modify_qp(3)`).
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), ModifyError> {
         let qp = self
             .qps
@@ -407,7 +407,7 @@ impl<M: MemoryAccess> Device<M> {
             return;
         };
         let packet = parsed.repr;
-        // Header checks (IBA 9.6.1: transport, partition, source; rxe_recv.c hdr_check).
+        // Header checks (IBA 9.6: transport, partition, source; rxe_recv.c hdr_check).
         if packet.bth.opcode.transport() != Transport::Rc {
             c.drop_wrong_transport += 1;
             return;
@@ -510,7 +510,7 @@ fn validate_send(qp: &Qp, wr: &SendWr) -> Result<u32, PostError> {
     if wr.opcode.is_atomic() && (wr.sg_list.len() != 1 || len != 8) {
         return Err(PostError::BadAtomicSge);
     }
-    // IBA 9.7.3: an RC message is at most 2^31 bytes.
+    // IBA 9.7: an RC message is at most 2^31 bytes.
     if len > 1 << 31 {
         return Err(PostError::MessageTooLong);
     }

@@ -1,7 +1,7 @@
 //! Memory regions: registration, keys, and the checks every local and remote access passes.
 //!
 //! Keys are 32-bit values drawn from the device's seeded generator, so a peer cannot guess the
-//! key of a region it was not given (IBA 10.6.3.1 leaves key values to the implementation; rxe
+//! key of a region it was not given (IBA 10.6 leaves key values to the implementation; rxe
 //! uses an index plus an 8-bit tag). Deregistration removes both keys at once: a request that
 //! arrives a nanosecond later is refused.
 
@@ -125,7 +125,7 @@ impl MrTable {
     }
 
     /// Checks a local access of `len` bytes at `addr` through `lkey` for a QP of `pd`;
-    /// `write` asks for local write access (IBA 10.6.3.4: receive buffers and READ/atomic
+    /// `write` asks for local write access (IBA 10.6: receive buffers and READ/atomic
     /// results need it).
     pub(crate) fn check_local(
         &self,
@@ -150,7 +150,7 @@ impl MrTable {
     }
 
     /// Checks a remote access of `len` bytes at `addr` through `rkey` for a QP of `pd`,
-    /// needing `right` (IBA 9.7.5.1.x, C9-88: R_Key, bounds and access are all checked before
+    /// needing `right` (IBA 9.7: R_Key, bounds and access are all checked before
     /// any byte moves).
     pub(crate) fn check_remote(
         &self,

@@ -83,11 +83,11 @@ pub struct QpAttr {
     pub min_rnr_timer: Option<RnrTimer>,
     /// First PSN the requester sends.
     pub sq_psn: Option<Psn>,
-    /// Local ACK timeout exponent: 4.096 µs × 2^timeout; 0 waits forever (IBA 9.7.6.1.3).
+    /// Local ACK timeout exponent: 4.096 µs × 2^timeout; 0 waits forever (IBA 9.7).
     pub timeout: Option<u8>,
     /// Retries after an ACK timeout or a sequence NAK (0–7).
     pub retry_cnt: Option<u8>,
-    /// Retries after an RNR NAK (0–7; 7 means forever, IBA 9.7.5.2.8).
+    /// Retries after an RNR NAK (0–7; 7 means forever, IBA 9.7).
     pub rnr_retry: Option<u8>,
     /// READ and atomic requests the requester keeps outstanding (1–16).
     pub max_rd_atomic: Option<u8>,
@@ -98,7 +98,7 @@ pub struct QpAttr {
 pub enum ModifyError {
     /// No such QP.
     UnknownQp(Qpn),
-    /// The state machine has no such transition (IBA 10.3.1).
+    /// The state machine has no such transition (IBA 10.3).
     InvalidTransition {
         /// Current state.
         from: QpState,
@@ -151,7 +151,7 @@ pub enum PostError {
     TooManySge,
     /// Inline data longer than `max_inline_data`.
     InlineTooLong,
-    /// A message longer than 2^31 bytes (IBA 9.7.3: RC messages are at most 2^31 bytes).
+    /// A message longer than 2^31 bytes (IBA 9.7: RC messages are at most 2^31 bytes).
     MessageTooLong,
     /// An RDMA or atomic opcode without a remote address.
     MissingRemote,
@@ -213,7 +213,7 @@ pub(crate) struct RecvWqe {
     pub(crate) wr: RecvWr,
 }
 
-/// The requester's progress through the send queue (IBA 9.7.4; rxe_req.c).
+/// The requester's progress through the send queue (IBA 9.7; rxe_req.c).
 #[derive(Debug, Default)]
 pub(crate) struct Requester {
     /// Posted WQEs not yet completed, oldest first.
@@ -259,7 +259,7 @@ pub(crate) enum InMessage {
     },
 }
 
-/// What a READ or atomic request left behind, to answer a duplicate of it (IBA 9.7.5.1.x;
+/// What a READ or atomic request left behind, to answer a duplicate of it (IBA 9.7;
 /// rxe's `resp_res`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Resource {
@@ -304,7 +304,7 @@ pub(crate) enum Response {
     },
 }
 
-/// The responder's state (IBA 9.7.5; rxe_resp.c).
+/// The responder's state (IBA 9.7; rxe_resp.c).
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
     /// Expected PSN.
@@ -378,12 +378,12 @@ impl Qp {
         }
     }
 
-    /// The local ACK timeout, `None` for infinite (IBA 9.7.6.1.3: 4.096 µs × 2^timeout).
+    /// The local ACK timeout, `None` for infinite (IBA 9.7: 4.096 µs × 2^timeout).
     pub(crate) fn ack_timeout(&self) -> Option<Duration> {
         (self.timeout != 0).then(|| Duration::from_nanos(4_096u64 << self.timeout.min(31)))
     }
 
-    /// Validates and applies `attr` (IBA 10.3.1; the required and optional attributes per
+    /// Validates and applies `attr` (IBA 10.3; the required and optional attributes per
     /// transition are those of `ibv_modify_qp(3)` for RC). On error nothing changes. Returns
     /// the previous state.
     pub(crate) fn modify(&mut self, attr: &QpAttr) -> Result<QpState, ModifyError> {
@@ -517,7 +517,7 @@ impl Qp {
         self.state == QpState::Rts
     }
 
-    /// Whether the responder accepts requests (IBA 10.3.1: from RTR on).
+    /// Whether the responder accepts requests (IBA 10.3: from RTR on).
     pub(crate) fn can_receive(&self) -> bool {
         matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
     }

@@ -1,6 +1,6 @@
-//! The requester: turns send WQEs into request packets (IBA 9.7.4; Linux rxe_req.c).
+//! The requester: turns send WQEs into request packets (IBA 9.7; Linux rxe_req.c).
 //!
-//! Heads up, read these first: IBA 9.7.1 (PSNs: one per packet, a READ reserves one per
+//! Heads up, read these first: IBA 9.7 (PSNs: one per packet, a READ reserves one per
 //! response packet), 9.7.4.1 (segmentation: FIRST and MIDDLE carry exactly one path MTU),
 //! 9.7.6 (when the requester asks for acknowledgement). Retransmission rewinds `next_wqe`,
 //! `next_pkt` and `next_psn` (see `completer::rewind`); this module just sends from there.
@@ -126,13 +126,13 @@ pub(crate) fn poll<M: MemoryAccess>(
             ctx.scratch
                 .extend_from_slice(data.get(start..start + payload_len as usize)?);
         } else if gather(ctx, qp.init.pd, &w.wr.sg_list, offset, payload_len).is_err() {
-            // The region went away under an in-flight WQE (IBA 10.6.3.x: local protection).
+            // The region went away under an in-flight WQE (IBA 10.6: local protection).
             fail_at_start(qp, ctx, idx, WcStatus::LOC_PROT_ERR);
             return None;
         }
     }
     // AckReq on the last packet of every message, and periodically inside long ones so the
-    // window keeps moving (IBA 9.7.6.1.1).
+    // window keeps moving (IBA 9.7).
     qp.req.since_ack_req += 1;
     let ack_req = last || qp.req.since_ack_req >= ctx.config.ack_req_interval;
     if ack_req {
@@ -178,11 +178,11 @@ fn start_wqe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) -> bool
     let Some(w) = qp.req.sq.get(idx) else {
         return false;
     };
-    // IBA 10.8.3.3: a fenced WQE waits for every earlier READ and atomic to complete.
+    // IBA 10.8: a fenced WQE waits for every earlier READ and atomic to complete.
     if w.wr.flags.contains(SendFlags::FENCE) && outstanding_rd > 0 {
         return false;
     }
-    // IBA 9.7.7.1: at most max_rd_atomic READ/atomic requests outstanding (ORA).
+    // IBA 9.7: at most max_rd_atomic READ/atomic requests outstanding (ORA).
     if w.wr.opcode.is_read_or_atomic() && outstanding_rd >= u32::from(qp.max_rd_atomic) {
         return false;
     }

@@ -1,8 +1,8 @@
-//! The responder: executes requests in PSN order and answers them (IBA 9.7.5.1; Linux
+//! The responder: executes requests in PSN order and answers them (IBA 9.7; Linux
 //! rxe_resp.c: ChkPsn → ChkOpSeq → ChkOpValid → ChkResource → ChkLength → ChkRkey → Execute →
 //! Ack).
 //!
-//! Heads up, read these first: IBA 9.7.5.1.1 (PSN checks: the expected PSN executes; one ahead
+//! Heads up, read these first: IBA 9.7 (PSN checks: the expected PSN executes; one ahead
 //! is a sequence error NAKed once; behind is a duplicate that is re-acknowledged, a duplicate
 //! READ replayed and a duplicate atomic answered from the saved result, never re-executed),
 //! 9.7.5.1.2 (opcode sequence), 9.7.5.1.6–7 (length and R_Key checks: nothing is written
@@ -74,7 +74,7 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
             let k = u32::try_from(psn.distance(r.first_psn)).ok()?;
             match r.kind {
                 // A duplicate READ may ask for the tail of the original (from a lost response
-                // on): it must name exactly that tail (IBA 9.7.5.1.x).
+                // on): it must name exactly that tail (IBA 9.7).
                 ResourceKind::Read {
                     va,
                     rkey,
@@ -126,7 +126,7 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
         }
         queue(qp, ctx, response);
     } else if packet.bth.ack_req {
-        // Re-acknowledge everything executed so far (IBA 9.7.5.1.1).
+        // Re-acknowledge everything executed so far (IBA 9.7).
         let last = qp.resp.epsn.sub(1);
         queue(
             qp,
@@ -141,7 +141,7 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
 }
 
 /// The ACK syndrome with the credits this responder can advertise: receive WQEs posted
-/// (IBA 9.7.7.2; Linux rxe always says "unlimited").
+/// (IBA 9.7; Linux rxe always says "unlimited").
 fn ack_syndrome(qp: &Qp) -> Syndrome {
     let posted = u32::try_from(qp.rq.len()).unwrap_or(u32::MAX);
     Syndrome::Ack(CreditCode::for_available(posted))
@@ -166,7 +166,7 @@ fn queue<M>(qp: &mut Qp, ctx: &mut Ctx<M>, response: Response) {
 }
 
 /// A fatal responder error: NAK the request, complete the receive WQE (if any) with
-/// `recv_status`, and move the QP to Error (IBA 9.7.5.1.x "Class B/C/D errors").
+/// `recv_status`, and move the QP to Error (IBA 9.7 "Class B/C/D errors").
 fn fatal<M: MemoryAccess>(
     qp: &mut Qp,
     ctx: &mut Ctx<M>,
@@ -219,7 +219,7 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
     let mtu = qp.mtu.bytes() as usize;
     let len = packet.payload.len();
 
-    // ChkOpSeq (IBA 9.7.5.1.2): a FIRST or ONLY starts a message only when none is open; a
+    // ChkOpSeq (IBA 9.7): a FIRST or ONLY starts a message only when none is open; a
     // MIDDLE or LAST continues the open one of the same kind.
     let continues =
         info.has(OpFlags::MIDDLE) || (info.has(OpFlags::LAST) && !info.has(OpFlags::FIRST));
@@ -238,7 +238,7 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
     } else {
         Access::NONE
     };
-    // ChkLength: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one (IBA 9.7.4.1).
+    // ChkLength: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one (IBA 9.7).
     let length_ok = if info.has(OpFlags::FIRST | OpFlags::LAST) || info.has(OpFlags::LAST) {
         len <= mtu
     } else {
@@ -278,7 +278,7 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
     }
 }
 
-/// Takes the receive WQE a message needs, or answers RNR NAK (IBA 9.7.5.2.8).
+/// Takes the receive WQE a message needs, or answers RNR NAK (IBA 9.7).
 fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) -> Option<RecvWqe> {
     let wqe = qp.rq.pop_front();
     if wqe.is_none() {
@@ -311,7 +311,7 @@ fn send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
     ) {
         Ok(()) => {}
         Err(ScatterError::Length) => {
-            // IBA 9.7.5.1.6 / C9-?: the receive buffer is too small: LOC_LEN_ERR here,
+            // IBA 9.7: the receive buffer is too small: LOC_LEN_ERR here,
             // NAK invalid request to the sender (REM_INV_REQ_ERR there).
             fatal(
                 qp,
@@ -373,14 +373,14 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
         }
     };
     let last = info.contains(OpFlags::LAST);
-    // ChkLength: the packets must add up to the DMA length exactly (IBA 9.7.5.1.6).
+    // ChkLength: the packets must add up to the DMA length exactly (IBA 9.7).
     let total = written.saturating_add(len);
     if total > dma_len || (last && total != dma_len) || dma_len > 1 << 31 {
         fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
         return false;
     }
     // ChkRkey, on every packet, so a region deregistered mid-message stops the writes
-    // (IBA 9.7.5.1.7, C9-88). A zero-length WRITE names no memory and is not checked.
+    // (IBA 9.7). A zero-length WRITE names no memory and is not checked.
     if dma_len > 0 {
         let addr = va.wrapping_add(u64::from(written));
         if ctx
@@ -402,7 +402,7 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
             return false;
         }
     }
-    // WRITE with immediate consumes a receive WQE where the immediate arrives (IBA 9.4.3).
+    // WRITE with immediate consumes a receive WQE where the immediate arrives (IBA 9.4).
     let recv = if info.contains(OpFlags::IMMEDIATE) {
         match take_recv(qp, ctx, psn) {
             Some(w) => Some(w),
@@ -507,7 +507,7 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
     let Some(a) = packet.ext.atomic_eth else {
         return;
     };
-    // IBA 9.4.5: the target must be 8-byte aligned; a misaligned one is an invalid request.
+    // IBA 9.4: the target must be 8-byte aligned; a misaligned one is an invalid request.
     if a.va % 8 != 0 {
         fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
         return;

@@ -69,7 +69,7 @@ impl BitOrAssign for Access {
     }
 }
 
-/// Path MTU: the largest payload of one packet (IBA 9.7.3, `ibv_mtu`).
+/// Path MTU: the largest payload of one packet (IBA 9.7, `ibv_mtu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mtu {
     /// 256 bytes.
@@ -112,7 +112,7 @@ pub enum QpType {
     Rc,
 }
 
-/// Queue pair states (IBA 10.3.1, figure "QP/EE context state transitions"; `ibv_qp_state`).
+/// Queue pair states (IBA 10.3, figure "QP/EE context state transitions"; `ibv_qp_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
     /// Just created or reset: no queues active.
@@ -279,7 +279,7 @@ pub struct RecvWr {
     pub sg_list: Vec<Sge>,
 }
 
-/// Work completion status, numbered as `ibv_wc_status` (IBA 11.6.2 / rdma-core `verbs.h`).
+/// Work completion status, numbered as `ibv_wc_status` (IBA 11.6 / rdma-core `verbs.h`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WcStatus(pub u32);
 

@@ -36,7 +36,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 }
 
-/// The end-to-end credit count an ACK advertises (IBA 9.7.7.2, table "End-to-end flow
+/// The end-to-end credit count an ACK advertises (IBA 9.7, table "End-to-end flow
 /// control credit encoding"); code 31 means unlimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CreditCode(u8);
@@ -75,7 +75,7 @@ impl CreditCode {
     }
 }
 
-/// The RNR NAK timer: how long the requester waits before retrying (IBA 9.7.5.2.8, table
+/// The RNR NAK timer: how long the requester waits before retrying (IBA 9.7, table
 /// "Encoding for RNR NAK timer field").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RnrTimer(u8);
@@ -102,7 +102,7 @@ impl RnrTimer {
     }
 }
 
-/// A NAK code, the low five bits of a NAK syndrome (IBA 9.7.5.2.4). Reserved values stay
+/// A NAK code, the low five bits of a NAK syndrome (IBA 9.7). Reserved values stay
 /// representable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NakCode(pub u8);

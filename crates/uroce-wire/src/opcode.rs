@@ -448,7 +448,7 @@ const fn connected_send_write(
         entry("RDMA_WRITE_MIDDLE", transport, f(&[write, MIDDLE]), &[]);
     table[b + op::RDMA_WRITE_LAST as usize] =
         entry("RDMA_WRITE_LAST", transport, f(&[write, LAST, ack]), &[]);
-    // WRITE with immediate consumes a receive WQE and completes it (IBA 9.4.3).
+    // WRITE with immediate consumes a receive WQE and completes it (IBA 9.4).
     table[b + op::RDMA_WRITE_LAST_WITH_IMMEDIATE as usize] = entry(
         "RDMA_WRITE_LAST_WITH_IMMEDIATE",
         transport,
@@ -601,7 +601,7 @@ mod tests {
             }
             if info.has(RWQE) {
                 // A SEND takes its receive WQE at its first packet; a WRITE with immediate
-                // takes one only where the immediate arrives (IBA 9.4.3).
+                // takes one only where the immediate arrives (IBA 9.4).
                 assert!(
                     info.has(FIRST) || info.has(WRITE | IMM),
                     "{op}: where a receive WQE is consumed"

@@ -9,7 +9,7 @@ use core::fmt;
 /// Mask of a 24-bit field.
 const MASK24: u32 = 0x00FF_FFFF;
 
-/// A packet sequence number: 24 bits, compared modulo 2^24 (IBA 9.7.1).
+/// A packet sequence number: 24 bits, compared modulo 2^24 (IBA 9.7).
 ///
 /// `Psn` deliberately has no `Ord`: "later than" is only meaningful for PSNs less than 2^23
 /// apart. [`Psn::cmp_wrapping`] and the predicates built on it are the one place the window
@@ -186,7 +186,7 @@ impl PKey {
     }
 
     /// The partition number without the membership bit; two keys match when these agree and
-    /// at least one of them is a full member (IBA 10.9.3).
+    /// at least one of them is a full member (IBA 10.9).
     pub const fn base(self) -> u16 {
         self.0 & 0x7FFF
     }
@@ -204,7 +204,7 @@ impl fmt::Display for PKey {
     }
 }
 
-/// A queue key, checked by UD receivers (IBA 10.2.4, DETH).
+/// A queue key, checked by UD receivers (IBA 10.2, DETH).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct QKey(pub u32);
 
@@ -214,7 +214,7 @@ impl fmt::Display for QKey {
     }
 }
 
-/// A remote key: names a registered memory region for remote access (IBA 10.6.3).
+/// A remote key: names a registered memory region for remote access (IBA 10.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct RKey(pub u32);
 
