@@ -239,7 +239,7 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
         Access::NONE
     };
     // ChkLength: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one (IBA 9.7).
-    let length_ok = if info.has(OpFlags::FIRST | OpFlags::LAST) || info.has(OpFlags::LAST) {
+    let length_ok = if info.has(OpFlags::LAST) {
         len <= mtu
     } else {
         len == mtu
@@ -278,12 +278,15 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
     }
 }
 
-/// Takes the receive WQE a message needs, or answers RNR NAK (IBA 9.7).
+/// Takes the receive WQE a message needs, or answers RNR NAK (IBA 9.7). The NAK stands for
+/// the packets behind it too: they are dropped without a sequence NAK until the requester
+/// comes back to this PSN.
 fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) -> Option<RecvWqe> {
     let wqe = qp.rq.pop_front();
     if wqe.is_none() {
         ctx.counters.rnr_naks_sent += 1;
         ctx.counters.drop_rnr += 1;
+        qp.resp.nak_sent = true;
         let msn = qp.resp.msn;
         let syndrome = Syndrome::RnrNak(qp.min_rnr_timer);
         queue(qp, ctx, Response::Ack { psn, syndrome, msn });

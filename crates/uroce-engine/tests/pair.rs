@@ -939,3 +939,24 @@ fn a_full_cq_loses_completions_and_says_so() {
     assert_eq!(h.dev.counters().cq_overflows, 1);
     let _ = h.cq;
 }
+
+#[test]
+fn an_rnr_nak_stands_for_the_packets_behind_it() {
+    let mut p = Pair::new(Mtu::Mtu256);
+    fill(&mut p, A, 0, 1000, 1);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 1000)]));
+    p.run(Duration::from_micros(5));
+    p.post_recv(B, 7, 0x1000, 1000);
+    p.run(Duration::from_millis(1));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    let b = *p.hosts[B].dev.counters();
+    let a = *p.hosts[A].dev.counters();
+    assert!(b.rnr_naks_sent >= 1);
+    assert_eq!(b.rcv_seq_err, 0, "no sequence NAK on top of the RNR NAK");
+    assert_eq!(
+        b.drop_out_of_sequence,
+        3 * b.rnr_naks_sent,
+        "the rest of each try dropped"
+    );
+    assert_eq!(a.seq_naks_rcvd, 0);
+}
