@@ -26,9 +26,9 @@ fn side(addr: &str, seed: u64, base: u64) -> Side {
     mem.insert(base, vec![0; 1 << 20]);
     let mut dev = Device::new(DeviceConfig::new(addr.parse().unwrap(), seed), mem);
     let pd = dev.alloc_pd();
-    let cq = dev.create_cq(4 * BATCH);
+    let cq = dev.create_cq(4 * BATCH).unwrap();
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let mr = dev.reg_mr(pd, base, 1 << 20, all);
+    let mr = dev.reg_mr(pd, base, 1 << 20, all).unwrap();
     let cap = QpCap {
         max_send_wr: BATCH as u32,
         max_recv_wr: BATCH as u32,
@@ -42,7 +42,7 @@ fn side(addr: &str, seed: u64, base: u64) -> Side {
         cap,
         sq_sig_all: true,
     };
-    let qp = dev.create_qp(init);
+    let qp = dev.create_qp(init).unwrap();
     Side { dev, cq, qp, mr }
 }
 

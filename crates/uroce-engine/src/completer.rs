@@ -416,7 +416,9 @@ fn rewind(qp: &mut Qp, now: Instant, from: Psn) {
     // (IBA 9.7); an atomic is one packet.
     req.next_pkt = u32::try_from(from.distance(w.first_psn)).unwrap_or(0);
     req.next_psn = from;
-    req.since_ack_req = 0;
+    // Ask for an ACK on the first packet sent again: if the responder is already past it, the
+    // ACK tells where it is, so one lost NAK does not cost a whole timeout.
+    req.since_ack_req = u32::MAX - 1;
     req.ack_deadline = deadline;
 }
 
@@ -431,7 +433,8 @@ pub(crate) fn on_timer<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Inst
     }
     if qp.req.ack_deadline.is_some_and(|t| t <= now) {
         qp.req.ack_deadline = None;
-        if qp.state == QpState::Rts && qp.req.una.is_before(qp.req.high_psn) {
+        let sending = matches!(qp.state, QpState::Rts | QpState::Sqd);
+        if sending && qp.req.una.is_before(qp.req.high_psn) {
             ctx.counters.ack_timeouts += 1;
             let from = qp.req.una;
             force_retry(qp, ctx, now, from);

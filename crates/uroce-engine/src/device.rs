@@ -47,6 +47,88 @@ impl DeviceConfig {
     }
 }
 
+/// What a device supports (`ibv_device_attr`'s limits). Creating an object beyond them is a
+/// typed error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Queue pairs at once.
+    pub max_qp: u32,
+    /// Work requests per queue.
+    pub max_qp_wr: u32,
+    /// Scatter/gather elements per work request.
+    pub max_sge: u32,
+    /// Completions per completion queue.
+    pub max_cqe: u32,
+    /// Memory regions at once.
+    pub max_mr: u32,
+    /// Bytes of inline data per send work request.
+    pub max_inline_data: u32,
+    /// READ and atomic requests a QP may have outstanding, or serve, at once.
+    pub max_qp_rd_atom: u8,
+    /// Longest message: 2^31 bytes (IBA 9.7).
+    pub max_msg_sz: u32,
+}
+
+/// The limits every uroce device has.
+pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
+    max_qp: 1 << 16,
+    max_qp_wr: 1 << 15,
+    max_sge: 32,
+    max_cqe: 1 << 20,
+    max_mr: 1 << 20,
+    max_inline_data: 1024,
+    max_qp_rd_atom: crate::qp::MAX_RD_ATOMIC,
+    max_msg_sz: 1 << 31,
+};
+
+/// Why creating an object failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateError {
+    /// No protection domain with this handle.
+    UnknownPd,
+    /// No completion queue with this handle.
+    UnknownCq,
+    /// A requested size is beyond the device's limit (`ibv_query_device`).
+    ExceedsLimit {
+        /// The attribute, as `ibv_device_attr` names it.
+        limit: &'static str,
+        /// What was asked for.
+        requested: u64,
+        /// What the device supports.
+        max: u64,
+    },
+}
+
+impl core::fmt::Display for CreateError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::UnknownPd => f.write_str("no such protection domain"),
+            Self::UnknownCq => f.write_str("no such completion queue"),
+            Self::ExceedsLimit {
+                limit,
+                requested,
+                max,
+            } => {
+                write!(f, "{requested} exceeds the device's {limit} of {max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CreateError {}
+
+fn within(limit: &'static str, requested: u64, max: u64) -> Result<(), CreateError> {
+    if requested > max {
+        Err(CreateError::ExceedsLimit {
+            limit,
+            requested,
+            max,
+        })
+    } else {
+        Ok(())
+    }
+}
+
 /// A packet to send: `poll_transmit` wrote its bytes (BTH through ICRC) into the caller's
 /// buffer; send them in a UDP datagram from `src_port` to `dst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +234,19 @@ impl<M: MemoryAccess> Device<M> {
         self.ctx.config.addr
     }
 
+    /// GID index 0: the address as a RoCEv2 GID (an IPv4 address IPv4-mapped, RFC 4291).
+    pub fn gid(&self) -> [u8; 16] {
+        match self.ctx.config.addr {
+            IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+            IpAddr::V6(a) => a.octets(),
+        }
+    }
+
+    /// The device's limits.
+    pub fn attr(&self) -> DeviceAttr {
+        DEVICE_ATTR
+    }
+
     /// Application memory.
     pub fn memory(&self) -> &M {
         &self.ctx.mem
@@ -175,10 +270,25 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     /// Registers `length` bytes at virtual address `addr` with `access` rights.
-    pub fn reg_mr(&mut self, pd: PdHandle, addr: u64, length: u64, access: Access) -> MemoryRegion {
-        self.ctx
+    pub fn reg_mr(
+        &mut self,
+        pd: PdHandle,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> Result<MemoryRegion, CreateError> {
+        if pd.0 == 0 || pd.0 >= self.next_pd {
+            return Err(CreateError::UnknownPd);
+        }
+        within(
+            "max_mr",
+            self.ctx.mrs.len() as u64 + 1,
+            u64::from(DEVICE_ATTR.max_mr),
+        )?;
+        Ok(self
+            .ctx
             .mrs
-            .register(&mut self.ctx.rng, pd, addr, length, access)
+            .register(&mut self.ctx.rng, pd, addr, length, access))
     }
 
     /// Deregisters a region: its keys stop working at once. `None` if the key is unknown.
@@ -192,11 +302,12 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     /// Creates a completion queue that holds `capacity` completions.
-    pub fn create_cq(&mut self, capacity: usize) -> CqHandle {
+    pub fn create_cq(&mut self, capacity: usize) -> Result<CqHandle, CreateError> {
+        within("max_cqe", capacity as u64, u64::from(DEVICE_ATTR.max_cqe))?;
         let cq = CqHandle(self.next_cq);
         self.next_cq += 1;
         self.ctx.cqs.insert(cq.0, Cq::new(capacity));
-        cq
+        Ok(cq)
     }
 
     /// Takes up to `max` completions from `cq`, oldest first, appending them to `out`; returns
@@ -225,14 +336,38 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     /// Creates a queue pair in the Reset state and returns its number.
-    pub fn create_qp(&mut self, init: QpInitAttr) -> Qpn {
+    pub fn create_qp(&mut self, init: QpInitAttr) -> Result<Qpn, CreateError> {
+        if init.pd.0 == 0 || init.pd.0 >= self.next_pd {
+            return Err(CreateError::UnknownPd);
+        }
+        let cqs = &self.ctx.cqs;
+        if !cqs.contains_key(&init.send_cq.0) || !cqs.contains_key(&init.recv_cq.0) {
+            return Err(CreateError::UnknownCq);
+        }
+        let (a, c) = (DEVICE_ATTR, init.cap);
+        within("max_qp", self.qps.len() as u64 + 1, u64::from(a.max_qp))?;
+        within(
+            "max_qp_wr",
+            u64::from(c.max_send_wr.max(c.max_recv_wr)),
+            u64::from(a.max_qp_wr),
+        )?;
+        within(
+            "max_sge",
+            u64::from(c.max_send_sge.max(c.max_recv_sge)),
+            u64::from(a.max_sge),
+        )?;
+        within(
+            "max_inline_data",
+            u64::from(c.max_inline_data),
+            u64::from(a.max_inline_data),
+        )?;
         let qpn = Qpn::from_masked(self.next_qpn);
         self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
         if self.next_qpn < 0x10 || self.next_qpn == Qpn::MULTICAST.get() {
             self.next_qpn = 0x10;
         }
         self.qps.insert(qpn.get(), Qp::new(qpn, init));
-        qpn
+        Ok(qpn)
     }
 
     /// Destroys a queue pair; packets for it are dropped from then on.

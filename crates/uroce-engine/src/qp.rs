@@ -523,9 +523,15 @@ impl Qp {
     }
 
     /// Whether the requester has anything to put on the wire now.
+    /// In SQD (send queue drain, IBA 10.3) the WQEs already started are finished, sent again
+    /// if need be, but no new one starts.
     pub(crate) fn has_request_work(&self, now: Instant) -> bool {
-        self.can_send()
-            && self.req.rnr_resume.is_none_or(|(t, _)| t <= now)
-            && self.req.next_wqe < self.req.sq.len()
+        let next = self.req.sq.get(self.req.next_wqe);
+        let may_send = match self.state {
+            QpState::Rts => next.is_some(),
+            QpState::Sqd => next.is_some_and(|w| w.started),
+            _ => false,
+        };
+        may_send && self.req.rnr_resume.is_none_or(|(t, _)| t <= now)
     }
 }

@@ -133,7 +133,7 @@ pub(crate) fn poll<M: MemoryAccess>(
     }
     // AckReq on the last packet of every message, and periodically inside long ones so the
     // window keeps moving (IBA 9.7).
-    qp.req.since_ack_req += 1;
+    qp.req.since_ack_req = qp.req.since_ack_req.saturating_add(1);
     let ack_req = last || qp.req.since_ack_req >= ctx.config.ack_req_interval;
     if ack_req {
         qp.req.since_ack_req = 0;

@@ -48,10 +48,10 @@ fn host(addr: &str, seed: u64, base: u64) -> Host {
     mem.insert(base, vec![0; BUF as usize]);
     let mut dev = Device::new(DeviceConfig::new(ip, seed), mem);
     let pd = dev.alloc_pd();
-    let cq = dev.create_cq(1024);
+    let cq = dev.create_cq(1024).unwrap();
     let access =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let mr = dev.reg_mr(pd, base, BUF, access);
+    let mr = dev.reg_mr(pd, base, BUF, access).unwrap();
     let init = QpInitAttr {
         qp_type: QpType::Rc,
         pd,
@@ -60,7 +60,7 @@ fn host(addr: &str, seed: u64, base: u64) -> Host {
         cap: QpCap::default(),
         sq_sig_all: false,
     };
-    let qp = dev.create_qp(init);
+    let qp = dev.create_qp(init).unwrap();
     Host {
         dev,
         pd,
@@ -547,22 +547,28 @@ fn bad_rkeys_bounds_rights_and_revoked_regions_are_rem_access_err_and_touch_noth
         ("region of another PD", |p, wr| {
             let h = &mut p.hosts[B];
             let pd2 = h.dev.alloc_pd();
-            let mr = h.dev.reg_mr(
-                pd2,
-                h.mr.addr,
-                4096,
-                Access::REMOTE_WRITE | Access::LOCAL_WRITE,
-            );
+            let mr = h
+                .dev
+                .reg_mr(
+                    pd2,
+                    h.mr.addr,
+                    4096,
+                    Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+                )
+                .unwrap();
             wr.remote.as_mut().unwrap().rkey = mr.rkey;
         }),
         ("region without remote write", |p, wr| {
             let h = &mut p.hosts[B];
-            let mr = h.dev.reg_mr(
-                h.pd,
-                h.mr.addr,
-                4096,
-                Access::LOCAL_WRITE | Access::REMOTE_READ,
-            );
+            let mr = h
+                .dev
+                .reg_mr(
+                    h.pd,
+                    h.mr.addr,
+                    4096,
+                    Access::LOCAL_WRITE | Access::REMOTE_READ,
+                )
+                .unwrap();
             wr.remote.as_mut().unwrap().rkey = mr.rkey;
         }),
     ];
@@ -905,7 +911,7 @@ fn post_checks_name_the_rule_broken() {
 #[test]
 fn a_full_cq_loses_completions_and_says_so() {
     let mut h = host("127.0.0.9", 3, 0);
-    let small = h.dev.create_cq(2);
+    let small = h.dev.create_cq(2).unwrap();
     let init = QpInitAttr {
         qp_type: QpType::Rc,
         pd: h.pd,
@@ -914,7 +920,7 @@ fn a_full_cq_loses_completions_and_says_so() {
         cap: QpCap::default(),
         sq_sig_all: true,
     };
-    let qp = h.dev.create_qp(init);
+    let qp = h.dev.create_qp(init).unwrap();
     let access = QpAttr {
         pkey_index: Some(0),
         port_num: Some(1),
@@ -959,4 +965,110 @@ fn an_rnr_nak_stands_for_the_packets_behind_it() {
         "the rest of each try dropped"
     );
     assert_eq!(a.seq_naks_rcvd, 0);
+}
+
+#[test]
+fn rnr_retry_seven_retries_forever() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let qp = p.hosts[A].qp;
+    p.hosts[A]
+        .dev
+        .modify_qp(
+            qp,
+            &QpAttr {
+                rnr_retry: Some(7),
+                ..rc_attrs(QpState::Rts)
+            },
+        )
+        .unwrap();
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
+    // min_rnr_timer code 1 is 10 µs: 10 ms is hundreds of RNR NAKs.
+    p.run(Duration::from_millis(10));
+    assert!(p.cq(A).is_empty(), "still retrying");
+    assert!(p.hosts[A].dev.counters().rnr_naks_rcvd > 100);
+    p.post_recv(B, 1, 0, 8);
+    p.run(Duration::from_millis(1));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+}
+
+#[test]
+fn send_queue_drain_finishes_started_work_and_starts_nothing_new() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.delay = Duration::from_micros(10);
+    p.post_send(A, write_wr(&p, 1, 0, 0, 8));
+    let mut buf = Vec::new();
+    let now = p.now;
+    // The first WRITE goes on the wire; then the QP drains.
+    let tx = p.hosts[A].dev.poll_transmit(now, &mut buf).unwrap();
+    let qp = p.hosts[A].qp;
+    p.hosts[A]
+        .dev
+        .modify_qp(qp, &rc_attrs(QpState::Sqd))
+        .unwrap();
+    p.post_send(A, write_wr(&p, 2, 0, 8, 8));
+    let src = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
+    p.hosts[B].dev.handle_datagram(now, src, &buf);
+    p.run(Duration::from_millis(1));
+    assert_eq!(
+        statuses(&p.cq(A)),
+        [(1, WcStatus::SUCCESS)],
+        "the started WRITE completes"
+    );
+    assert!(
+        !p.log
+            .iter()
+            .any(|e| e.1 == A && e.2 == Opcode::RC_RDMA_WRITE_ONLY),
+        "nothing new started"
+    );
+    p.hosts[A]
+        .dev
+        .modify_qp(qp, &rc_attrs(QpState::Rts))
+        .unwrap();
+    p.run(Duration::from_millis(1));
+    assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
+}
+
+#[test]
+fn creation_beyond_the_device_limits_is_refused() {
+    let mut h = host("127.0.0.9", 3, 0);
+    let attr = h.dev.attr();
+    assert_eq!(attr.max_msg_sz, 1 << 31);
+    assert!(attr.max_qp_rd_atom > 0);
+    assert!(matches!(
+        h.dev.create_cq(attr.max_cqe as usize + 1),
+        Err(CreateError::ExceedsLimit {
+            limit: "max_cqe",
+            ..
+        })
+    ));
+    let mut init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd: h.pd,
+        send_cq: h.cq,
+        recv_cq: h.cq,
+        cap: QpCap {
+            max_send_sge: attr.max_sge + 1,
+            ..QpCap::default()
+        },
+        sq_sig_all: false,
+    };
+    assert!(matches!(
+        h.dev.create_qp(init),
+        Err(CreateError::ExceedsLimit {
+            limit: "max_sge",
+            ..
+        })
+    ));
+    init.cap = QpCap {
+        max_recv_wr: attr.max_qp_wr + 1,
+        ..QpCap::default()
+    };
+    assert!(matches!(
+        h.dev.create_qp(init),
+        Err(CreateError::ExceedsLimit {
+            limit: "max_qp_wr",
+            ..
+        })
+    ));
+    assert_eq!(h.dev.gid()[10..12], [0xff, 0xff], "IPv4-mapped GID");
 }
