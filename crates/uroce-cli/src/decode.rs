@@ -32,11 +32,7 @@ pub(crate) fn run(files: &[OsString], out: &mut dyn Write, err: &mut dyn Write) 
                 continue;
             }
         };
-        let prefix = if prefix_names {
-            format!("{name}: ")
-        } else {
-            String::new()
-        };
+        let prefix = if prefix_names { format!("{name}: ") } else { String::new() };
         let result = if pcap::looks_like_capture(&bytes) {
             decode_capture(&bytes, &prefix, out)
         } else {
@@ -138,10 +134,7 @@ fn decode_hex(bytes: &[u8], prefix: &str, out: &mut dyn Write) -> Result<Summary
         }
         let (name, data) = parse_hex_line(content)
             .map_err(|why| format!("line {}: {why} (not pcap, pcapng or hex text)", i + 1))?;
-        packets.push((
-            name.map_or_else(|| format!("line {}", i + 1), str::to_string),
-            data,
-        ));
+        packets.push((name.map_or_else(|| format!("line {}", i + 1), str::to_string), data));
     }
     let mut summary = Summary::default();
     for (name, data) in packets {
@@ -223,20 +216,10 @@ mod tests {
 
     #[test]
     fn hex_lines_with_and_without_names() {
-        assert_eq!(
-            parse_hex_line("45 00 0a").unwrap(),
-            (None, vec![0x45, 0, 0x0a])
-        );
-        assert_eq!(
-            parse_hex_line("ack 4500:0a").unwrap(),
-            (Some("ack"), vec![0x45, 0, 0x0a])
-        );
+        assert_eq!(parse_hex_line("45 00 0a").unwrap(), (None, vec![0x45, 0, 0x0a]));
+        assert_eq!(parse_hex_line("ack 4500:0a").unwrap(), (Some("ack"), vec![0x45, 0, 0x0a]));
         assert!(parse_hex_line("ack 450").unwrap_err().contains("odd"));
-        assert!(
-            parse_hex_line("hello world")
-                .unwrap_err()
-                .contains("not a hex digit")
-        );
+        assert!(parse_hex_line("hello world").unwrap_err().contains("not a hex digit"));
         assert!(parse_hex_line("name").unwrap_err().contains("no hex"));
     }
 }

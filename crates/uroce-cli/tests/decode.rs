@@ -5,24 +5,13 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-const VECTORS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../uroce-wire/tests/data/icrc-ipv4.txt"
-);
-const SCAPY: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../uroce-wire/tests/data/icrc-scapy.txt"
-);
-const SAMPLE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../samples/rc-conversation.pcap"
-);
+const VECTORS: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../uroce-wire/tests/data/icrc-ipv4.txt");
+const SCAPY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../uroce-wire/tests/data/icrc-scapy.txt");
+const SAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../samples/rc-conversation.pcap");
 
 fn uroce(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_uroce"))
-        .args(args)
-        .output()
-        .unwrap()
+    Command::new(env!("CARGO_BIN_EXE_uroce")).args(args).output().unwrap()
 }
 
 fn stdout(o: &Output) -> String {
@@ -50,9 +39,7 @@ fn vectors() -> Vec<(String, Vec<u8>)> {
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| {
             let (name, h) = l.split_once(' ').unwrap();
-            let b = (0..h.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap());
+            let b = (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap());
             (name.to_string(), b.collect())
         })
         .collect()
@@ -75,15 +62,8 @@ fn every_vector_is_icrc_ok_and_exit_is_zero() {
     let o = uroce(&["decode", SCAPY]);
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
-    assert_eq!(
-        out.lines().filter(|l| l.ends_with(" icrc=ok")).count(),
-        4,
-        "{out}"
-    );
-    assert!(
-        out.contains("v6_rc_ack [fd00::2]:49153 > [fd00::3]:4791 RC_ACKNOWLEDGE"),
-        "{out}"
-    );
+    assert_eq!(out.lines().filter(|l| l.ends_with(" icrc=ok")).count(), 4, "{out}");
+    assert!(out.contains("v6_rc_ack [fd00::2]:49153 > [fd00::3]:4791 RC_ACKNOWLEDGE"), "{out}");
 }
 
 /// Byte offsets of the fields the ICRC masks (TOS, TTL, IP checksum, UDP checksum, BTH byte 4),
@@ -145,21 +125,14 @@ fn a_corrupted_frame_in_a_capture_is_bad_and_the_rest_ok() {
     assert_eq!(o.status.code(), Some(1));
     let bad: Vec<&str> = out.lines().filter(|l| l.ends_with("icrc=BAD")).collect();
     assert_eq!(bad.len(), 1, "{out}");
-    assert!(
-        bad[0].starts_with("#23 ") && bad[0].contains(" CNP "),
-        "{}",
-        bad[0]
-    );
+    assert!(bad[0].starts_with("#23 ") && bad[0].contains(" CNP "), "{}", bad[0]);
     std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn malformed_packets_show_what_was_readable() {
     let dir = temp_dir("malformed");
-    let (_, mut ack) = vectors()
-        .into_iter()
-        .find(|(n, _)| n == "rxe_rc_ack")
-        .unwrap();
+    let (_, mut ack) = vectors().into_iter().find(|(n, _)| n == "rxe_rc_ack").unwrap();
     ack[28] = 0x15; // an opcode the table does not know
     let file = dir.join("unknown.txt");
     std::fs::write(&file, format!("# one packet\nodd {}\n", hex(&ack))).unwrap();
@@ -170,10 +143,7 @@ fn malformed_packets_show_what_was_readable() {
         out.starts_with("odd 10.1.16.61:50208 > 10.1.16.62:4791 UNKNOWN(0x15) dqp=0x000021"),
         "{out}"
     );
-    assert!(
-        out.contains("error=\"unknown opcode UNKNOWN(0x15)\" icrc=BAD"),
-        "{out}"
-    );
+    assert!(out.contains("error=\"unknown opcode UNKNOWN(0x15)\" icrc=BAD"), "{out}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -185,20 +155,14 @@ fn unusable_input_is_exit_two_with_a_one_line_error_naming_the_file() {
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.contains("missing.pcap") && err.contains("No such file"),
-        "{err}"
-    );
+    assert!(err.contains("missing.pcap") && err.contains("No such file"), "{err}");
 
     let text = dir.join("notes.txt");
     std::fs::write(&text, "these are not packets\n").unwrap();
     let o = uroce(&["decode", text.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
-    assert!(
-        err.contains("notes.txt: line 1:") && err.contains("not pcap, pcapng or hex"),
-        "{err}"
-    );
+    assert!(err.contains("notes.txt: line 1:") && err.contains("not pcap, pcapng or hex"), "{err}");
     assert!(stdout(&o).is_empty());
 
     let binary = dir.join("blob.bin");
@@ -213,11 +177,7 @@ fn unusable_input_is_exit_two_with_a_one_line_error_naming_the_file() {
     std::fs::write(&file, truncated).unwrap();
     let o = uroce(&["decode", file.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("cut.pcap: capture truncated at byte"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(stderr(&o).contains("cut.pcap: capture truncated at byte"), "{}", stderr(&o));
 
     let o = uroce(&["decode"]);
     assert_eq!(o.status.code(), Some(2));
@@ -230,18 +190,8 @@ fn several_files_are_prefixed_with_their_names() {
     assert_eq!(o.status.code(), Some(0));
     let out = stdout(&o);
     assert_eq!(out.lines().count(), 27);
-    assert!(
-        out.lines()
-            .next()
-            .unwrap()
-            .starts_with(&format!("{VECTORS}: cx4lx_cnp "))
-    );
-    assert!(
-        out.lines()
-            .last()
-            .unwrap()
-            .starts_with(&format!("{SAMPLE}: #23 "))
-    );
+    assert!(out.lines().next().unwrap().starts_with(&format!("{VECTORS}: cx4lx_cnp ")));
+    assert!(out.lines().last().unwrap().starts_with(&format!("{SAMPLE}: #23 ")));
 }
 
 /// A capture converted to pcapng by tshark itself decodes the same way.
@@ -249,10 +199,7 @@ fn several_files_are_prefixed_with_their_names() {
 fn pcapng_written_by_tshark_decodes_like_the_pcap() {
     if Command::new("tshark").arg("--version").output().is_err() {
         let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-        assert!(
-            !ci,
-            "tshark is required under CI (apt-get install -y tshark)"
-        );
+        assert!(!ci, "tshark is required under CI (apt-get install -y tshark)");
         eprintln!("SKIPPED: tshark not found (apt-get install -y tshark to run this test)");
         return;
     }
@@ -262,11 +209,7 @@ fn pcapng_written_by_tshark_decodes_like_the_pcap() {
         .args(["-r", SAMPLE, "-F", "pcapng", "-w", ng.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(
-        conv.status.success(),
-        "{}",
-        String::from_utf8_lossy(&conv.stderr)
-    );
+    assert!(conv.status.success(), "{}", String::from_utf8_lossy(&conv.stderr));
     let a = uroce(&["decode", SAMPLE]);
     let b = uroce(&["decode", ng.to_str().unwrap()]);
     assert_eq!(b.status.code(), Some(0), "{}", stderr(&b));

@@ -29,34 +29,18 @@ fn side(addr: &str, seed: u64, base: u64) -> Side {
     let cq = dev.create_cq(4 * BATCH).unwrap();
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mr = dev.reg_mr(pd, base, 1 << 20, all).unwrap();
-    let cap = QpCap {
-        max_send_wr: BATCH as u32,
-        max_recv_wr: BATCH as u32,
-        ..QpCap::default()
-    };
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        cap,
-        sq_sig_all: true,
-    };
+    let cap = QpCap { max_send_wr: BATCH as u32, max_recv_wr: BATCH as u32, ..QpCap::default() };
+    let init =
+        QpInitAttr { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: true };
     let qp = dev.create_qp(init).unwrap();
     Side { dev, cq, qp, mr }
 }
 
 fn connect(mtu: Mtu) -> [Side; 2] {
-    let mut s = [
-        side("127.0.0.2", 1, 0x10_0000),
-        side("127.0.0.3", 2, 0x20_0000),
-    ];
+    let mut s = [side("127.0.0.2", 1, 0x10_0000), side("127.0.0.3", 2, 0x20_0000)];
     let (qpns, addrs) = ([s[0].qp, s[1].qp], [s[0].dev.addr(), s[1].dev.addr()]);
     for (i, h) in s.iter_mut().enumerate() {
-        let attr = |state| QpAttr {
-            state: Some(state),
-            ..QpAttr::default()
-        };
+        let attr = |state| QpAttr { state: Some(state), ..QpAttr::default() };
         let access = Access::REMOTE_WRITE | Access::REMOTE_READ;
         h.dev
             .modify_qp(
@@ -112,31 +96,12 @@ fn batch(
     let now = Instant::ZERO;
     for k in 0..BATCH {
         if op == WrOpcode::Send {
-            let sge = Sge {
-                addr: s[1].mr.addr,
-                length: len,
-                lkey: s[1].mr.lkey,
-            };
-            s[1].dev
-                .post_recv(
-                    s[1].qp,
-                    RecvWr {
-                        wr_id: k as u64,
-                        sg_list: vec![sge],
-                    },
-                )
-                .unwrap();
+            let sge = Sge { addr: s[1].mr.addr, length: len, lkey: s[1].mr.lkey };
+            s[1].dev.post_recv(s[1].qp, RecvWr { wr_id: k as u64, sg_list: vec![sge] }).unwrap();
         }
-        let sge = Sge {
-            addr: s[0].mr.addr,
-            length: len,
-            lkey: s[0].mr.lkey,
-        };
+        let sge = Sge { addr: s[0].mr.addr, length: len, lkey: s[0].mr.lkey };
         let mut wr = SendWr::new(k as u64, op, vec![sge]);
-        wr.remote = Some(RemoteAddr {
-            addr: s[1].mr.addr,
-            rkey: s[1].mr.rkey,
-        });
+        wr.remote = Some(RemoteAddr { addr: s[1].mr.addr, rkey: s[1].mr.rkey });
         s[0].dev.post_send(s[0].qp, wr).unwrap();
     }
     let mut packets = 0;

@@ -1,11 +1,11 @@
 //! The completer: takes responses (ACK, NAK, RNR NAK, READ responses, atomic ACKs) and timers,
-//! completes send WQEs in order, and rewinds the requester when something was lost (IBA 9.7
-//! and 9.7.6; Linux rxe_comp.c).
+//! completes send WQEs in order, and rewinds the requester when something was lost (IBA 9.7;
+//! Linux rxe_comp.c).
 //!
-//! Heads up, read these first: IBA 9.7 (an ACK for PSN n completes every WQE that ends at
-//! or before n; a NAK implicitly acknowledges what precedes it), 9.7.5.2.8 (RNR NAK and its
-//! timer), 9.7.6.1.3 (the local ACK timeout), and "implied NAK": an ACK that covers a READ or
-//! atomic whose response never arrived means the response was lost.
+//! Heads up, read these first, in IBA 9.7 (reliable service): an ACK for PSN n completes every
+//! WQE that ends at or before n, and a NAK implicitly acknowledges what precedes it; the RNR
+//! NAK and its timer; the local ACK timeout; and the "implied NAK": an acknowledgement that
+//! passes a READ or atomic whose response never arrived means the response was lost.
 
 use uroce_wire::aeth::{NakCode, Syndrome};
 use uroce_wire::opcode::{OpFlags, Opcode};
@@ -35,13 +35,7 @@ pub(crate) fn on_response<M: MemoryAccess>(
         let Some(aeth) = packet.ext.aeth else { return };
         on_ack(qp, ctx, now, psn, aeth.syndrome);
     } else if op == Opcode::RC_ATOMIC_ACKNOWLEDGE {
-        on_atomic_ack(
-            qp,
-            ctx,
-            now,
-            psn,
-            packet.ext.atomic_ack_eth.map_or(0, |a| a.orig),
-        );
+        on_atomic_ack(qp, ctx, now, psn, packet.ext.atomic_ack_eth.map_or(0, |a| a.orig));
     } else {
         on_read_response(qp, ctx, now, packet);
     }
@@ -66,11 +60,7 @@ fn on_ack<M: MemoryAccess>(
     // An ACK covers its PSN; a NAK or RNR NAK covers what precedes it (IBA 9.7). But an
     // acknowledgement that passes a READ or atomic whose response has not arrived means that
     // response was lost: go back to it (an implied NAK) instead.
-    let upto = if matches!(syndrome, Syndrome::Ack(_)) {
-        psn.next()
-    } else {
-        psn
-    };
+    let upto = if matches!(syndrome, Syndrome::Ack(_)) { psn.next() } else { psn };
     if let Some(from) = implied_nak(qp, upto) {
         advance_una(qp, now, from);
         if retry(qp, ctx, now, from) {
@@ -161,11 +151,7 @@ fn on_atomic_ack<M: MemoryAccess>(
     let Some(sge) = w.wr.sg_list.first().copied() else {
         return;
     };
-    if ctx
-        .mrs
-        .check_local(sge.lkey, pd, sge.addr, 8, true)
-        .is_err()
-    {
+    if ctx.mrs.check_local(sge.lkey, pd, sge.addr, 8, true).is_err() {
         w.error = Some(WcStatus::LOC_PROT_ERR);
     } else {
         ctx.mem.write(sge.addr, &orig.to_ne_bytes());
@@ -216,11 +202,7 @@ fn on_read_response<M: MemoryAccess>(
     // says FIRST or MIDDLE depends on which request it answers (the original, or one that asked
     // again from a missing packet), so either is accepted; the PSN places the data.
     let is_last = k + 1 == w.npkts;
-    let says_last = packet
-        .bth
-        .opcode
-        .info()
-        .is_some_and(|i| i.has(OpFlags::LAST));
+    let says_last = packet.bth.opcode.info().is_some_and(|i| i.has(OpFlags::LAST));
     let want = w.len.saturating_sub(k * mtu).min(mtu) as usize;
     if says_last != is_last || packet.payload.len() != want {
         ctx.counters.drop_stale_response += 1;
@@ -256,11 +238,8 @@ fn advance_una(qp: &mut Qp, now: Instant, una: Psn) {
         qp.req.recovering = None;
         qp.req.retries_left = qp.retry_cnt;
         qp.req.rnr_retries_left = qp.rnr_retry;
-        qp.req.ack_deadline = if qp.req.una == qp.req.high_psn {
-            None
-        } else {
-            qp.ack_timeout().map(|t| now + t)
-        };
+        qp.req.ack_deadline =
+            if qp.req.una == qp.req.high_psn { None } else { qp.ack_timeout().map(|t| now + t) };
     }
 }
 
@@ -343,10 +322,7 @@ pub(crate) fn enter_error<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     qp.state = QpState::Error;
     let qpn = qp.qpn;
     while let Some(w) = qp.req.sq.pop_front() {
-        ctx.complete(
-            qp.init.send_cq,
-            flush_wc(qpn, w.wr.wr_id, WcOpcode::from(w.wr.opcode)),
-        );
+        ctx.complete(qp.init.send_cq, flush_wc(qpn, w.wr.wr_id, WcOpcode::from(w.wr.opcode)));
     }
     if let Some(crate::qp::InMessage::Send { wqe, .. }) = qp.resp.current.take() {
         ctx.complete(qp.init.recv_cq, flush_wc(qpn, wqe.wr.wr_id, WcOpcode::Recv));
@@ -359,9 +335,7 @@ pub(crate) fn enter_error<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     qp.req.ack_deadline = None;
     qp.req.rnr_resume = None;
     qp.resp.resources.clear();
-    qp.resp
-        .out
-        .retain(|r| matches!(r, crate::qp::Response::Ack { .. }));
+    qp.resp.out.retain(|r| matches!(r, crate::qp::Response::Ack { .. }));
     if !qp.resp.out.is_empty() {
         ctx.schedule(qp);
     }

@@ -16,11 +16,7 @@ pub(crate) struct Cq {
 
 impl Cq {
     pub(crate) fn new(capacity: usize) -> Self {
-        Self {
-            entries: VecDeque::with_capacity(capacity.min(4096)),
-            capacity,
-            overflowed: false,
-        }
+        Self { entries: VecDeque::with_capacity(capacity.min(4096)), capacity, overflowed: false }
     }
 
     /// Adds a completion; `false` if the queue was full.

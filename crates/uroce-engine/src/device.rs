@@ -38,12 +38,7 @@ pub struct DeviceConfig {
 impl DeviceConfig {
     /// Defaults for a device at `addr`.
     pub const fn new(addr: IpAddr, seed: u64) -> Self {
-        Self {
-            addr,
-            seed,
-            max_inflight_pkts: 256,
-            ack_req_interval: 32,
-        }
+        Self { addr, seed, max_inflight_pkts: 256, ack_req_interval: 32 }
     }
 }
 
@@ -104,11 +99,7 @@ impl core::fmt::Display for CreateError {
         match self {
             Self::UnknownPd => f.write_str("no such protection domain"),
             Self::UnknownCq => f.write_str("no such completion queue"),
-            Self::ExceedsLimit {
-                limit,
-                requested,
-                max,
-            } => {
+            Self::ExceedsLimit { limit, requested, max } => {
                 write!(f, "{requested} exceeds the device's {limit} of {max}")
             }
         }
@@ -118,15 +109,7 @@ impl core::fmt::Display for CreateError {
 impl std::error::Error for CreateError {}
 
 fn within(limit: &'static str, requested: u64, max: u64) -> Result<(), CreateError> {
-    if requested > max {
-        Err(CreateError::ExceedsLimit {
-            limit,
-            requested,
-            max,
-        })
-    } else {
-        Ok(())
-    }
+    if requested > max { Err(CreateError::ExceedsLimit { limit, requested, max }) } else { Ok(()) }
 }
 
 /// A packet to send: `poll_transmit` wrote its bytes (BTH through ICRC) into the caller's
@@ -185,10 +168,7 @@ impl<M> Ctx<M> {
         repr.emit(pseudo, buf).ok()?;
         self.counters.sent_pkts += 1;
         self.counters.sent_bytes += len as u64;
-        Some(Transmit {
-            dst: SocketAddr::new(av.dest, ROCE_V2_PORT),
-            src_port: qp.src_port,
-        })
+        Some(Transmit { dst: SocketAddr::new(av.dest, ROCE_V2_PORT), src_port: qp.src_port })
     }
 }
 
@@ -280,15 +260,8 @@ impl<M: MemoryAccess> Device<M> {
         if pd.0 == 0 || pd.0 >= self.next_pd {
             return Err(CreateError::UnknownPd);
         }
-        within(
-            "max_mr",
-            self.ctx.mrs.len() as u64 + 1,
-            u64::from(DEVICE_ATTR.max_mr),
-        )?;
-        Ok(self
-            .ctx
-            .mrs
-            .register(&mut self.ctx.rng, pd, addr, length, access))
+        within("max_mr", self.ctx.mrs.len() as u64 + 1, u64::from(DEVICE_ATTR.max_mr))?;
+        Ok(self.ctx.mrs.register(&mut self.ctx.rng, pd, addr, length, access))
     }
 
     /// Deregisters a region: its keys stop working at once. `None` if the key is unknown.
@@ -346,21 +319,9 @@ impl<M: MemoryAccess> Device<M> {
         }
         let (a, c) = (DEVICE_ATTR, init.cap);
         within("max_qp", self.qps.len() as u64 + 1, u64::from(a.max_qp))?;
-        within(
-            "max_qp_wr",
-            u64::from(c.max_send_wr.max(c.max_recv_wr)),
-            u64::from(a.max_qp_wr),
-        )?;
-        within(
-            "max_sge",
-            u64::from(c.max_send_sge.max(c.max_recv_sge)),
-            u64::from(a.max_sge),
-        )?;
-        within(
-            "max_inline_data",
-            u64::from(c.max_inline_data),
-            u64::from(a.max_inline_data),
-        )?;
+        within("max_qp_wr", u64::from(c.max_send_wr.max(c.max_recv_wr)), u64::from(a.max_qp_wr))?;
+        within("max_sge", u64::from(c.max_send_sge.max(c.max_recv_sge)), u64::from(a.max_sge))?;
+        within("max_inline_data", u64::from(c.max_inline_data), u64::from(a.max_inline_data))?;
         let qpn = Qpn::from_masked(self.next_qpn);
         self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
         if self.next_qpn < 0x10 || self.next_qpn == Qpn::MULTICAST.get() {
@@ -382,16 +343,7 @@ impl<M: MemoryAccess> Device<M> {
         let r = &q.req;
         let sq: Vec<_> =
             r.sq.iter()
-                .map(|w| {
-                    (
-                        w.wr.wr_id,
-                        w.wr.opcode,
-                        w.first_psn.get(),
-                        w.npkts,
-                        w.resp_pkts,
-                        w.done,
-                    )
-                })
+                .map(|w| (w.wr.wr_id, w.wr.opcode, w.first_psn.get(), w.npkts, w.resp_pkts, w.done))
                 .collect();
         Some(format!(
             "qp {} {:?}: next wqe {} pkt {} psn {}, una {}, high {}, ack timer {:?}, rnr {:?}, \
@@ -420,10 +372,7 @@ impl<M: MemoryAccess> Device<M> {
 
     /// Moves a QP through its state machine (IBA 10.3; `ibv_modify_qp(3)`).
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), ModifyError> {
-        let qp = self
-            .qps
-            .get_mut(&qpn.get())
-            .ok_or(ModifyError::UnknownQp(qpn))?;
+        let qp = self.qps.get_mut(&qpn.get()).ok_or(ModifyError::UnknownQp(qpn))?;
         let from = qp.modify(attr)?;
         match qp.state {
             QpState::Rtr | QpState::Rts if qp.tx_pseudo.is_none() || attr.av.is_some() => {
@@ -449,10 +398,7 @@ impl<M: MemoryAccess> Device<M> {
     /// Posts a send work request (`ibv_post_send`). On a QP in the Error state it completes at
     /// once with `WR_FLUSH_ERR`, as verbs specify.
     pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
-        let qp = self
-            .qps
-            .get_mut(&qpn.get())
-            .ok_or(PostError::UnknownQp(qpn))?;
+        let qp = self.qps.get_mut(&qpn.get()).ok_or(PostError::UnknownQp(qpn))?;
         let len = validate_send(qp, &wr)?;
         let signaled = qp.init.sq_sig_all || wr.flags.contains(crate::types::SendFlags::SIGNALED);
         if qp.state == QpState::Error {
@@ -484,10 +430,7 @@ impl<M: MemoryAccess> Device<M> {
 
     /// Posts a receive work request (`ibv_post_recv`).
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), PostError> {
-        let qp = self
-            .qps
-            .get_mut(&qpn.get())
-            .ok_or(PostError::UnknownQp(qpn))?;
+        let qp = self.qps.get_mut(&qpn.get()).ok_or(PostError::UnknownQp(qpn))?;
         if qp.state == QpState::Reset {
             return Err(PostError::InvalidState(qp.state));
         }

@@ -58,19 +58,13 @@ impl VecMemory {
             .next_back()
             .unwrap_or_else(|| panic!("engine accessed unmapped address {addr:#x}"));
         let off = usize::try_from(addr - base).unwrap_or(usize::MAX);
-        assert!(
-            off.saturating_add(len) <= buf.len(),
-            "engine accessed past a buffer at {addr:#x}"
-        );
+        assert!(off.saturating_add(len) <= buf.len(), "engine accessed past a buffer at {addr:#x}");
         (base, off)
     }
 
     fn slot(&mut self, addr: u64) -> &mut [u8] {
         let (base, off) = self.locate(addr, 8);
-        let buf = self
-            .buffers
-            .get_mut(&base)
-            .unwrap_or_else(|| unreachable!());
+        let buf = self.buffers.get_mut(&base).unwrap_or_else(|| unreachable!());
         &mut buf[off..off + 8]
     }
 }
@@ -89,10 +83,7 @@ impl MemoryAccess for VecMemory {
             return;
         }
         let (base, off) = self.locate(addr, src.len());
-        let buf = self
-            .buffers
-            .get_mut(&base)
-            .unwrap_or_else(|| unreachable!());
+        let buf = self.buffers.get_mut(&base).unwrap_or_else(|| unreachable!());
         buf[off..off + src.len()].copy_from_slice(src);
     }
 

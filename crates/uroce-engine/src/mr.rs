@@ -34,9 +34,7 @@ impl MemoryRegion {
     /// Whether `[addr, addr + len)` lies inside the region.
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr
-            && addr
-                .checked_add(len)
-                .is_some_and(|end| end <= self.addr.saturating_add(self.length))
+            && addr.checked_add(len).is_some_and(|end| end <= self.addr.saturating_add(self.length))
     }
 }
 
@@ -104,14 +102,7 @@ impl MrTable {
                 break k;
             }
         };
-        let mr = MemoryRegion {
-            pd,
-            addr,
-            length,
-            access,
-            lkey: LKey(lkey),
-            rkey: RKey(rkey),
-        };
+        let mr = MemoryRegion { pd, addr, length, access, lkey: LKey(lkey), rkey: RKey(rkey) };
         self.by_lkey.insert(lkey, mr);
         self.rkey_to_lkey.insert(rkey, lkey);
         mr
@@ -136,17 +127,7 @@ impl MrTable {
         write: bool,
     ) -> Result<&MemoryRegion, AccessError> {
         let mr = self.by_lkey.get(&lkey.0).ok_or(AccessError::InvalidKey)?;
-        Self::check(
-            mr,
-            pd,
-            addr,
-            len,
-            if write {
-                Access::LOCAL_WRITE
-            } else {
-                Access::NONE
-            },
-        )
+        Self::check(mr, pd, addr, len, if write { Access::LOCAL_WRITE } else { Access::NONE })
     }
 
     /// Checks a remote access of `len` bytes at `addr` through `rkey` for a QP of `pd`,
@@ -160,10 +141,7 @@ impl MrTable {
         len: u64,
         right: Access,
     ) -> Result<&MemoryRegion, AccessError> {
-        let lkey = self
-            .rkey_to_lkey
-            .get(&rkey.0)
-            .ok_or(AccessError::InvalidKey)?;
+        let lkey = self.rkey_to_lkey.get(&rkey.0).ok_or(AccessError::InvalidKey)?;
         let mr = self.by_lkey.get(lkey).ok_or(AccessError::InvalidKey)?;
         Self::check(mr, pd, addr, len, right)
     }
@@ -202,17 +180,8 @@ mod tests {
         let mut rng = Rng::new(7);
         let mut t = MrTable::default();
         let pd = PdHandle(1);
-        let mr = t.register(
-            &mut rng,
-            pd,
-            0x1000,
-            0x100,
-            Access::LOCAL_WRITE | Access::REMOTE_READ,
-        );
-        assert!(
-            t.check_remote(mr.rkey, pd, 0x1000, 0x100, Access::REMOTE_READ)
-                .is_ok()
-        );
+        let mr = t.register(&mut rng, pd, 0x1000, 0x100, Access::LOCAL_WRITE | Access::REMOTE_READ);
+        assert!(t.check_remote(mr.rkey, pd, 0x1000, 0x100, Access::REMOTE_READ).is_ok());
         assert_eq!(
             t.check_remote(mr.rkey, pd, 0x1001, 0x100, Access::REMOTE_READ),
             Err(AccessError::OutOfBounds),
@@ -245,10 +214,7 @@ mod tests {
             Err(AccessError::InvalidKey),
             "deregistration revokes the rkey at once"
         );
-        assert_eq!(
-            t.check_local(mr.lkey, pd, 0x1000, 8, false),
-            Err(AccessError::InvalidKey)
-        );
+        assert_eq!(t.check_local(mr.lkey, pd, 0x1000, 8, false), Err(AccessError::InvalidKey));
     }
 
     #[test]

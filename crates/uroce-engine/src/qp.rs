@@ -251,12 +251,7 @@ pub(crate) enum InMessage {
     /// A multi-packet SEND: its receive WQE and the bytes placed so far.
     Send { wqe: RecvWqe, written: u32 },
     /// A multi-packet RDMA WRITE.
-    Write {
-        va: u64,
-        rkey: RKey,
-        dma_len: u32,
-        written: u32,
-    },
+    Write { va: u64, rkey: RKey, dma_len: u32, written: u32 },
 }
 
 /// What a READ or atomic request left behind, to answer a duplicate of it (IBA 9.7;
@@ -269,39 +264,16 @@ pub(crate) struct Resource {
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum ResourceKind {
-    Read {
-        va: u64,
-        rkey: RKey,
-        len: u32,
-        npkts: u32,
-    },
-    Atomic {
-        orig: u64,
-    },
+    Read { va: u64, rkey: RKey, len: u32, npkts: u32 },
+    Atomic { orig: u64 },
 }
 
 /// A response waiting to go out.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Response {
-    Ack {
-        psn: Psn,
-        syndrome: Syndrome,
-        msn: Msn,
-    },
-    Read {
-        first_psn: Psn,
-        va: u64,
-        rkey: RKey,
-        len: u32,
-        npkts: u32,
-        next: u32,
-        msn: Msn,
-    },
-    Atomic {
-        psn: Psn,
-        orig: u64,
-        msn: Msn,
-    },
+    Ack { psn: Psn, syndrome: Syndrome, msn: Msn },
+    Read { first_psn: Psn, va: u64, rkey: RKey, len: u32, npkts: u32, next: u32, msn: Msn },
+    Atomic { psn: Psn, orig: u64, msn: Msn },
 }
 
 /// The responder's state (IBA 9.7; rxe_resp.c).
@@ -414,10 +386,7 @@ impl Qp {
                 ("IBV_QP_PATH_MTU", attr.path_mtu.is_some()),
                 ("IBV_QP_DEST_QPN", attr.dest_qp_num.is_some()),
                 ("IBV_QP_RQ_PSN", attr.rq_psn.is_some()),
-                (
-                    "IBV_QP_MAX_DEST_RD_ATOMIC",
-                    attr.max_dest_rd_atomic.is_some(),
-                ),
+                ("IBV_QP_MAX_DEST_RD_ATOMIC", attr.max_dest_rd_atomic.is_some()),
                 ("IBV_QP_MIN_RNR_TIMER", attr.min_rnr_timer.is_some()),
             ],
             (Rtr, Rts) => &[
@@ -430,11 +399,7 @@ impl Qp {
             _ => &[],
         };
         if let Some((name, _)) = required.iter().find(|(_, present)| !present) {
-            return Err(ModifyError::MissingAttribute {
-                attr: name,
-                from,
-                to,
-            });
+            return Err(ModifyError::MissingAttribute { attr: name, from, to });
         }
         let check = |v: Option<u8>, max: u8, attr: &'static str, rule: &'static str| match v {
             Some(v) if v > max => Err(ModifyError::InvalidValue { attr, rule }),
@@ -443,18 +408,8 @@ impl Qp {
         check(attr.retry_cnt, 7, "retry_cnt", "at most 7")?;
         check(attr.rnr_retry, 7, "rnr_retry", "at most 7")?;
         check(attr.timeout, 31, "timeout", "at most 31")?;
-        check(
-            attr.max_rd_atomic,
-            MAX_RD_ATOMIC,
-            "max_rd_atomic",
-            "at most max_qp_rd_atom (16)",
-        )?;
-        check(
-            attr.max_dest_rd_atomic,
-            MAX_RD_ATOMIC,
-            "max_dest_rd_atomic",
-            "at most 16",
-        )?;
+        check(attr.max_rd_atomic, MAX_RD_ATOMIC, "max_rd_atomic", "at most max_qp_rd_atom (16)")?;
+        check(attr.max_dest_rd_atomic, MAX_RD_ATOMIC, "max_dest_rd_atomic", "at most 16")?;
         if attr.pkey_index.is_some_and(|i| i != 0) {
             return Err(ModifyError::InvalidValue {
                 attr: "pkey_index",

@@ -1,8 +1,8 @@
 //! The requester: turns send WQEs into request packets (IBA 9.7; Linux rxe_req.c).
 //!
-//! Heads up, read these first: IBA 9.7 (PSNs: one per packet, a READ reserves one per
-//! response packet), 9.7.4.1 (segmentation: FIRST and MIDDLE carry exactly one path MTU),
-//! 9.7.6 (when the requester asks for acknowledgement). Retransmission rewinds `next_wqe`,
+//! Heads up, read these first, in IBA 9.7 (reliable service): PSNs (one per packet; a READ
+//! reserves one per response packet), segmentation (FIRST and MIDDLE carry exactly one path
+//! MTU), and when the requester asks for acknowledgement. Retransmission rewinds `next_wqe`,
 //! `next_pkt` and `next_psn` (see `completer::rewind`); this module just sends from there.
 
 use uroce_wire::opcode::Opcode;
@@ -45,21 +45,15 @@ pub(crate) fn poll<M: MemoryAccess>(
     let last = k + 1 >= w.npkts;
     let op = w.wr.opcode;
     let mut ext = ExtHeaders::default();
-    let remote = w.wr.remote.unwrap_or(crate::types::RemoteAddr {
-        addr: 0,
-        rkey: uroce_wire::RKey(0),
-    });
+    let remote =
+        w.wr.remote.unwrap_or(crate::types::RemoteAddr { addr: 0, rkey: uroce_wire::RKey(0) });
     let opcode = match op {
         WrOpcode::RdmaRead => {
             // After a loss, ask again only for the responses from packet `k` on.
             let skip = k * mtu;
             let va = remote.addr.wrapping_add(u64::from(skip));
             let dma_len = w.len - skip;
-            ext.reth = Some(reth::Repr {
-                va,
-                rkey: remote.rkey,
-                dma_len,
-            });
+            ext.reth = Some(reth::Repr { va, rkey: remote.rkey, dma_len });
             Opcode::RC_RDMA_READ_REQUEST
         }
         WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
@@ -68,12 +62,8 @@ pub(crate) fn poll<M: MemoryAccess>(
             } else {
                 (w.wr.compare_add, 0)
             };
-            ext.atomic_eth = Some(atomic_eth::Repr {
-                va: remote.addr,
-                rkey: remote.rkey,
-                swap_add,
-                compare,
-            });
+            ext.atomic_eth =
+                Some(atomic_eth::Repr { va: remote.addr, rkey: remote.rkey, swap_add, compare });
             if op == WrOpcode::AtomicCmpAndSwp {
                 Opcode::RC_COMPARE_SWAP
             } else {
@@ -86,11 +76,7 @@ pub(crate) fn poll<M: MemoryAccess>(
         | WrOpcode::RdmaWriteWithImm => {
             let is_write = matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm);
             if is_write && first {
-                ext.reth = Some(reth::Repr {
-                    va: remote.addr,
-                    rkey: remote.rkey,
-                    dma_len: w.len,
-                });
+                ext.reth = Some(reth::Repr { va: remote.addr, rkey: remote.rkey, dma_len: w.len });
             }
             if last && op.has_imm() {
                 ext.immdt = w.wr.imm.map(|imm| immdt::Repr { imm });
@@ -113,18 +99,14 @@ pub(crate) fn poll<M: MemoryAccess>(
         }
     };
     // Payload: the k-th MTU-sized slice of the message.
-    let payload_len = if op.is_read_or_atomic() {
-        0
-    } else {
-        w.len.saturating_sub(k * mtu).min(mtu)
-    };
+    let payload_len =
+        if op.is_read_or_atomic() { 0 } else { w.len.saturating_sub(k * mtu).min(mtu) };
     ctx.scratch.clear();
     if payload_len > 0 {
         let offset = k * mtu;
         if let Some(data) = &w.wr.inline_data {
             let start = offset as usize;
-            ctx.scratch
-                .extend_from_slice(data.get(start..start + payload_len as usize)?);
+            ctx.scratch.extend_from_slice(data.get(start..start + payload_len as usize)?);
         } else if gather(ctx, qp.init.pd, &w.wr.sg_list, offset, payload_len).is_err() {
             // The region went away under an in-flight WQE (IBA 10.6: local protection).
             fail_at_start(qp, ctx, idx, WcStatus::LOC_PROT_ERR);
@@ -189,9 +171,7 @@ fn start_wqe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) -> bool
     let write = w.wr.opcode.is_read_or_atomic();
     let local_ok = w.wr.inline_data.is_some()
         || w.wr.sg_list.iter().all(|s| {
-            ctx.mrs
-                .check_local(s.lkey, qp.init.pd, s.addr, u64::from(s.length), write)
-                .is_ok()
+            ctx.mrs.check_local(s.lkey, qp.init.pd, s.addr, u64::from(s.length), write).is_ok()
         });
     let first_psn = qp.req.next_psn;
     let Some(w) = qp.req.sq.get_mut(idx) else {
@@ -243,8 +223,7 @@ fn gather<M: MemoryAccess>(
         ctx.mrs.check_local(s.lkey, pd, addr, take, false)?;
         let start = ctx.scratch.len();
         // `take` is at most one MTU.
-        ctx.scratch
-            .resize(start + usize::try_from(take).unwrap_or(0), 0);
+        ctx.scratch.resize(start + usize::try_from(take).unwrap_or(0), 0);
         ctx.mem.read(addr, &mut ctx.scratch[start..]);
         want -= take;
         skip = 0;

@@ -2,11 +2,12 @@
 //! rxe_resp.c: ChkPsn → ChkOpSeq → ChkOpValid → ChkResource → ChkLength → ChkRkey → Execute →
 //! Ack).
 //!
-//! Heads up, read these first: IBA 9.7 (PSN checks: the expected PSN executes; one ahead
-//! is a sequence error NAKed once; behind is a duplicate that is re-acknowledged, a duplicate
-//! READ replayed and a duplicate atomic answered from the saved result, never re-executed),
-//! 9.7.5.1.2 (opcode sequence), 9.7.5.1.6–7 (length and R_Key checks: nothing is written
-//! unless every check passes), and 9.7.5.2.8 (RNR NAK when no receive WQE is posted).
+//! Heads up, read these first, in IBA 9.7 (reliable service), the responder's rules: PSN
+//! checks (the expected PSN executes; one ahead is a sequence error NAKed once; behind is a
+//! duplicate that is re-acknowledged, a duplicate READ replayed and a duplicate atomic answered
+//! from the saved result, never re-executed), the opcode sequence, the length and R_Key checks
+//! (nothing is written unless every check passes), and the RNR NAK when no receive WQE is
+//! posted.
 
 use uroce_wire::aeth::{CreditCode, NakCode, Syndrome};
 use uroce_wire::opcode::{OpFlags, Opcode};
@@ -39,11 +40,7 @@ pub(crate) fn on_request<M: MemoryAccess>(
             queue(
                 qp,
                 ctx,
-                Response::Ack {
-                    psn: epsn,
-                    syndrome: nak(NakCode::PSN_SEQUENCE_ERROR),
-                    msn,
-                },
+                Response::Ack { psn: epsn, syndrome: nak(NakCode::PSN_SEQUENCE_ERROR), msn },
             );
         }
         return;
@@ -75,12 +72,7 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
             match r.kind {
                 // A duplicate READ may ask for the tail of the original (from a lost response
                 // on): it must name exactly that tail (IBA 9.7).
-                ResourceKind::Read {
-                    va,
-                    rkey,
-                    len,
-                    npkts,
-                } if k < npkts => {
+                ResourceKind::Read { va, rkey, len, npkts } if k < npkts => {
                     let reth = packet.ext.reth?;
                     let skip = k * mtu;
                     let tail = reth.va == va.wrapping_add(u64::from(skip))
@@ -108,15 +100,10 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
         };
         // The requester wants the responses from this PSN on: a replay of the same READ still
         // queued is superseded (otherwise duplicated requests would multiply the responses).
-        if let Response::Read {
-            first_psn, npkts, ..
-        } = response
-        {
+        if let Response::Read { first_psn, npkts, .. } = response {
             let end = first_psn.add(npkts);
             let replays_same_range = |r: &Response| match *r {
-                Response::Read {
-                    first_psn: f, next, ..
-                } => {
+                Response::Read { first_psn: f, next, .. } => {
                     let at = f.add(next);
                     !at.is_before(first_psn) && at.is_before(end)
                 }
@@ -128,15 +115,7 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
     } else if packet.bth.ack_req {
         // Re-acknowledge everything executed so far (IBA 9.7).
         let last = qp.resp.epsn.sub(1);
-        queue(
-            qp,
-            ctx,
-            Response::Ack {
-                psn: last,
-                syndrome: ack_syndrome(qp),
-                msn,
-            },
-        );
+        queue(qp, ctx, Response::Ack { psn: last, syndrome: ack_syndrome(qp), msn });
     }
 }
 
@@ -149,15 +128,7 @@ fn ack_syndrome(qp: &Qp) -> Syndrome {
 
 /// Queues a response; an ACK replaces a queued ACK not yet sent (coalescing).
 fn queue<M>(qp: &mut Qp, ctx: &mut Ctx<M>, response: Response) {
-    let is_ack = |r: &Response| {
-        matches!(
-            r,
-            Response::Ack {
-                syndrome: Syndrome::Ack(_),
-                ..
-            }
-        )
-    };
+    let is_ack = |r: &Response| matches!(r, Response::Ack { syndrome: Syndrome::Ack(_), .. });
     if is_ack(&response) && qp.resp.out.back().is_some_and(is_ack) {
         qp.resp.out.pop_back();
     }
@@ -176,15 +147,7 @@ fn fatal<M: MemoryAccess>(
 ) {
     ctx.counters.err_naks_sent += 1;
     let msn = qp.resp.msn;
-    queue(
-        qp,
-        ctx,
-        Response::Ack {
-            psn,
-            syndrome: nak(code),
-            msn,
-        },
-    );
+    queue(qp, ctx, Response::Ack { psn, syndrome: nak(code), msn });
     if let Some((wqe, status)) = recv {
         let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
         ctx.complete(qp.init.recv_cq, wc);
@@ -200,15 +163,7 @@ fn recv_wc(
     byte_len: u32,
     imm: Option<[u8; 4]>,
 ) -> WorkCompletion {
-    WorkCompletion {
-        wr_id,
-        status,
-        opcode,
-        byte_len,
-        imm,
-        qp_num: qp.qpn,
-        src_qp: qp.dest_qpn,
-    }
+    WorkCompletion { wr_id, status, opcode, byte_len, imm, qp_num: qp.qpn, src_qp: qp.dest_qpn }
 }
 
 /// The request at the expected PSN.
@@ -239,11 +194,7 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
         Access::NONE
     };
     // ChkLength: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one (IBA 9.7).
-    let length_ok = if info.has(OpFlags::LAST) {
-        len <= mtu
-    } else {
-        len == mtu
-    };
+    let length_ok = if info.has(OpFlags::LAST) { len <= mtu } else { len == mtu };
     if !sequence_ok || !qp.access.contains(right) || !length_ok {
         let recv = match qp.resp.current.take() {
             Some(InMessage::Send { wqe, .. }) => Some((wqe, WcStatus::REM_INV_REQ_ERR)),
@@ -305,24 +256,12 @@ fn send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
             None => return false,
         },
     };
-    match scatter(
-        ctx,
-        qp.init.pd,
-        &wqe.wr.sg_list,
-        u64::from(written),
-        packet.payload,
-    ) {
+    match scatter(ctx, qp.init.pd, &wqe.wr.sg_list, u64::from(written), packet.payload) {
         Ok(()) => {}
         Err(ScatterError::Length) => {
             // IBA 9.7: the receive buffer is too small: LOC_LEN_ERR here,
             // NAK invalid request to the sender (REM_INV_REQ_ERR there).
-            fatal(
-                qp,
-                ctx,
-                psn,
-                NakCode::INVALID_REQUEST,
-                Some((wqe, WcStatus::LOC_LEN_ERR)),
-            );
+            fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, Some((wqe, WcStatus::LOC_LEN_ERR)));
             return false;
         }
         Err(ScatterError::Protection) => {
@@ -339,14 +278,7 @@ fn send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
     let written = written + u32::try_from(packet.payload.len()).unwrap_or(u32::MAX);
     if info.contains(OpFlags::LAST) {
         let imm = packet.ext.immdt.map(|i| i.imm);
-        let wc = recv_wc(
-            qp,
-            wqe.wr.wr_id,
-            WcStatus::SUCCESS,
-            WcOpcode::Recv,
-            written,
-            imm,
-        );
+        let wc = recv_wc(qp, wqe.wr.wr_id, WcStatus::SUCCESS, WcOpcode::Recv, written, imm);
         ctx.complete(qp.init.recv_cq, wc);
     } else {
         qp.resp.current = Some(InMessage::Send { wqe, written });
@@ -360,15 +292,7 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
     let info = packet.bth.opcode.info().map_or(OpFlags::NONE, |i| i.flags);
     let len = u32::try_from(packet.payload.len()).unwrap_or(u32::MAX);
     let (va, rkey, dma_len, written) = match (qp.resp.current.take(), packet.ext.reth) {
-        (
-            Some(InMessage::Write {
-                va,
-                rkey,
-                dma_len,
-                written,
-            }),
-            _,
-        ) => (va, rkey, dma_len, written),
+        (Some(InMessage::Write { va, rkey, dma_len, written }), _) => (va, rkey, dma_len, written),
         (None, Some(reth)) => (reth.va, reth.rkey, reth.dma_len, 0),
         _ => {
             fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
@@ -392,13 +316,7 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
             .is_err()
             || ctx
                 .mrs
-                .check_remote(
-                    rkey,
-                    qp.init.pd,
-                    va,
-                    u64::from(dma_len),
-                    Access::REMOTE_WRITE,
-                )
+                .check_remote(rkey, qp.init.pd, va, u64::from(dma_len), Access::REMOTE_WRITE)
                 .is_err()
         {
             fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
@@ -411,20 +329,15 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
             Some(w) => Some(w),
             None => {
                 // Keep the message open: the retried LAST comes back to this point.
-                qp.resp.current = (written > 0).then_some(InMessage::Write {
-                    va,
-                    rkey,
-                    dma_len,
-                    written,
-                });
+                qp.resp.current =
+                    (written > 0).then_some(InMessage::Write { va, rkey, dma_len, written });
                 return false;
             }
         }
     } else {
         None
     };
-    ctx.mem
-        .write(va.wrapping_add(u64::from(written)), packet.payload);
+    ctx.mem.write(va.wrapping_add(u64::from(written)), packet.payload);
     if last {
         if let Some(wqe) = recv {
             let imm = packet.ext.immdt.map(|i| i.imm);
@@ -439,12 +352,7 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
             ctx.complete(qp.init.recv_cq, wc);
         }
     } else {
-        qp.resp.current = Some(InMessage::Write {
-            va,
-            rkey,
-            dma_len,
-            written: total,
-        });
+        qp.resp.current = Some(InMessage::Write { va, rkey, dma_len, written: total });
     }
     true
 }
@@ -477,12 +385,7 @@ fn read<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
         qp,
         Resource {
             first_psn: psn,
-            kind: ResourceKind::Read {
-                va: reth.va,
-                rkey: reth.rkey,
-                len: reth.dma_len,
-                npkts,
-            },
+            kind: ResourceKind::Read { va: reth.va, rkey: reth.rkey, len: reth.dma_len, npkts },
         },
     );
     qp.resp.msn = qp.resp.msn.next();
@@ -515,11 +418,7 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
         fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
         return;
     }
-    if ctx
-        .mrs
-        .check_remote(a.rkey, qp.init.pd, a.va, 8, Access::REMOTE_ATOMIC)
-        .is_err()
-    {
+    if ctx.mrs.check_remote(a.rkey, qp.init.pd, a.va, 8, Access::REMOTE_ATOMIC).is_err() {
         fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
         return;
     }
@@ -528,13 +427,7 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
     } else {
         ctx.mem.fetch_and_add(a.va, a.swap_add)
     };
-    remember(
-        qp,
-        Resource {
-            first_psn: psn,
-            kind: ResourceKind::Atomic { orig },
-        },
-    );
+    remember(qp, Resource { first_psn: psn, kind: ResourceKind::Atomic { orig } });
     qp.resp.msn = qp.resp.msn.next();
     qp.resp.epsn = psn.next();
     qp.resp.nak_sent = false;
@@ -566,22 +459,11 @@ pub(crate) fn poll<M: MemoryAccess>(
         }
         Response::Atomic { psn, orig, msn } => {
             qp.resp.out.pop_front();
-            ext.aeth = Some(aeth::Repr {
-                syndrome: ack_syndrome(qp),
-                msn,
-            });
+            ext.aeth = Some(aeth::Repr { syndrome: ack_syndrome(qp), msn });
             ext.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig });
             (Opcode::RC_ATOMIC_ACKNOWLEDGE, psn)
         }
-        Response::Read {
-            first_psn,
-            va,
-            rkey,
-            len,
-            npkts,
-            next,
-            msn,
-        } => {
+        Response::Read { first_psn, va, rkey, len, npkts, next, msn } => {
             let mtu = qp.mtu.bytes();
             let (first, last) = (next == 0, next + 1 >= npkts);
             let opcode = match (first, last) {
@@ -591,10 +473,7 @@ pub(crate) fn poll<M: MemoryAccess>(
                 (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
             };
             if first || last {
-                ext.aeth = Some(aeth::Repr {
-                    syndrome: ack_syndrome(qp),
-                    msn,
-                });
+                ext.aeth = Some(aeth::Repr { syndrome: ack_syndrome(qp), msn });
             }
             let offset = next * mtu;
             let chunk = len.saturating_sub(offset).min(mtu);
@@ -604,13 +483,7 @@ pub(crate) fn poll<M: MemoryAccess>(
             if chunk > 0
                 && ctx
                     .mrs
-                    .check_remote(
-                        rkey,
-                        qp.init.pd,
-                        addr,
-                        u64::from(chunk),
-                        Access::REMOTE_READ,
-                    )
+                    .check_remote(rkey, qp.init.pd, addr, u64::from(chunk), Access::REMOTE_READ)
                     .is_err()
             {
                 qp.resp.out.pop_front();

@@ -96,13 +96,8 @@ impl Mtu {
         }
     }
     /// Every MTU, smallest first.
-    pub const ALL: [Self; 5] = [
-        Self::Mtu256,
-        Self::Mtu512,
-        Self::Mtu1024,
-        Self::Mtu2048,
-        Self::Mtu4096,
-    ];
+    pub const ALL: [Self; 5] =
+        [Self::Mtu256, Self::Mtu512, Self::Mtu1024, Self::Mtu2048, Self::Mtu4096];
 }
 
 /// The transport service of a queue pair.
@@ -172,10 +167,7 @@ impl WrOpcode {
     /// READ or atomic: operations that wait for response data and count against
     /// `max_rd_atomic`.
     pub const fn is_read_or_atomic(self) -> bool {
-        matches!(
-            self,
-            Self::RdmaRead | Self::AtomicCmpAndSwp | Self::AtomicFetchAndAdd
-        )
+        matches!(self, Self::RdmaRead | Self::AtomicCmpAndSwp | Self::AtomicFetchAndAdd)
     }
     /// Atomic operations.
     pub const fn is_atomic(self) -> bool {

@@ -1,10 +1,7 @@
 //! Two devices wired back to back in virtual time, each rule of the RC transport exercised by a
 //! scripted scenario. (Random loss, reordering and the seed sweep are in `uroce-sim`.)
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
-#![allow(
-    clippy::cast_possible_truncation,
-    reason = "test sizes and offsets are small"
-)]
+#![allow(clippy::cast_possible_truncation, reason = "test sizes and offsets are small")]
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -61,28 +58,16 @@ fn host(addr: &str, seed: u64, base: u64) -> Host {
         sq_sig_all: false,
     };
     let qp = dev.create_qp(init).unwrap();
-    Host {
-        dev,
-        pd,
-        cq,
-        qp,
-        mr,
-    }
+    Host { dev, pd, cq, qp, mr }
 }
 
 fn rc_attrs(state: QpState) -> QpAttr {
-    QpAttr {
-        state: Some(state),
-        ..QpAttr::default()
-    }
+    QpAttr { state: Some(state), ..QpAttr::default() }
 }
 
 impl Pair {
     fn new(mtu: Mtu) -> Self {
-        let mut hosts = [
-            host("127.0.0.2", 1, 0x10_0000),
-            host("127.0.0.3", 2, 0x20_0000),
-        ];
+        let mut hosts = [host("127.0.0.2", 1, 0x10_0000), host("127.0.0.3", 2, 0x20_0000)];
         let qpns = [hosts[0].qp, hosts[1].qp];
         let addrs = [hosts[0].dev.addr(), hosts[1].dev.addr()];
         for (i, h) in hosts.iter_mut().enumerate() {
@@ -135,31 +120,17 @@ impl Pair {
                 while let Some(tx) = self.hosts[i].dev.poll_transmit(self.now, &mut buf) {
                     let parsed = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
                     let syndrome = parsed.ext.aeth.map(|a| a.syndrome.to_byte());
-                    self.log.push((
-                        self.now,
-                        i,
-                        parsed.bth.opcode,
-                        parsed.bth.psn.get(),
-                        syndrome,
-                    ));
-                    let to = if tx.dst.ip() == self.hosts[0].dev.addr() {
-                        0
-                    } else {
-                        1
-                    };
+                    self.log.push((self.now, i, parsed.bth.opcode, parsed.bth.psn.get(), syndrome));
+                    let to = if tx.dst.ip() == self.hosts[0].dev.addr() { 0 } else { 1 };
                     assert_eq!(tx.dst.port(), ROCE_V2_PORT);
                     if (self.filter)(i, &parsed) {
                         let from = SocketAddr::new(src_ip, tx.src_port);
-                        self.wire
-                            .push_back((self.now + self.delay, to, from, buf.clone()));
+                        self.wire.push_back((self.now + self.delay, to, from, buf.clone()));
                     }
                 }
             }
             let next_wire = self.wire.front().map(|w| w.0);
-            let next_timer = [0, 1]
-                .iter()
-                .filter_map(|&i| self.hosts[i].dev.poll_timeout())
-                .min();
+            let next_timer = [0, 1].iter().filter_map(|&i| self.hosts[i].dev.poll_timeout()).min();
             let Some(next) = [next_wire, next_timer].into_iter().flatten().min() else {
                 return;
             };
@@ -194,33 +165,18 @@ impl Pair {
 
     fn sge(&self, i: usize, offset: u64, len: u32) -> Sge {
         let mr = self.hosts[i].mr;
-        Sge {
-            addr: mr.addr + offset,
-            length: len,
-            lkey: mr.lkey,
-        }
+        Sge { addr: mr.addr + offset, length: len, lkey: mr.lkey }
     }
 
     fn remote(&self, i: usize, offset: u64) -> RemoteAddr {
         let mr = self.hosts[i].mr;
-        RemoteAddr {
-            addr: mr.addr + offset,
-            rkey: mr.rkey,
-        }
+        RemoteAddr { addr: mr.addr + offset, rkey: mr.rkey }
     }
 
     fn post_recv(&mut self, i: usize, wr_id: u64, offset: u64, len: u32) {
         let sge = self.sge(i, offset, len);
         let h = &mut self.hosts[i];
-        h.dev
-            .post_recv(
-                h.qp,
-                RecvWr {
-                    wr_id,
-                    sg_list: vec![sge],
-                },
-            )
-            .unwrap();
+        h.dev.post_recv(h.qp, RecvWr { wr_id, sg_list: vec![sge] }).unwrap();
     }
 
     fn post_send(&mut self, i: usize, wr: SendWr) {
@@ -230,9 +186,7 @@ impl Pair {
 }
 
 fn fill(p: &mut Pair, i: usize, offset: u64, len: usize, seed: u8) -> Vec<u8> {
-    let data: Vec<u8> = (0..len)
-        .map(|k| (k as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect();
+    let data: Vec<u8> = (0..len).map(|k| (k as u8).wrapping_mul(31).wrapping_add(seed)).collect();
     p.mem(i, offset, len).copy_from_slice(&data);
     data
 }
@@ -242,9 +196,7 @@ fn send_of_every_size_arrives_whole() {
     for mtu in Mtu::ALL {
         let mut p = Pair::new(mtu);
         let mut wr_id = 0;
-        for len in [
-            0usize, 1, 255, 256, 257, 1024, 4095, 4096, 4097, 10_000, 65_536,
-        ] {
+        for len in [0usize, 1, 255, 256, 257, 1024, 4095, 4096, 4097, 10_000, 65_536] {
             wr_id += 1;
             let data = fill(&mut p, A, 0, len, wr_id as u8);
             p.post_recv(B, wr_id, 0x8_0000, 0x8_0000);
@@ -256,10 +208,7 @@ fn send_of_every_size_arrives_whole() {
             assert_eq!((send[0].wr_id, send[0].status), (wr_id, WcStatus::SUCCESS));
             let recv = p.cq(B);
             assert_eq!(recv.len(), 1);
-            assert_eq!(
-                (recv[0].status, recv[0].byte_len as usize),
-                (WcStatus::SUCCESS, len)
-            );
+            assert_eq!((recv[0].status, recv[0].byte_len as usize), (WcStatus::SUCCESS, len));
             assert_eq!(p.mem(B, 0x8_0000, len), &data[..], "mtu {mtu:?} len {len}");
         }
     }
@@ -288,10 +237,7 @@ fn write_and_read_move_bytes_across_psn_wrap() {
     p.post_send(A, write_wr(&p, 1, 0, 0x1000, 100_000));
     p.run(Duration::from_millis(10));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
-    assert!(
-        p.cq(B).is_empty(),
-        "a WRITE without immediate completes nothing at the target"
-    );
+    assert!(p.cq(B).is_empty(), "a WRITE without immediate completes nothing at the target");
     assert_eq!(p.mem(B, 0x1000, 100_000), &data[..]);
     // The PSNs started at 2^24 - 16: the write crossed the wrap.
     assert!(p.log.iter().any(|&(_, _, _, psn, _)| psn == 0));
@@ -345,16 +291,8 @@ fn atomics_apply_exactly_once_even_when_the_ack_is_lost() {
     p.post_send(A, wr);
     p.run(Duration::from_millis(50));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
-    assert_eq!(
-        u64::from_ne_bytes(p.mem(A, 0x10, 8).try_into().unwrap()),
-        40,
-        "original value"
-    );
-    assert_eq!(
-        u64::from_ne_bytes(p.mem(B, 0x100, 8).try_into().unwrap()),
-        42,
-        "added once"
-    );
+    assert_eq!(u64::from_ne_bytes(p.mem(A, 0x10, 8).try_into().unwrap()), 40, "original value");
+    assert_eq!(u64::from_ne_bytes(p.mem(B, 0x100, 8).try_into().unwrap()), 42, "added once");
     assert_eq!(p.hosts[B].dev.counters().dup_req, 1);
     assert_eq!(p.hosts[A].dev.counters().ack_timeouts, 1);
 
@@ -364,10 +302,7 @@ fn atomics_apply_exactly_once_even_when_the_ack_is_lost() {
     p.post_send(A, wr);
     p.run(Duration::from_millis(50));
     assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
-    assert_eq!(
-        u64::from_ne_bytes(p.mem(B, 0x100, 8).try_into().unwrap()),
-        7
-    );
+    assert_eq!(u64::from_ne_bytes(p.mem(B, 0x100, 8).try_into().unwrap()), 7);
 }
 
 #[test]
@@ -390,16 +325,10 @@ fn a_lost_packet_is_nak_ed_once_and_resent_go_back_n() {
     let b = *p.hosts[B].dev.counters();
     let a = *p.hosts[A].dev.counters();
     assert_eq!(b.rcv_seq_err, 1, "one NAK per gap");
-    assert!(
-        b.drop_out_of_sequence > 0,
-        "later packets dropped until the gap is filled"
-    );
+    assert!(b.drop_out_of_sequence > 0, "later packets dropped until the gap is filled");
     assert_eq!(a.seq_naks_rcvd, 1);
     assert!(a.retransmitted_pkts > 0);
-    assert_eq!(
-        a.ack_timeouts, 0,
-        "the NAK, not the timer, triggered the resend"
-    );
+    assert_eq!(a.ack_timeouts, 0, "the NAK, not the timer, triggered the resend");
 }
 
 #[test]
@@ -418,10 +347,7 @@ fn a_lost_read_response_is_recovered() {
     p.run(Duration::from_millis(50));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
     assert_eq!(p.mem(A, 0x1000, 512 * 6), &data[..]);
-    assert!(
-        p.hosts[B].dev.counters().dup_req >= 1,
-        "the READ was replayed"
-    );
+    assert!(p.hosts[B].dev.counters().dup_req >= 1, "the READ was replayed");
 }
 
 #[test]
@@ -436,18 +362,10 @@ fn rnr_nak_waits_the_coded_time_then_succeeds() {
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
     assert_eq!(statuses(&p.cq(B)), [(9, WcStatus::SUCCESS)]);
     // Every retry waits the responder's min_rnr_timer (code 1: 10 µs) after the RNR NAK.
-    let naks: Vec<Instant> = p
-        .log
-        .iter()
-        .filter(|e| e.4.is_some_and(|s| s >> 5 == 1))
-        .map(|e| e.0)
-        .collect();
-    let sends: Vec<Instant> = p
-        .log
-        .iter()
-        .filter(|e| e.2 == Opcode::RC_SEND_ONLY)
-        .map(|e| e.0)
-        .collect();
+    let naks: Vec<Instant> =
+        p.log.iter().filter(|e| e.4.is_some_and(|s| s >> 5 == 1)).map(|e| e.0).collect();
+    let sends: Vec<Instant> =
+        p.log.iter().filter(|e| e.2 == Opcode::RC_SEND_ONLY).map(|e| e.0).collect();
     assert!(!naks.is_empty());
     assert_eq!(sends.len(), naks.len() + 1);
     for (nak, resend) in naks.iter().zip(&sends[1..]) {
@@ -467,13 +385,7 @@ fn rnr_retries_exhausted_end_in_rnr_retry_exc_err_and_flush() {
     second.flags = SendFlags::NONE; // unsignaled: still reported once flushed
     p.post_send(A, second);
     p.run(Duration::from_secs(1));
-    assert_eq!(
-        statuses(&p.cq(A)),
-        [
-            (1, WcStatus::RNR_RETRY_EXC_ERR),
-            (2, WcStatus::WR_FLUSH_ERR)
-        ]
-    );
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::RNR_RETRY_EXC_ERR), (2, WcStatus::WR_FLUSH_ERR)]);
     assert_eq!(p.hosts[A].dev.qp_state(p.hosts[A].qp), Some(QpState::Error));
     // rnr_retry 3: the first try and three retries.
     assert_eq!(p.hosts[A].dev.counters().rnr_naks_rcvd, 4);
@@ -488,25 +400,14 @@ fn a_dead_link_ends_in_retry_exc_err_after_exactly_retry_cnt_retries() {
     p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     let t0 = p.now;
     p.run(Duration::from_secs(10));
-    assert_eq!(
-        statuses(&p.cq(A)),
-        [(1, WcStatus::RETRY_EXC_ERR), (2, WcStatus::WR_FLUSH_ERR)]
-    );
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::RETRY_EXC_ERR), (2, WcStatus::WR_FLUSH_ERR)]);
     let c = *p.hosts[A].dev.counters();
     // retry_cnt 3: three timeouts each start a retry; the fourth ends the WQE.
     assert_eq!((c.ack_timeouts, c.retry_exceeded), (4, 1));
-    assert_eq!(
-        c.retransmitted_pkts,
-        3 * 2,
-        "both SENDs go again on every retry"
-    );
+    assert_eq!(c.retransmitted_pkts, 3 * 2, "both SENDs go again on every retry");
     // Four timeouts of 4.096 µs × 2^10 each.
     let timeout = Duration::from_nanos(4096 << 10);
-    assert!(
-        p.now - t0 >= timeout.saturating_mul(4),
-        "took {}",
-        p.now - t0
-    );
+    assert!(p.now - t0 >= timeout.saturating_mul(4), "took {}", p.now - t0);
     assert!(p.now - t0 < timeout.saturating_mul(5));
 }
 
@@ -518,10 +419,7 @@ fn receive_buffer_too_small_is_loc_len_err_there_and_rem_inv_req_err_here() {
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 101)]));
     p.run(Duration::from_millis(10));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::REM_INV_REQ_ERR)]);
-    assert_eq!(
-        statuses(&p.cq(B)),
-        [(5, WcStatus::LOC_LEN_ERR), (6, WcStatus::WR_FLUSH_ERR)]
-    );
+    assert_eq!(statuses(&p.cq(B)), [(5, WcStatus::LOC_LEN_ERR), (6, WcStatus::WR_FLUSH_ERR)]);
     assert_eq!(p.hosts[A].dev.qp_state(p.hosts[A].qp), Some(QpState::Error));
     assert_eq!(p.hosts[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Error));
 }
@@ -531,9 +429,7 @@ fn receive_buffer_too_small_is_loc_len_err_there_and_rem_inv_req_err_here() {
 fn bad_rkeys_bounds_rights_and_revoked_regions_are_rem_access_err_and_touch_nothing() {
     type Twist = fn(&mut Pair, &mut SendWr);
     let cases: [(&str, Twist); 6] = [
-        ("forged rkey", |_, wr| {
-            wr.remote.as_mut().unwrap().rkey.0 ^= 0x55
-        }),
+        ("forged rkey", |_, wr| wr.remote.as_mut().unwrap().rkey.0 ^= 0x55),
         ("one byte past the region", |p, wr| {
             wr.remote.as_mut().unwrap().addr = p.hosts[B].mr.addr + BUF - 15;
         }),
@@ -549,12 +445,7 @@ fn bad_rkeys_bounds_rights_and_revoked_regions_are_rem_access_err_and_touch_noth
             let pd2 = h.dev.alloc_pd();
             let mr = h
                 .dev
-                .reg_mr(
-                    pd2,
-                    h.mr.addr,
-                    4096,
-                    Access::REMOTE_WRITE | Access::LOCAL_WRITE,
-                )
+                .reg_mr(pd2, h.mr.addr, 4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
                 .unwrap();
             wr.remote.as_mut().unwrap().rkey = mr.rkey;
         }),
@@ -562,12 +453,7 @@ fn bad_rkeys_bounds_rights_and_revoked_regions_are_rem_access_err_and_touch_noth
             let h = &mut p.hosts[B];
             let mr = h
                 .dev
-                .reg_mr(
-                    h.pd,
-                    h.mr.addr,
-                    4096,
-                    Access::LOCAL_WRITE | Access::REMOTE_READ,
-                )
+                .reg_mr(h.pd, h.mr.addr, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ)
                 .unwrap();
             wr.remote.as_mut().unwrap().rkey = mr.rkey;
         }),
@@ -575,21 +461,12 @@ fn bad_rkeys_bounds_rights_and_revoked_regions_are_rem_access_err_and_touch_noth
     for (what, twist) in cases {
         let mut p = Pair::new(Mtu::Mtu1024);
         fill(&mut p, A, 0, 16, 1);
-        let before = p.hosts[B]
-            .dev
-            .memory()
-            .buffer(p.hosts[B].mr.addr)
-            .unwrap()
-            .to_vec();
+        let before = p.hosts[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap().to_vec();
         let mut wr = write_wr(&p, 1, 0, 0, 16);
         twist(&mut p, &mut wr);
         p.post_send(A, wr);
         p.run(Duration::from_millis(10));
-        assert_eq!(
-            statuses(&p.cq(A)),
-            [(1, WcStatus::REM_ACCESS_ERR)],
-            "{what}"
-        );
+        assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::REM_ACCESS_ERR)], "{what}");
         let after = p.hosts[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap();
         assert!(after == &before[..], "{what}: memory was written");
         assert_eq!(p.hosts[B].dev.counters().err_naks_sent, 1, "{what}");
@@ -622,16 +499,9 @@ fn modify_qp_names_the_missing_attribute_and_refuses_bad_transitions() {
     let mut h = host("127.0.0.9", 3, 0);
     assert_eq!(
         h.dev.modify_qp(h.qp, &rc_attrs(QpState::Rts)),
-        Err(ModifyError::InvalidTransition {
-            from: QpState::Reset,
-            to: QpState::Rts
-        })
+        Err(ModifyError::InvalidTransition { from: QpState::Reset, to: QpState::Rts })
     );
-    let init = QpAttr {
-        pkey_index: Some(0),
-        port_num: Some(1),
-        ..rc_attrs(QpState::Init)
-    };
+    let init = QpAttr { pkey_index: Some(0), port_num: Some(1), ..rc_attrs(QpState::Init) };
     assert_eq!(
         h.dev.modify_qp(h.qp, &init),
         Err(ModifyError::MissingAttribute {
@@ -640,41 +510,21 @@ fn modify_qp_names_the_missing_attribute_and_refuses_bad_transitions() {
             to: QpState::Init
         })
     );
-    let init = QpAttr {
-        access_flags: Some(Access::NONE),
-        ..init
-    };
+    let init = QpAttr { access_flags: Some(Access::NONE), ..init };
     h.dev.modify_qp(h.qp, &init).unwrap();
-    let rtr = QpAttr {
-        path_mtu: Some(Mtu::Mtu1024),
-        ..rc_attrs(QpState::Rtr)
-    };
+    let rtr = QpAttr { path_mtu: Some(Mtu::Mtu1024), ..rc_attrs(QpState::Rtr) };
     assert!(matches!(
         h.dev.modify_qp(h.qp, &rtr),
-        Err(ModifyError::MissingAttribute {
-            attr: "IBV_QP_AV",
-            ..
-        })
+        Err(ModifyError::MissingAttribute { attr: "IBV_QP_AV", .. })
     ));
-    assert_eq!(
-        h.dev.qp_state(h.qp),
-        Some(QpState::Init),
-        "a refused modify changes nothing"
-    );
-    let bad = QpAttr {
-        retry_cnt: Some(8),
-        ..rc_attrs(QpState::Init)
-    };
+    assert_eq!(h.dev.qp_state(h.qp), Some(QpState::Init), "a refused modify changes nothing");
+    let bad = QpAttr { retry_cnt: Some(8), ..rc_attrs(QpState::Init) };
     assert!(matches!(
         h.dev.modify_qp(h.qp, &bad),
-        Err(ModifyError::InvalidValue {
-            attr: "retry_cnt",
-            ..
-        })
+        Err(ModifyError::InvalidValue { attr: "retry_cnt", .. })
     ));
     assert_eq!(
-        h.dev
-            .post_send(h.qp, SendWr::new(1, WrOpcode::Send, vec![])),
+        h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::Send, vec![])),
         Err(PostError::InvalidState(QpState::Init))
     );
 }
@@ -685,12 +535,7 @@ fn psns_far_out_of_window_and_wrong_qpns_are_dropped_and_counted() {
     for (shift, what) in [(0x40_0000u32, "ahead"), (0xC0_0000, "behind"), (0, "qpn")] {
         let mut q = Pair::new(Mtu::Mtu1024);
         q.post_recv(B, 1, 0, 64);
-        let before = q.hosts[B]
-            .dev
-            .memory()
-            .buffer(q.hosts[B].mr.addr)
-            .unwrap()
-            .to_vec();
+        let before = q.hosts[B].dev.memory().buffer(q.hosts[B].mr.addr).unwrap().to_vec();
         let qpn_b = q.hosts[B].qp;
         q.post_send(A, SendWr::new(1, WrOpcode::Send, vec![q.sge(A, 0, 64)]));
         // Take the packet off A by hand and forge it.
@@ -780,16 +625,10 @@ fn a_fenced_request_waits_for_earlier_reads() {
     wr.flags = SendFlags::SIGNALED | SendFlags::FENCE;
     p.post_send(A, wr);
     p.run(Duration::from_millis(1));
-    assert_eq!(
-        statuses(&p.cq(A)),
-        [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]
-    );
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]);
     let last_response = first_sent(&p, B, Opcode::RC_RDMA_READ_RESPONSE_LAST);
     let write = first_sent(&p, A, Opcode::RC_RDMA_WRITE_ONLY);
-    assert!(
-        write >= last_response + p.delay,
-        "the WRITE left before the READ completed"
-    );
+    assert!(write >= last_response + p.delay, "the WRITE left before the READ completed");
 
     // Without the fence the WRITE goes right behind the READ request.
     let mut q = Pair::new(Mtu::Mtu1024);
@@ -807,13 +646,7 @@ fn max_rd_atomic_limits_outstanding_reads() {
     let qp = p.hosts[A].qp;
     p.hosts[A]
         .dev
-        .modify_qp(
-            qp,
-            &QpAttr {
-                max_rd_atomic: Some(2),
-                ..rc_attrs(QpState::Rts)
-            },
-        )
+        .modify_qp(qp, &QpAttr { max_rd_atomic: Some(2), ..rc_attrs(QpState::Rts) })
         .unwrap();
     for k in 0..4 {
         p.post_send(A, read_wr(&p, k, 0x1000 * (k + 1), 0, 100));
@@ -828,10 +661,7 @@ fn max_rd_atomic_limits_outstanding_reads() {
         .collect();
     assert_eq!(requests.len(), 4);
     assert_eq!(requests[1], Instant::ZERO, "two READs may be outstanding");
-    assert!(
-        requests[2] > Instant::ZERO,
-        "the third waits for the first to complete"
-    );
+    assert!(requests[2] > Instant::ZERO, "the third waits for the first to complete");
 }
 
 #[test]
@@ -840,39 +670,19 @@ fn post_checks_name_the_rule_broken() {
     let h = &mut p.hosts[A];
     let mr = h.mr;
     let huge = vec![
-        Sge {
-            addr: mr.addr,
-            length: 1 << 30,
-            lkey: mr.lkey,
-        },
-        Sge {
-            addr: mr.addr,
-            length: 1 << 30,
-            lkey: mr.lkey,
-        },
-        Sge {
-            addr: mr.addr,
-            length: 1,
-            lkey: mr.lkey,
-        },
+        Sge { addr: mr.addr, length: 1 << 30, lkey: mr.lkey },
+        Sge { addr: mr.addr, length: 1 << 30, lkey: mr.lkey },
+        Sge { addr: mr.addr, length: 1, lkey: mr.lkey },
     ];
     assert_eq!(
         h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::Send, huge)),
         Err(PostError::MessageTooLong)
     );
     assert_eq!(
-        h.dev
-            .post_send(h.qp, SendWr::new(1, WrOpcode::RdmaWrite, vec![])),
+        h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::RdmaWrite, vec![])),
         Err(PostError::MissingRemote)
     );
-    let five = vec![
-        Sge {
-            addr: mr.addr,
-            length: 1,
-            lkey: mr.lkey
-        };
-        5
-    ];
+    let five = vec![Sge { addr: mr.addr, length: 1, lkey: mr.lkey }; 5];
     assert_eq!(
         h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::Send, five)),
         Err(PostError::TooManySge)
@@ -880,30 +690,19 @@ fn post_checks_name_the_rule_broken() {
     let mut atomic = SendWr::new(
         1,
         WrOpcode::AtomicFetchAndAdd,
-        vec![Sge {
-            addr: mr.addr,
-            length: 4,
-            lkey: mr.lkey,
-        }],
+        vec![Sge { addr: mr.addr, length: 4, lkey: mr.lkey }],
     );
-    atomic.remote = Some(RemoteAddr {
-        addr: 0,
-        rkey: mr.rkey,
-    });
+    atomic.remote = Some(RemoteAddr { addr: 0, rkey: mr.rkey });
     assert_eq!(h.dev.post_send(h.qp, atomic), Err(PostError::BadAtomicSge));
     assert_eq!(
-        h.dev
-            .post_send(h.qp, SendWr::new(1, WrOpcode::SendWithImm, vec![])),
+        h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::SendWithImm, vec![])),
         Err(PostError::MissingImm)
     );
     for k in 0..256 {
-        h.dev
-            .post_send(h.qp, SendWr::new(k, WrOpcode::Send, vec![]))
-            .unwrap();
+        h.dev.post_send(h.qp, SendWr::new(k, WrOpcode::Send, vec![])).unwrap();
     }
     assert_eq!(
-        h.dev
-            .post_send(h.qp, SendWr::new(9, WrOpcode::Send, vec![])),
+        h.dev.post_send(h.qp, SendWr::new(9, WrOpcode::Send, vec![])),
         Err(PostError::QueueFull)
     );
 }
@@ -929,15 +728,7 @@ fn a_full_cq_loses_completions_and_says_so() {
     };
     h.dev.modify_qp(qp, &access).unwrap();
     for k in 0..3 {
-        h.dev
-            .post_recv(
-                qp,
-                RecvWr {
-                    wr_id: k,
-                    sg_list: vec![],
-                },
-            )
-            .unwrap();
+        h.dev.post_recv(qp, RecvWr { wr_id: k, sg_list: vec![] }).unwrap();
     }
     h.dev.modify_qp(qp, &rc_attrs(QpState::Error)).unwrap();
     assert_eq!(h.dev.cq_len(small), 2);
@@ -959,11 +750,7 @@ fn an_rnr_nak_stands_for_the_packets_behind_it() {
     let a = *p.hosts[A].dev.counters();
     assert!(b.rnr_naks_sent >= 1);
     assert_eq!(b.rcv_seq_err, 0, "no sequence NAK on top of the RNR NAK");
-    assert_eq!(
-        b.drop_out_of_sequence,
-        3 * b.rnr_naks_sent,
-        "the rest of each try dropped"
-    );
+    assert_eq!(b.drop_out_of_sequence, 3 * b.rnr_naks_sent, "the rest of each try dropped");
     assert_eq!(a.seq_naks_rcvd, 0);
 }
 
@@ -971,16 +758,7 @@ fn an_rnr_nak_stands_for_the_packets_behind_it() {
 fn rnr_retry_seven_retries_forever() {
     let mut p = Pair::new(Mtu::Mtu1024);
     let qp = p.hosts[A].qp;
-    p.hosts[A]
-        .dev
-        .modify_qp(
-            qp,
-            &QpAttr {
-                rnr_retry: Some(7),
-                ..rc_attrs(QpState::Rts)
-            },
-        )
-        .unwrap();
+    p.hosts[A].dev.modify_qp(qp, &QpAttr { rnr_retry: Some(7), ..rc_attrs(QpState::Rts) }).unwrap();
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
     // min_rnr_timer code 1 is 10 µs: 10 ms is hundreds of RNR NAKs.
     p.run(Duration::from_millis(10));
@@ -1001,29 +779,17 @@ fn send_queue_drain_finishes_started_work_and_starts_nothing_new() {
     // The first WRITE goes on the wire; then the QP drains.
     let tx = p.hosts[A].dev.poll_transmit(now, &mut buf).unwrap();
     let qp = p.hosts[A].qp;
-    p.hosts[A]
-        .dev
-        .modify_qp(qp, &rc_attrs(QpState::Sqd))
-        .unwrap();
+    p.hosts[A].dev.modify_qp(qp, &rc_attrs(QpState::Sqd)).unwrap();
     p.post_send(A, write_wr(&p, 2, 0, 8, 8));
     let src = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
     p.hosts[B].dev.handle_datagram(now, src, &buf);
     p.run(Duration::from_millis(1));
-    assert_eq!(
-        statuses(&p.cq(A)),
-        [(1, WcStatus::SUCCESS)],
-        "the started WRITE completes"
-    );
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)], "the started WRITE completes");
     assert!(
-        !p.log
-            .iter()
-            .any(|e| e.1 == A && e.2 == Opcode::RC_RDMA_WRITE_ONLY),
+        !p.log.iter().any(|e| e.1 == A && e.2 == Opcode::RC_RDMA_WRITE_ONLY),
         "nothing new started"
     );
-    p.hosts[A]
-        .dev
-        .modify_qp(qp, &rc_attrs(QpState::Rts))
-        .unwrap();
+    p.hosts[A].dev.modify_qp(qp, &rc_attrs(QpState::Rts)).unwrap();
     p.run(Duration::from_millis(1));
     assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
 }
@@ -1036,39 +802,24 @@ fn creation_beyond_the_device_limits_is_refused() {
     assert!(attr.max_qp_rd_atom > 0);
     assert!(matches!(
         h.dev.create_cq(attr.max_cqe as usize + 1),
-        Err(CreateError::ExceedsLimit {
-            limit: "max_cqe",
-            ..
-        })
+        Err(CreateError::ExceedsLimit { limit: "max_cqe", .. })
     ));
     let mut init = QpInitAttr {
         qp_type: QpType::Rc,
         pd: h.pd,
         send_cq: h.cq,
         recv_cq: h.cq,
-        cap: QpCap {
-            max_send_sge: attr.max_sge + 1,
-            ..QpCap::default()
-        },
+        cap: QpCap { max_send_sge: attr.max_sge + 1, ..QpCap::default() },
         sq_sig_all: false,
     };
     assert!(matches!(
         h.dev.create_qp(init),
-        Err(CreateError::ExceedsLimit {
-            limit: "max_sge",
-            ..
-        })
+        Err(CreateError::ExceedsLimit { limit: "max_sge", .. })
     ));
-    init.cap = QpCap {
-        max_recv_wr: attr.max_qp_wr + 1,
-        ..QpCap::default()
-    };
+    init.cap = QpCap { max_recv_wr: attr.max_qp_wr + 1, ..QpCap::default() };
     assert!(matches!(
         h.dev.create_qp(init),
-        Err(CreateError::ExceedsLimit {
-            limit: "max_qp_wr",
-            ..
-        })
+        Err(CreateError::ExceedsLimit { limit: "max_qp_wr", .. })
     ));
     assert_eq!(h.dev.gid()[10..12], [0xff, 0xff], "IPv4-mapped GID");
 }

@@ -17,10 +17,7 @@ pub struct DeviceNode<M> {
 impl<M: MemoryAccess> DeviceNode<M> {
     /// Wraps a device.
     pub fn new(dev: Device<M>) -> Self {
-        Self {
-            dev,
-            buf: Vec::with_capacity(4200),
-        }
+        Self { dev, buf: Vec::with_capacity(4200) }
     }
 }
 
@@ -36,11 +33,7 @@ impl<M: MemoryAccess> Node for DeviceNode<M> {
     fn poll_transmit(&mut self, now: Instant) -> Option<Datagram> {
         let tx = self.dev.poll_transmit(now, &mut self.buf)?;
         let src = SocketAddr::new(self.dev.addr(), tx.src_port);
-        Some(Datagram {
-            src,
-            dst: tx.dst,
-            payload: self.buf.clone(),
-        })
+        Some(Datagram { src, dst: tx.dst, payload: self.buf.clone() })
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

@@ -185,10 +185,7 @@ impl Default for LinkConfig {
 
 /// Returns `p`, or panics naming the setting if it is not a probability (NaN included).
 fn probability(setting: &str, p: f64) -> f64 {
-    assert!(
-        (0.0..=1.0).contains(&p),
-        "LinkConfig::{setting}: {p} is not in 0..=1"
-    );
+    assert!((0.0..=1.0).contains(&p), "LinkConfig::{setting}: {p} is not in 0..=1");
     p
 }
 
@@ -335,11 +332,7 @@ impl Link {
         let index = self.stats.sent;
         self.stats.sent += 1;
         let (mut extra, mut corrupt) = (Duration::ZERO, false);
-        match self
-            .filter
-            .as_mut()
-            .map_or(Action::Pass, |f| f(datagram, index))
-        {
+        match self.filter.as_mut().map_or(Action::Pass, |f| f(datagram, index)) {
             Action::Pass => {}
             Action::Drop => {
                 self.stats.dropped_by_filter += 1;
@@ -370,9 +363,7 @@ impl Link {
             self.stats.reordered += 1;
         }
         let at = now + delay + cfg.jitter_sample(rng);
-        let copy = rng
-            .gen_bool(cfg.duplicate)
-            .then(|| now + delay + cfg.jitter_sample(rng));
+        let copy = rng.gen_bool(cfg.duplicate).then(|| now + delay + cfg.jitter_sample(rng));
         self.stats.duplicated += u64::from(copy.is_some());
         Some((at, copy))
     }
@@ -439,11 +430,7 @@ impl<N: Node> Fabric<N> {
     pub fn add_node(&mut self, node: N) -> usize {
         let index = self.nodes.len();
         let prior = self.routes.insert(node.addr(), index);
-        assert!(
-            prior.is_none(),
-            "Fabric::add_node: two nodes at {}",
-            node.addr()
-        );
+        assert!(prior.is_none(), "Fabric::add_node: two nodes at {}", node.addr());
         self.nodes.push(node);
         let (seed, cfg) = (self.seed, &self.default_link);
         let link = |from, to| Link {
@@ -455,8 +442,7 @@ impl<N: Node> Fabric<N> {
         for (from, row) in self.links.iter_mut().enumerate() {
             row.push(link(from, index));
         }
-        self.links
-            .push((0..=index).map(|to| link(index, to)).collect());
+        self.links.push((0..=index).map(|to| link(index, to)).collect());
         index
     }
 
@@ -621,10 +607,7 @@ impl<N: Node> Fabric<N> {
         let soonest_timeout = self.now + Duration::from_nanos(1);
         let timeouts = self.nodes.iter().filter_map(|n| n.poll_timeout());
         let delivery = self.in_flight.keys().next().map(|&(t, _)| t);
-        timeouts
-            .map(|t| t.max(soonest_timeout))
-            .chain(delivery)
-            .min()
+        timeouts.map(|t| t.max(soonest_timeout)).chain(delivery).min()
     }
 
     /// Captures `datagram`, routes it and puts it (and any duplicate) in flight.
@@ -780,15 +763,8 @@ mod tests {
     fn pair(seed: u64, cfg: LinkConfig, echo: bool) -> Fabric<TestNode> {
         let mut f = Fabric::new(seed);
         f.set_all_links(cfg);
-        f.add_node(TestNode {
-            host: 1,
-            ..TestNode::default()
-        });
-        f.add_node(TestNode {
-            host: 2,
-            echo,
-            ..TestNode::default()
-        });
+        f.add_node(TestNode { host: 1, ..TestNode::default() });
+        f.add_node(TestNode { host: 2, echo, ..TestNode::default() });
         f
     }
 
@@ -836,11 +812,7 @@ mod tests {
         let a = trace(42, [(0, 1), (1, 0)]);
         assert!(a.0.len() > 400 && a.2.lost > 0 && a.2.duplicated > 0 && a.2.corrupted > 0);
         assert_eq!(a, trace(42, [(0, 1), (1, 0)]));
-        assert_eq!(
-            a,
-            trace(42, [(1, 0), (0, 1)]),
-            "configuration order must not matter"
-        );
+        assert_eq!(a, trace(42, [(1, 0), (0, 1)]), "configuration order must not matter");
         assert_ne!(a, trace(43, [(0, 1), (1, 0)]));
     }
 
@@ -867,10 +839,7 @@ mod tests {
         };
         let cfg = LinkConfig::default();
         assert_eq!(in_order(cfg.clone()), (true, 0));
-        assert_eq!(
-            in_order(cfg.clone().jitter(Duration::from_micros(3))),
-            (false, 0)
-        );
+        assert_eq!(in_order(cfg.clone().jitter(Duration::from_micros(3))), (false, 0));
         let (sorted, held) = in_order(cfg.reorder(0.1, Duration::from_micros(5)));
         assert!(!sorted && (50..=150).contains(&held), "held {held}");
     }
@@ -896,11 +865,7 @@ mod tests {
         assert_eq!(rx.len(), 100);
         for (i, (_, d)) in (0..).zip(rx) {
             let sent = numbered_to(2, i).payload;
-            let flips = d
-                .payload
-                .iter()
-                .zip(sent)
-                .map(|(a, b)| (a ^ b).count_ones());
+            let flips = d.payload.iter().zip(sent).map(|(a, b)| (a ^ b).count_ones());
             assert_eq!(flips.sum::<u32>(), 1, "datagram {i}");
         }
         assert_eq!(f.link_stats(0, 1).corrupted, 100);
@@ -919,11 +884,7 @@ mod tests {
     #[test]
     fn filter_drops_exactly_the_third_datagram_and_can_delay() {
         let mut f = pair(8, LinkConfig::default(), false);
-        f.set_filter(
-            0,
-            1,
-            |_, i| if i == 2 { Action::Drop } else { Action::Pass },
-        );
+        f.set_filter(0, 1, |_, i| if i == 2 { Action::Drop } else { Action::Pass });
         numbered(&mut f, 5, Duration::from_micros(1));
         run_idle(&mut f);
         assert_eq!(f.node(1).numbers(), [0, 1, 3, 4]);
@@ -947,19 +908,14 @@ mod tests {
         f.set_filter(0, 1, move |d, _| {
             let is_ack = bth_of(d).opcode() == Opcode::RC_ACKNOWLEDGE;
             acks += u32::from(is_ack);
-            if is_ack && acks == 3 {
-                Action::Drop
-            } else {
-                Action::Pass
-            }
+            if is_ack && acks == 3 { Action::Drop } else { Action::Pass }
         });
         for psn in 0..10u32 {
             let opcode = [Opcode::RC_SEND_ONLY, Opcode::RC_ACKNOWLEDGE][psn as usize % 2];
             let mut d = numbered_to(2, 0);
             d.payload.truncate(bth::HEADER_LEN);
             let repr = bth::Repr::new(opcode, Qpn::from_masked(0x11), Psn::from_masked(psn));
-            repr.emit(&mut bth::Packet::new_unchecked(&mut d.payload[..]))
-                .unwrap();
+            repr.emit(&mut bth::Packet::new_unchecked(&mut d.payload[..])).unwrap();
             f.node_mut(0).scheduled.push_back((Instant::ZERO, d));
         }
         run_idle(&mut f);
@@ -1074,13 +1030,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "seed 6 failed: boom\nrerun exactly this seed: UROCE_SEED_BASE=6")]
     fn sweep_names_the_failing_seed() {
-        sweep_seeds(5..8, |seed| {
-            if seed == 6 {
-                Err("boom".into())
-            } else {
-                Ok(())
-            }
-        });
+        sweep_seeds(5..8, |seed| if seed == 6 { Err("boom".into()) } else { Ok(()) });
     }
 
     #[test]

@@ -10,10 +10,7 @@
 //! `UROCE_SEED_BASE` and `UROCE_SEEDS` choose the seeds (`cargo test --release -p uroce-sim
 //! --test rc_sweep`); a failure names the seed and the command that reruns exactly it.
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
-#![allow(
-    clippy::cast_possible_truncation,
-    reason = "test sizes and offsets are small"
-)]
+#![allow(clippy::cast_possible_truncation, reason = "test sizes and offsets are small")]
 
 use std::net::IpAddr;
 
@@ -104,21 +101,13 @@ fn plan(rng: &mut Rng, max_len: u64) -> Plan {
         let n = rng.gen_range(8..40);
         for _ in 0..n {
             let kind = match rng.gen_range(0..100) {
-                0..=24 => Kind::Send {
-                    imm: rng.gen_bool(0.3),
-                },
-                25..=49 => Kind::Write {
-                    imm: rng.gen_bool(0.2),
-                },
+                0..=24 => Kind::Send { imm: rng.gen_bool(0.3) },
+                25..=49 => Kind::Write { imm: rng.gen_bool(0.2) },
                 50..=74 => Kind::Read,
-                75..=87 => Kind::FetchAdd {
-                    add: rng.gen_range(1..1000),
-                },
+                75..=87 => Kind::FetchAdd { add: rng.gen_range(1..1000) },
                 _ => {
                     cas_steps[host] += 1;
-                    Kind::CompareSwap {
-                        step: cas_steps[host],
-                    }
+                    Kind::CompareSwap { step: cas_steps[host] }
                 }
             };
             let len = match kind {
@@ -131,19 +120,10 @@ fn plan(rng: &mut Rng, max_len: u64) -> Plan {
                 Kind::CompareSwap { .. } => cas_word,
                 _ => alloc[peer].take(u64::from(len)),
             };
-            list.push(Op {
-                kind,
-                len,
-                local,
-                remote,
-            });
+            list.push(Op { kind, len, local, remote });
         }
     }
-    Plan {
-        ops,
-        counter,
-        cas_word,
-    }
+    Plan { ops, counter, cas_word }
 }
 
 struct Host {
@@ -167,11 +147,7 @@ fn setup(seed: u64, mtu: Mtu) -> (Fabric<DeviceNode<VecMemory>>, [Host; 2]) {
             | Access::REMOTE_READ
             | Access::REMOTE_ATOMIC;
         let mr = dev.reg_mr(pd, BASE[i], MEM, all).unwrap();
-        let cap = QpCap {
-            max_send_wr: 64,
-            max_recv_wr: 64,
-            ..QpCap::default()
-        };
+        let cap = QpCap { max_send_wr: 64, max_recv_wr: 64, ..QpCap::default() };
         let qp = dev
             .create_qp(QpInitAttr {
                 qp_type: QpType::Rc,
@@ -187,19 +163,14 @@ fn setup(seed: u64, mtu: Mtu) -> (Fabric<DeviceNode<VecMemory>>, [Host; 2]) {
     }
     let hosts: [Host; 2] = hosts.try_into().ok().unwrap();
     let mut rng = Rng::new(seed ^ 0x5EED);
-    let start_psn = [
-        Psn::from_masked(rng.next_u64() as u32),
-        Psn::from_masked(rng.next_u64() as u32),
-    ];
+    let start_psn =
+        [Psn::from_masked(rng.next_u64() as u32), Psn::from_masked(rng.next_u64() as u32)];
     for i in 0..2 {
         let peer = 1 - i;
         let dev = &mut fabric.node_mut(i).dev;
         let qp = hosts[i].qp;
         let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-        let attr = |state| QpAttr {
-            state: Some(state),
-            ..QpAttr::default()
-        };
+        let attr = |state| QpAttr { state: Some(state), ..QpAttr::default() };
         dev.modify_qp(
             qp,
             &QpAttr {
@@ -244,16 +215,11 @@ fn run_seed(seed: u64) -> Result<(), String> {
     let loss = [0.0, 0.001, 0.01, 0.1][(seed % 4) as usize];
     let mixed = (seed / 4) % 2 == 1;
     let mtu = Mtu::ALL[rng.gen_range(0..5) as usize];
-    let mut link = LinkConfig::default()
-        .delay(Duration::from_micros(2))
-        .loss(loss);
+    let mut link = LinkConfig::default().delay(Duration::from_micros(2)).loss(loss);
     if mixed {
         // Reordering as networks do it, rarely: jitter would shuffle every burst (the fabric
         // sends back-to-back packets at one instant) and go-back-N is built for in-order links.
-        link = link
-            .duplicate(0.01)
-            .corrupt(0.002)
-            .reorder(0.01, Duration::from_micros(20));
+        link = link.duplicate(0.01).corrupt(0.002).reorder(0.01, Duration::from_micros(20));
     }
     // Go-back-N makes a long READ under heavy loss quadratic (every loss replays the rest of
     // the READ), as on hardware; at 10 % loss messages stop at 256 KiB so a run stays bounded.
@@ -281,12 +247,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 Kind::FetchAdd { .. } | Kind::CompareSwap { .. } => continue,
                 _ => (host, op.local),
             };
-            let buf = fabric
-                .node_mut(who)
-                .dev
-                .memory_mut()
-                .buffer_mut(BASE[who])
-                .unwrap();
+            let buf = fabric.node_mut(who).dev.memory_mut().buffer_mut(BASE[who]).unwrap();
             buf[at as usize..at as usize + data.len()].copy_from_slice(&data);
         }
     }
@@ -310,18 +271,10 @@ fn run_seed(seed: u64) -> Result<(), String> {
             };
             let wr = RecvWr {
                 wr_id: k as u64,
-                sg_list: if matches!(op.kind, Kind::Send { .. }) {
-                    vec![sge]
-                } else {
-                    vec![]
-                },
+                sg_list: if matches!(op.kind, Kind::Send { .. }) { vec![sge] } else { vec![] },
             };
             if n < now_count {
-                fabric
-                    .node_mut(peer)
-                    .dev
-                    .post_recv(hosts[peer].qp, wr)
-                    .unwrap();
+                fabric.node_mut(peer).dev.post_recv(hosts[peer].qp, wr).unwrap();
             } else {
                 late[peer].push(wr);
             }
@@ -339,31 +292,19 @@ fn run_seed(seed: u64) -> Result<(), String> {
             while posted[host] < plan.ops[host].len() && posted[host] - sent_wcs[host].len() < 64 {
                 let k = posted[host];
                 let op = plan.ops[host][k];
-                let sge = Sge {
-                    addr: BASE[host] + op.local,
-                    length: op.len,
-                    lkey: hosts[host].mr.lkey,
-                };
-                let remote = Some(RemoteAddr {
-                    addr: BASE[peer] + op.remote,
-                    rkey: hosts[peer].mr.rkey,
-                });
+                let sge =
+                    Sge { addr: BASE[host] + op.local, length: op.len, lkey: hosts[host].mr.lkey };
+                let remote =
+                    Some(RemoteAddr { addr: BASE[peer] + op.remote, rkey: hosts[peer].mr.rkey });
                 let mut wr = SendWr::new(k as u64, WrOpcode::Send, vec![sge]);
                 match op.kind {
                     Kind::Send { imm } => {
-                        wr.opcode = if imm {
-                            WrOpcode::SendWithImm
-                        } else {
-                            WrOpcode::Send
-                        };
+                        wr.opcode = if imm { WrOpcode::SendWithImm } else { WrOpcode::Send };
                         wr.imm = imm.then_some((k as u32).to_be_bytes());
                     }
                     Kind::Write { imm } => {
-                        wr.opcode = if imm {
-                            WrOpcode::RdmaWriteWithImm
-                        } else {
-                            WrOpcode::RdmaWrite
-                        };
+                        wr.opcode =
+                            if imm { WrOpcode::RdmaWriteWithImm } else { WrOpcode::RdmaWrite };
                         wr.imm = imm.then_some((k as u32).to_be_bytes());
                         wr.remote = remote;
                     }
@@ -396,20 +337,13 @@ fn run_seed(seed: u64) -> Result<(), String> {
             late_posted = true;
             for host in 0..2 {
                 for wr in late[host].drain(..) {
-                    fabric
-                        .node_mut(host)
-                        .dev
-                        .post_recv(hosts[host].qp, wr)
-                        .unwrap();
+                    fabric.node_mut(host).dev.post_recv(hosts[host].qp, wr).unwrap();
                 }
             }
         }
         for host in 0..2 {
             let mut wcs = Vec::new();
-            fabric
-                .node_mut(host)
-                .dev
-                .poll_cq(hosts[host].cq, usize::MAX, &mut wcs);
+            fabric.node_mut(host).dev.poll_cq(hosts[host].cq, usize::MAX, &mut wcs);
             for wc in wcs {
                 if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
                     recv_wcs[host].push(wc);
@@ -472,16 +406,11 @@ fn check(
         let ids: Vec<u64> = sent[host].iter().map(|w| w.wr_id).collect();
         let want: Vec<u64> = (0..plan.ops[host].len() as u64).collect();
         if ids != want {
-            return Err(format!(
-                "host {host}: completions {ids:?}, expected {want:?}"
-            ));
+            return Err(format!("host {host}: completions {ids:?}, expected {want:?}"));
         }
         if let Some(bad) = sent[host].iter().find(|w| w.status != WcStatus::SUCCESS) {
             let c = fabric.node(host).dev.counters();
-            return Err(format!(
-                "host {host}: {bad:?} at {}; counters {c:?}",
-                fabric.now()
-            ));
+            return Err(format!("host {host}: {bad:?} at {}; counters {c:?}", fabric.now()));
         }
         let mut expected_recvs = Vec::new();
         let mut fetch_sum = 0u64;
@@ -552,24 +481,19 @@ fn check(
         // Atomics applied exactly once: the counter holds the sum, the CAS word the last step.
         let counter = u64::from_ne_bytes(theirs[plan.counter as usize..][..8].try_into().unwrap());
         let cas = u64::from_ne_bytes(theirs[plan.cas_word as usize..][..8].try_into().unwrap());
-        let steps = plan.ops[host]
-            .iter()
-            .filter(|o| matches!(o.kind, Kind::CompareSwap { .. }))
-            .count() as u64;
+        let steps =
+            plan.ops[host].iter().filter(|o| matches!(o.kind, Kind::CompareSwap { .. })).count()
+                as u64;
         if counter != fetch_sum || cas != steps {
             return Err(format!(
                 "host {host}: counter {counter} (want {fetch_sum}), CAS word {cas} (want {steps})"
             ));
         }
         // The peer's receive completions, in order, exactly the SENDs and WRITEs with immediate.
-        let got: Vec<(u64, WcOpcode, u32, Option<[u8; 4]>)> = recv[peer]
-            .iter()
-            .map(|w| (w.wr_id, w.opcode, w.byte_len, w.imm))
-            .collect();
+        let got: Vec<(u64, WcOpcode, u32, Option<[u8; 4]>)> =
+            recv[peer].iter().map(|w| (w.wr_id, w.opcode, w.byte_len, w.imm)).collect();
         if got != expected_recvs {
-            return Err(format!(
-                "host {peer} receives {got:?}, expected {expected_recvs:?}"
-            ));
+            return Err(format!("host {peer} receives {got:?}, expected {expected_recvs:?}"));
         }
         if let Some(bad) = recv[peer].iter().find(|w| w.status != WcStatus::SUCCESS) {
             return Err(format!("host {peer}: {bad:?}"));
@@ -606,35 +530,18 @@ fn a_link_dead_longer_than_the_retry_budget_ends_in_retry_exc_err_and_flushes() 
     fabric.set_link(0, 1, dead);
     let dev = &mut fabric.node_mut(0).dev;
     for k in 0..5u64 {
-        let sge = Sge {
-            addr: BASE[0],
-            length: 100,
-            lkey: hosts[0].mr.lkey,
-        };
+        let sge = Sge { addr: BASE[0], length: 100, lkey: hosts[0].mr.lkey };
         let mut wr = SendWr::new(k, WrOpcode::RdmaWrite, vec![sge]);
-        wr.remote = Some(RemoteAddr {
-            addr: BASE[1],
-            rkey: hosts[1].mr.rkey,
-        });
+        wr.remote = Some(RemoteAddr { addr: BASE[1], rkey: hosts[1].mr.rkey });
         dev.post_send(hosts[0].qp, wr).unwrap();
     }
     fabric.run_for(Duration::from_millis(100));
     let mut wcs = Vec::new();
-    fabric
-        .node_mut(0)
-        .dev
-        .poll_cq(hosts[0].cq, usize::MAX, &mut wcs);
+    fabric.node_mut(0).dev.poll_cq(hosts[0].cq, usize::MAX, &mut wcs);
     let got: Vec<(u64, WcStatus)> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
     let mut want = vec![(0, WcStatus::RETRY_EXC_ERR)];
     want.extend((1..5).map(|k| (k, WcStatus::WR_FLUSH_ERR)));
     assert_eq!(got, want);
-    assert_eq!(
-        fabric.node(0).dev.qp_state(hosts[0].qp),
-        Some(QpState::Error)
-    );
-    assert_eq!(
-        fabric.node(0).dev.counters().ack_timeouts,
-        8,
-        "seven retries, then the error"
-    );
+    assert_eq!(fabric.node(0).dev.qp_state(hosts[0].qp), Some(QpState::Error));
+    assert_eq!(fabric.node(0).dev.counters().ack_timeouts, 8, "seven retries, then the error");
 }

@@ -19,13 +19,9 @@ fn packet(payload_len: usize) -> (PseudoHeader, Vec<u8>) {
     )
     .unwrap();
     let payload: Vec<u8> = (0..=255u8).cycle().take(payload_len).collect();
-    let repr = examples::packet_for(
-        Opcode::RC_SEND_ONLY,
-        Qpn::from_masked(0x11),
-        Psn::ZERO,
-        &payload,
-    )
-    .unwrap();
+    let repr =
+        examples::packet_for(Opcode::RC_SEND_ONLY, Qpn::from_masked(0x11), Psn::ZERO, &payload)
+            .unwrap();
     let mut buf = vec![0u8; repr.buffer_len().unwrap()];
     repr.emit(&pseudo, &mut buf).unwrap();
     (pseudo, buf)
@@ -38,28 +34,16 @@ fn bench(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(buf.len() as u64));
         group.bench_function("icrc_verify+parse", |b| {
             b.iter(|| {
-                PacketRepr::parse(black_box(&buf), black_box(&pseudo))
-                    .unwrap()
-                    .repr
-                    .payload
-                    .len()
+                PacketRepr::parse(black_box(&buf), black_box(&pseudo)).unwrap().repr.payload.len()
             })
         });
         group.bench_function("parse_ignoring_icrc", |b| {
-            b.iter(|| {
-                PacketRepr::parse_ignoring_icrc(black_box(&buf))
-                    .unwrap()
-                    .repr
-                    .payload
-                    .len()
-            })
+            b.iter(|| PacketRepr::parse_ignoring_icrc(black_box(&buf)).unwrap().repr.payload.len())
         });
         group.bench_function("icrc_verify", |b| {
             b.iter(|| uroce_wire::icrc::verify(black_box(&pseudo), black_box(&buf)).is_ok())
         });
-        group.bench_function("crc32fast::hash", |b| {
-            b.iter(|| crc32fast::hash(black_box(&buf)))
-        });
+        group.bench_function("crc32fast::hash", |b| b.iter(|| crc32fast::hash(black_box(&buf))));
         group.finish();
     }
 }

@@ -61,11 +61,7 @@ impl CreditCode {
     }
     /// The number of receive WQEs advertised, `None` for unlimited.
     pub const fn credits(self) -> Option<u32> {
-        if self.0 as usize >= CREDITS.len() {
-            None
-        } else {
-            Some(CREDITS[self.0 as usize])
-        }
+        if self.0 as usize >= CREDITS.len() { None } else { Some(CREDITS[self.0 as usize]) }
     }
     /// The largest code whose credit count does not exceed `available`: what a responder with
     /// that many posted receive WQEs advertises.
@@ -194,10 +190,7 @@ impl Repr {
     /// Reads an AETH. Every syndrome byte is representable, so only length can fail.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
-        Ok(Self {
-            syndrome: packet.syndrome(),
-            msn: packet.msn(),
-        })
+        Ok(Self { syndrome: packet.syndrome(), msn: packet.msn() })
     }
     /// Length of the emitted header.
     pub const fn buffer_len(&self) -> usize {
@@ -229,22 +222,10 @@ mod tests {
 
     #[test]
     fn syndrome_kinds() {
-        assert_eq!(
-            Syndrome::from_byte(0x1F),
-            Syndrome::Ack(CreditCode::UNLIMITED)
-        );
-        assert_eq!(
-            Syndrome::from_byte(0x2E),
-            Syndrome::RnrNak(RnrTimer::from_masked(14))
-        );
-        assert_eq!(
-            Syndrome::from_byte(0x60),
-            Syndrome::Nak(NakCode::PSN_SEQUENCE_ERROR)
-        );
-        assert_eq!(
-            Syndrome::from_byte(0x62),
-            Syndrome::Nak(NakCode::REMOTE_ACCESS_ERROR)
-        );
+        assert_eq!(Syndrome::from_byte(0x1F), Syndrome::Ack(CreditCode::UNLIMITED));
+        assert_eq!(Syndrome::from_byte(0x2E), Syndrome::RnrNak(RnrTimer::from_masked(14)));
+        assert_eq!(Syndrome::from_byte(0x60), Syndrome::Nak(NakCode::PSN_SEQUENCE_ERROR));
+        assert_eq!(Syndrome::from_byte(0x62), Syndrome::Nak(NakCode::REMOTE_ACCESS_ERROR));
         assert_eq!(Syndrome::from_byte(0x40), Syndrome::Reserved(0x40));
         assert_eq!(Syndrome::from_byte(0x80), Syndrome::Reserved(0x80));
     }

@@ -35,9 +35,7 @@ impl Repr {
     /// Reads an AtomicAckETH.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
-        Ok(Self {
-            orig: packet.orig(),
-        })
+        Ok(Self { orig: packet.orig() })
     }
     /// Length of the emitted header.
     pub const fn buffer_len(&self) -> usize {

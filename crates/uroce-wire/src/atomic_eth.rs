@@ -102,20 +102,12 @@ mod tests {
 
     #[test]
     fn parse_emit_roundtrip() {
-        let repr = Repr {
-            va: 0x1000_0008,
-            rkey: RKey(0x1234),
-            swap_add: 7,
-            compare: u64::MAX,
-        };
+        let repr = Repr { va: 0x1000_0008, rkey: RKey(0x1234), swap_add: 7, compare: u64::MAX };
         let mut out = [0u8; HEADER_LEN];
         repr.emit(&mut Packet::new_unchecked(&mut out[..]));
         assert_eq!(&out[..8], &[0, 0, 0, 0, 0x10, 0, 0, 0x08]);
         assert_eq!(&out[20..], &[0xff; 8]);
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&out[..]).unwrap()),
-            Ok(repr)
-        );
+        assert_eq!(Repr::parse(&Packet::new_checked(&out[..]).unwrap()), Ok(repr));
         assert!(Packet::new_checked(&out[..27]).is_err());
     }
 }

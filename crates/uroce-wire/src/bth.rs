@@ -279,9 +279,8 @@ mod tests {
     use super::*;
 
     // RC SEND_ONLY from Linux rxe (the `rxe_rc_send_only` vector): AckReq, dest QP 0x3b.
-    const BYTES: [u8; 12] = [
-        0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x3b, 0x80, 0x72, 0x7d, 0x6d,
-    ];
+    const BYTES: [u8; 12] =
+        [0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x3b, 0x80, 0x72, 0x7d, 0x6d];
 
     #[test]
     fn deconstruct() {
@@ -305,16 +304,10 @@ mod tests {
 
     #[test]
     fn rejects_short_buffer_and_nonzero_tver() {
-        assert_eq!(
-            Packet::new_checked(&BYTES[..11]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&BYTES[..11]).unwrap_err(), Error::Truncated);
         let mut b = BYTES;
         b[1] |= 0x01;
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&b[..])),
-            Err(Error::BadTver(1))
-        );
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&b[..])), Err(Error::BadTver(1)));
     }
 
     #[test]

@@ -51,10 +51,7 @@ impl Repr {
     /// Reads a DETH.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
-        Ok(Self {
-            qkey: packet.qkey(),
-            src_qp: packet.src_qp(),
-        })
+        Ok(Self { qkey: packet.qkey(), src_qp: packet.src_qp() })
     }
     /// Length of the emitted header.
     pub const fn buffer_len(&self) -> usize {
@@ -82,13 +79,7 @@ mod tests {
     fn parse_emit_roundtrip() {
         let bytes = [0x80, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x11];
         let repr = Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).unwrap();
-        assert_eq!(
-            repr,
-            Repr {
-                qkey: QKey(0x8001_0000),
-                src_qp: Qpn::from_masked(0x11)
-            }
-        );
+        assert_eq!(repr, Repr { qkey: QKey(0x8001_0000), src_qp: Qpn::from_masked(0x11) });
         let mut out = [0xAAu8; HEADER_LEN];
         repr.emit(&mut Packet::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);

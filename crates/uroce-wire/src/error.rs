@@ -74,16 +74,10 @@ impl fmt::Display for Error {
             Self::BadPadCount(n) => write!(f, "pad count {n} does not fit the payload"),
             Self::UnexpectedPayload => f.write_str("payload on an opcode that carries none"),
             Self::IcrcMismatch { found, computed } => {
-                write!(
-                    f,
-                    "ICRC mismatch: packet has {found:#010x}, bytes give {computed:#010x}"
-                )
+                write!(f, "ICRC mismatch: packet has {found:#010x}, bytes give {computed:#010x}")
             }
             Self::HeaderMismatch(op) => {
-                write!(
-                    f,
-                    "extension headers do not match those opcode {op} requires"
-                )
+                write!(f, "extension headers do not match those opcode {op} requires")
             }
             Self::BufferTooSmall => f.write_str("output buffer too small for the packet"),
             Self::FieldOutOfRange => f.write_str("a field value is outside its range"),

@@ -22,39 +22,22 @@ pub fn ext_headers_for(opcode: Opcode) -> Option<ExtHeaders> {
             }
             ExtHeader::Aeth => {
                 let syndrome = Syndrome::Ack(CreditCode::UNLIMITED);
-                ext.aeth = Some(aeth::Repr {
-                    syndrome,
-                    msn: Msn::from_masked(42),
-                });
+                ext.aeth = Some(aeth::Repr { syndrome, msn: Msn::from_masked(42) });
             }
             ExtHeader::AtomicEth => {
                 ext.atomic_eth = Some(atomic_eth::Repr {
                     va: 0x7f00_dead_c008,
                     rkey: RKey(0x1234_5678),
                     swap_add: 1,
-                    compare: if opcode == Opcode::RC_COMPARE_SWAP {
-                        0x55
-                    } else {
-                        0
-                    },
+                    compare: if opcode == Opcode::RC_COMPARE_SWAP { 0x55 } else { 0 },
                 });
             }
             ExtHeader::AtomicAckEth => ext.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig: 41 }),
-            ExtHeader::ImmDt => {
-                ext.immdt = Some(immdt::Repr {
-                    imm: [0xca, 0xfe, 0xf0, 0x0d],
-                })
-            }
-            ExtHeader::Ieth => {
-                ext.ieth = Some(ieth::Repr {
-                    rkey: RKey(0x1234_5678),
-                })
-            }
+            ExtHeader::ImmDt => ext.immdt = Some(immdt::Repr { imm: [0xca, 0xfe, 0xf0, 0x0d] }),
+            ExtHeader::Ieth => ext.ieth = Some(ieth::Repr { rkey: RKey(0x1234_5678) }),
             ExtHeader::Deth => {
-                ext.deth = Some(deth::Repr {
-                    qkey: QKey(0x1111_1111),
-                    src_qp: Qpn::from_masked(0x12),
-                });
+                ext.deth =
+                    Some(deth::Repr { qkey: QKey(0x1111_1111), src_qp: Qpn::from_masked(0x12) });
             }
             ExtHeader::CnpReserved => {}
         }
@@ -76,11 +59,7 @@ pub fn packet_for(
     if info.transport == crate::Transport::Cnp {
         bth.becn = true;
     }
-    let payload = if info.has(OpFlags::PAYLOAD) {
-        payload
-    } else {
-        &[]
-    };
+    let payload = if info.has(OpFlags::PAYLOAD) { payload } else { &[] };
     Some(PacketRepr::new(bth, ext_headers_for(opcode)?, payload))
 }
 
@@ -116,12 +95,8 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
     let b6: SocketAddr = "[fd00::3]:4791".parse().unwrap_or(b);
     let (qp_a, qp_b) = (Qpn::from_masked(0x11), Qpn::from_masked(0x12));
     let rkey = RKey(0x0042_1a07);
-    let data: Vec<u8> = b"uroce: RDMA that runs anywhere. "
-        .iter()
-        .copied()
-        .cycle()
-        .take(2500)
-        .collect();
+    let data: Vec<u8> =
+        b"uroce: RDMA that runs anywhere. ".iter().copied().cycle().take(2500).collect();
 
     let mut out = Vec::new();
     let t = core::cell::Cell::new(Duration::new(1_767_225_600, 0)); // 2026-01-01T00:00:00Z
@@ -132,13 +107,7 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
         let Ok(len) = repr.buffer_len() else { return };
         let mut bytes = vec![0u8; len];
         if repr.emit(&pseudo, &mut bytes).is_ok() {
-            out.push(SamplePacket {
-                ts: t.get(),
-                src,
-                dst,
-                bytes,
-                note,
-            });
+            out.push(SamplePacket { ts: t.get(), src, dst, bytes, note });
         }
         t.set(t.get() + Duration::from_micros(9));
     };
@@ -149,29 +118,17 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
     };
     let resp = |op: Opcode, psn: u32| bth::Repr::new(op, qp_a, Psn::from_masked(psn));
     let ack = |syndrome: Syndrome, msn: u32| ExtHeaders {
-        aeth: Some(aeth::Repr {
-            syndrome,
-            msn: Msn::from_masked(msn),
-        }),
+        aeth: Some(aeth::Repr { syndrome, msn: Msn::from_masked(msn) }),
         ..ExtHeaders::default()
     };
     let acked = Syndrome::Ack(CreditCode::from_masked(12));
     let reth = |len: u32| ExtHeaders {
-        reth: Some(reth::Repr {
-            va: 0x7f3a_2000_0000,
-            rkey,
-            dma_len: len,
-        }),
+        reth: Some(reth::Repr { va: 0x7f3a_2000_0000, rkey, dma_len: len }),
         ..ExtHeaders::default()
     };
     let none = ExtHeaders::default();
 
-    push(
-        a,
-        b,
-        PacketRepr::new(req(Opcode::RC_SEND_ONLY, 100, true), none, &data[..64]),
-        "RC SEND",
-    );
+    push(a, b, PacketRepr::new(req(Opcode::RC_SEND_ONLY, 100, true), none, &data[..64]), "RC SEND");
     push(
         b_src,
         a_dst,
@@ -181,31 +138,19 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
     push(
         a,
         b,
-        PacketRepr::new(
-            req(Opcode::RC_RDMA_WRITE_FIRST, 101, false),
-            reth(2500),
-            &data[..1024],
-        ),
+        PacketRepr::new(req(Opcode::RC_RDMA_WRITE_FIRST, 101, false), reth(2500), &data[..1024]),
         "WRITE",
     );
     push(
         a,
         b,
-        PacketRepr::new(
-            req(Opcode::RC_RDMA_WRITE_MIDDLE, 102, false),
-            none,
-            &data[1024..2048],
-        ),
+        PacketRepr::new(req(Opcode::RC_RDMA_WRITE_MIDDLE, 102, false), none, &data[1024..2048]),
         "WRITE",
     );
     push(
         a,
         b,
-        PacketRepr::new(
-            req(Opcode::RC_RDMA_WRITE_LAST, 103, true),
-            none,
-            &data[2048..],
-        ),
+        PacketRepr::new(req(Opcode::RC_RDMA_WRITE_LAST, 103, true), none, &data[2048..]),
         "WRITE",
     );
     push(
@@ -218,11 +163,7 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
     push(
         a,
         b,
-        PacketRepr::new(
-            req(Opcode::RC_RDMA_READ_REQUEST, 104, true),
-            reth(1500),
-            &[],
-        ),
+        PacketRepr::new(req(Opcode::RC_RDMA_READ_REQUEST, 104, true), reth(1500), &[]),
         "READ",
     );
     push(
@@ -246,20 +187,10 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
         "READ response",
     );
     let fadd = ExtHeaders {
-        atomic_eth: Some(atomic_eth::Repr {
-            va: 0x7f3a_2000_1000,
-            rkey,
-            swap_add: 1,
-            compare: 0,
-        }),
+        atomic_eth: Some(atomic_eth::Repr { va: 0x7f3a_2000_1000, rkey, swap_add: 1, compare: 0 }),
         ..ExtHeaders::default()
     };
-    push(
-        a,
-        b,
-        PacketRepr::new(req(Opcode::RC_FETCH_ADD, 106, true), fadd, &[]),
-        "FETCH_ADD",
-    );
+    push(a, b, PacketRepr::new(req(Opcode::RC_FETCH_ADD, 106, true), fadd, &[]), "FETCH_ADD");
     let mut aack = ack(acked, 4);
     aack.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig: 41 });
     push(
@@ -268,18 +199,12 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
         PacketRepr::new(resp(Opcode::RC_ATOMIC_ACKNOWLEDGE, 106), aack, &[]),
         "atomic ACK",
     );
-    let imm = ExtHeaders {
-        immdt: Some(immdt::Repr { imm: [0, 0, 0, 7] }),
-        ..ExtHeaders::default()
-    };
+    let imm =
+        ExtHeaders { immdt: Some(immdt::Repr { imm: [0, 0, 0, 7] }), ..ExtHeaders::default() };
     push(
         a,
         b,
-        PacketRepr::new(
-            req(Opcode::RC_SEND_ONLY_WITH_IMMEDIATE, 107, true),
-            imm,
-            &data[..32],
-        ),
+        PacketRepr::new(req(Opcode::RC_SEND_ONLY_WITH_IMMEDIATE, 107, true), imm, &data[..32]),
         "SEND, no receive posted",
     );
     push(
@@ -296,11 +221,7 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
     push(
         a,
         b,
-        PacketRepr::new(
-            req(Opcode::RC_SEND_ONLY_WITH_IMMEDIATE, 107, true),
-            imm,
-            &data[..32],
-        ),
+        PacketRepr::new(req(Opcode::RC_SEND_ONLY_WITH_IMMEDIATE, 107, true), imm, &data[..32]),
         "SEND retried",
     );
     push(
@@ -313,11 +234,7 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
     push(
         a,
         b,
-        PacketRepr::new(
-            req(Opcode::RC_RDMA_WRITE_ONLY, 109, true),
-            reth(16),
-            &data[..16],
-        ),
+        PacketRepr::new(req(Opcode::RC_RDMA_WRITE_ONLY, 109, true), reth(16), &data[..16]),
         "WRITE after a lost packet",
     );
     push(
@@ -339,11 +256,7 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
     push(
         a,
         b,
-        PacketRepr::new(
-            req(Opcode::RC_RDMA_WRITE_ONLY, 109, true),
-            reth(16),
-            &data[..16],
-        ),
+        PacketRepr::new(req(Opcode::RC_RDMA_WRITE_ONLY, 109, true), reth(16), &data[..16]),
         "go-back-N",
     );
     push(
@@ -352,11 +265,7 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
         PacketRepr::new(resp(Opcode::RC_ACKNOWLEDGE, 109), ack(acked, 7), &[]),
         "ACK",
     );
-    let uc = bth::Repr::new(
-        Opcode::UC_SEND_ONLY,
-        Qpn::from_masked(0x21),
-        Psn::from_masked(7),
-    );
+    let uc = bth::Repr::new(Opcode::UC_SEND_ONLY, Qpn::from_masked(0x21), Psn::from_masked(7));
     push(a, b, PacketRepr::new(uc, none, &data[..100]), "UC SEND");
     let mut ud = bth::Repr::new(
         Opcode::UD_SEND_ONLY_WITH_IMMEDIATE,
@@ -365,21 +274,11 @@ pub fn sample_conversation() -> Vec<SamplePacket> {
     );
     ud.solicited = true;
     let deth = ExtHeaders {
-        deth: Some(deth::Repr {
-            qkey: QKey(0x1111_1111),
-            src_qp: Qpn::from_masked(0x32),
-        }),
-        immdt: Some(immdt::Repr {
-            imm: [0xca, 0xfe, 0xf0, 0x0d],
-        }),
+        deth: Some(deth::Repr { qkey: QKey(0x1111_1111), src_qp: Qpn::from_masked(0x32) }),
+        immdt: Some(immdt::Repr { imm: [0xca, 0xfe, 0xf0, 0x0d] }),
         ..ExtHeaders::default()
     };
-    push(
-        a6,
-        b6,
-        PacketRepr::new(ud, deth, &data[..200]),
-        "UD SEND over IPv6",
-    );
+    push(a6, b6, PacketRepr::new(ud, deth, &data[..200]), "UD SEND over IPv6");
     let mut cnp = bth::Repr::new(Opcode::CNP, qp_a, Psn::ZERO);
     cnp.becn = true;
     push(b_src, a_dst, PacketRepr::new(cnp, none, &[]), "CNP");

@@ -62,11 +62,7 @@ impl PseudoHeader {
     /// [`IpRepr::for_addrs`]); the UDP checksum and TTL do not matter, being masked.
     pub fn for_endpoints(src: SocketAddr, dst: SocketAddr) -> Result<Self> {
         let ip = IpRepr::for_addrs(src.ip(), dst.ip())?;
-        let udp = UdpRepr {
-            src_port: src.port(),
-            dst_port: dst.port(),
-            checksum: 0,
-        };
+        let udp = UdpRepr { src_port: src.port(), dst_port: dst.port(), checksum: 0 };
         let mut buf = [0u8; MAX_PSEUDO_LEN];
         let ip_len = ip.header_len();
         let ipv6 = matches!(ip, IpRepr::V6(_));
@@ -91,12 +87,7 @@ impl PseudoHeader {
                 *slot = prefix_crc_of(&e[..header_len]) ^ zero;
             }
         }
-        Ok(Self {
-            prefix_crc,
-            length_bits: Some(length_bits),
-            ip_len,
-            dst_port: dst.port(),
-        })
+        Ok(Self { prefix_crc, length_bits: Some(length_bits), ip_len, dst_port: dst.port() })
     }
 
     /// The headers as captured: `headers` is the IP header (with any IPv4 options) followed by
@@ -105,12 +96,7 @@ impl PseudoHeader {
         let (masked, ip_len) = mask(headers)?;
         let dst_port = u16::from_be_bytes([masked[ip_len + 2], masked[ip_len + 3]]);
         let prefix_crc = prefix_crc_of(&masked[..headers.len()]);
-        Ok(Self {
-            prefix_crc,
-            length_bits: None,
-            ip_len,
-            dst_port,
-        })
+        Ok(Self { prefix_crc, length_bits: None, ip_len, dst_port })
     }
 
     /// The pseudo-header of a captured datagram (IP header onwards), and its UDP payload.
@@ -126,11 +112,8 @@ impl PseudoHeader {
         };
         let udp_len = UDP_HEADER_LEN + roce_len;
         // IPv4 counts its own header in the total length; IPv6's payload length does not.
-        let ip_field = if self.ip_len == crate::ip::IPV6_HEADER_LEN {
-            udp_len
-        } else {
-            self.ip_len + udp_len
-        };
+        let ip_field =
+            if self.ip_len == crate::ip::IPV6_HEADER_LEN { udp_len } else { self.ip_len + udp_len };
         let [ip_hi, ip_lo] = u16::try_from(ip_field).unwrap_or(u16::MAX).to_be_bytes();
         let [udp_hi, udp_lo] = u16::try_from(udp_len).unwrap_or(u16::MAX).to_be_bytes();
         let mut crc = self.prefix_crc;
@@ -231,11 +214,7 @@ pub fn carried(roce: &[u8]) -> Result<u32> {
 pub fn verify(pseudo: &PseudoHeader, roce: &[u8]) -> Result<()> {
     let found = carried(roce)?;
     let computed = compute(pseudo, &roce[..roce.len() - ICRC_LEN])?;
-    if found == computed {
-        Ok(())
-    } else {
-        Err(Error::IcrcMismatch { found, computed })
-    }
+    if found == computed { Ok(()) } else { Err(Error::IcrcMismatch { found, computed }) }
 }
 
 /// The four ICRC bytes as they go on the wire.
@@ -248,10 +227,7 @@ mod tests {
     use super::*;
 
     fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     }
 
     #[test]
@@ -278,10 +254,7 @@ mod tests {
         // IP identification is covered.
         pkt[5] ^= 1;
         let (pseudo, roce) = PseudoHeader::from_datagram(&pkt).unwrap();
-        assert!(matches!(
-            verify(&pseudo, roce),
-            Err(Error::IcrcMismatch { .. })
-        ));
+        assert!(matches!(verify(&pseudo, roce), Err(Error::IcrcMismatch { .. })));
     }
 
     #[test]
@@ -292,10 +265,7 @@ mod tests {
         let (pseudo, roce) = PseudoHeader::from_datagram(&pkt).unwrap();
         let body = &roce[..roce.len() - ICRC_LEN];
         let whole = compute(&pseudo, body).unwrap();
-        assert_eq!(
-            compute_parts(&pseudo, &[&body[..12], &body[12..15], &body[15..]]),
-            Ok(whole)
-        );
+        assert_eq!(compute_parts(&pseudo, &[&body[..12], &body[12..15], &body[15..]]), Ok(whole));
         assert_eq!(to_wire(whole), roce[roce.len() - 4..]);
     }
 }

@@ -36,9 +36,7 @@ impl Repr {
     /// Reads an IETH.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
-        Ok(Self {
-            rkey: packet.rkey(),
-        })
+        Ok(Self { rkey: packet.rkey() })
     }
     /// Length of the emitted header.
     pub const fn buffer_len(&self) -> usize {

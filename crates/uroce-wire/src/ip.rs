@@ -230,12 +230,7 @@ pub fn parse_udp_datagram_lenient(bytes: &[u8]) -> Result<UdpDatagram<'_>> {
     let (ip, ip_hlen, _) = read_ip_header(bytes)?;
     let udp = read_udp_header(bytes, ip_hlen)?;
     let (headers, payload) = bytes.split_at(ip_hlen + UDP_HEADER_LEN);
-    Ok(UdpDatagram {
-        ip,
-        udp,
-        headers,
-        payload,
-    })
+    Ok(UdpDatagram { ip, udp, headers, payload })
 }
 
 /// Reads the IP header: its values, its length and where the IP packet ends by its length
@@ -281,11 +276,7 @@ fn read_ip_header(bytes: &[u8]) -> Result<(IpRepr, usize, usize)> {
                 flow_label: word & 0x000F_FFFF,
                 hop_limit: h[7],
             });
-            Ok((
-                ip,
-                IPV6_HEADER_LEN,
-                IPV6_HEADER_LEN + usize::from(be16(&h[4..6])),
-            ))
+            Ok((ip, IPV6_HEADER_LEN, IPV6_HEADER_LEN + usize::from(be16(&h[4..6]))))
         }
         _ => Err(Error::BadIpHeader),
     }
@@ -293,9 +284,7 @@ fn read_ip_header(bytes: &[u8]) -> Result<(IpRepr, usize, usize)> {
 
 /// Reads the UDP header that follows an IP header of `ip_hlen` bytes.
 fn read_udp_header(packet: &[u8], ip_hlen: usize) -> Result<UdpRepr> {
-    let udp = packet
-        .get(ip_hlen..ip_hlen + UDP_HEADER_LEN)
-        .ok_or(Error::Truncated)?;
+    let udp = packet.get(ip_hlen..ip_hlen + UDP_HEADER_LEN).ok_or(Error::Truncated)?;
     Ok(UdpRepr {
         src_port: be16(&udp[0..2]),
         dst_port: be16(&udp[2..4]),
@@ -325,17 +314,10 @@ pub fn internet_checksum(parts: &[&[u8]]) -> u16 {
 
 /// The UDP checksum over the IPv6 pseudo-header (RFC 8200 8.1), which IPv6 makes mandatory.
 pub fn udp_checksum_v6(src: Ipv6Addr, dst: Ipv6Addr, udp_header_and_payload: &[u8]) -> u16 {
-    let len = u32::try_from(udp_header_and_payload.len())
-        .unwrap_or(u32::MAX)
-        .to_be_bytes();
+    let len = u32::try_from(udp_header_and_payload.len()).unwrap_or(u32::MAX).to_be_bytes();
     let next = [0, 0, 0, PROTO_UDP];
-    let sum = internet_checksum(&[
-        &src.octets(),
-        &dst.octets(),
-        &len,
-        &next,
-        udp_header_and_payload,
-    ]);
+    let sum =
+        internet_checksum(&[&src.octets(), &dst.octets(), &len, &next, udp_header_and_payload]);
     // A computed zero is sent as all ones (RFC 768).
     if sum == 0 { 0xFFFF } else { sum }
 }
@@ -369,13 +351,7 @@ mod tests {
             IpRepr::for_addrs("127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap()).unwrap();
         let mut buf = vec![0u8; 60];
         ip.emit(&mut buf, 8 + 4).unwrap();
-        UdpRepr {
-            src_port: 1,
-            dst_port: 4791,
-            checksum: 0,
-        }
-        .emit(&mut buf[20..], 4)
-        .unwrap();
+        UdpRepr { src_port: 1, dst_port: 4791, checksum: 0 }.emit(&mut buf[20..], 4).unwrap();
         let d = parse_udp_datagram(&buf).unwrap();
         assert_eq!(d.payload.len(), 4);
         assert_eq!(parse_udp_datagram(&buf[..30]), Err(Error::Truncated));
@@ -387,13 +363,7 @@ mod tests {
         let ip = IpRepr::for_addrs("::1".parse().unwrap(), "::1".parse().unwrap()).unwrap();
         let mut buf = vec![0u8; 40 + 8 + 4];
         ip.emit(&mut buf, 12).unwrap();
-        UdpRepr {
-            src_port: 49152,
-            dst_port: 4791,
-            checksum: 0,
-        }
-        .emit(&mut buf[40..], 4)
-        .unwrap();
+        UdpRepr { src_port: 49152, dst_port: 4791, checksum: 0 }.emit(&mut buf[40..], 4).unwrap();
         buf[48..].copy_from_slice(&[1, 2, 3, 4]);
         let d = parse_udp_datagram(&buf).unwrap();
         assert_eq!(d.ip, ip);
@@ -403,9 +373,6 @@ mod tests {
         // Summing the pseudo-header and datagram with the checksum in place gives zero.
         let len = 12u32.to_be_bytes();
         let lo = Ipv6Addr::LOCALHOST.octets();
-        assert_eq!(
-            internet_checksum(&[&lo, &lo, &len, &[0, 0, 0, 17], &buf[40..]]),
-            0
-        );
+        assert_eq!(internet_checksum(&[&lo, &lo, &len, &[0, 0, 0, 17], &buf[40..]]), 0);
     }
 }

@@ -192,10 +192,7 @@ impl OpcodeInfo {
 
 /// Operations within a transport: the low five bits of the opcode (IBA 9.2).
 pub mod op {
-    #![allow(
-        missing_docs,
-        reason = "names are the IBA opcode names, documented by the table"
-    )]
+    #![allow(missing_docs, reason = "names are the IBA opcode names, documented by the table")]
     pub const SEND_FIRST: u8 = 0x00;
     pub const SEND_MIDDLE: u8 = 0x01;
     pub const SEND_LAST: u8 = 0x02;
@@ -369,13 +366,7 @@ const fn entry(
     flags: OpFlags,
     headers: &'static [ExtHeader],
 ) -> Option<OpcodeInfo> {
-    Some(OpcodeInfo {
-        name,
-        transport,
-        flags,
-        headers,
-        header_len: headers_len(headers),
-    })
+    Some(OpcodeInfo { name, transport, flags, headers, header_len: headers_len(headers) })
 }
 
 use ExtHeader::{Aeth, AtomicAckEth, AtomicEth, CnpReserved, Deth, Ieth, ImmDt, Reth};
@@ -424,18 +415,10 @@ const fn connected_send_write(
     table[b + op::SEND_MIDDLE as usize] = entry("SEND_MIDDLE", transport, f(&[send, MIDDLE]), &[]);
     table[b + op::SEND_LAST as usize] =
         entry("SEND_LAST", transport, f(&[send, LAST, COMP, ack]), &[]);
-    table[b + op::SEND_LAST_WITH_IMMEDIATE as usize] = entry(
-        "SEND_LAST_WITH_IMMEDIATE",
-        transport,
-        f(&[send, LAST, IMM, COMP, ack]),
-        &[ImmDt],
-    );
-    table[b + op::SEND_ONLY as usize] = entry(
-        "SEND_ONLY",
-        transport,
-        f(&[send, ONLY, RWQE, COMP, ack]),
-        &[],
-    );
+    table[b + op::SEND_LAST_WITH_IMMEDIATE as usize] =
+        entry("SEND_LAST_WITH_IMMEDIATE", transport, f(&[send, LAST, IMM, COMP, ack]), &[ImmDt]);
+    table[b + op::SEND_ONLY as usize] =
+        entry("SEND_ONLY", transport, f(&[send, ONLY, RWQE, COMP, ack]), &[]);
     table[b + op::SEND_ONLY_WITH_IMMEDIATE as usize] = entry(
         "SEND_ONLY_WITH_IMMEDIATE",
         transport,
@@ -455,12 +438,8 @@ const fn connected_send_write(
         f(&[write, LAST, IMM, RWQE, COMP, ack]),
         &[ImmDt],
     );
-    table[b + op::RDMA_WRITE_ONLY as usize] = entry(
-        "RDMA_WRITE_ONLY",
-        transport,
-        f(&[write, ONLY, ack]),
-        &[Reth],
-    );
+    table[b + op::RDMA_WRITE_ONLY as usize] =
+        entry("RDMA_WRITE_ONLY", transport, f(&[write, ONLY, ack]), &[Reth]);
     table[b + op::RDMA_WRITE_ONLY_WITH_IMMEDIATE as usize] = entry(
         "RDMA_WRITE_ONLY_WITH_IMMEDIATE",
         transport,
@@ -479,43 +458,19 @@ static TABLE: [Option<OpcodeInfo>; 256] = {
     let read_resp = f(&[RESP, READ, PAYLOAD]);
     t[op::RDMA_READ_REQUEST as usize] =
         entry("RDMA_READ_REQUEST", rc, f(&[REQ, READ, ONLY, ACK]), &[Reth]);
-    t[op::RDMA_READ_RESPONSE_FIRST as usize] = entry(
-        "RDMA_READ_RESPONSE_FIRST",
-        rc,
-        f(&[read_resp, FIRST]),
-        &[Aeth],
-    );
-    t[op::RDMA_READ_RESPONSE_MIDDLE as usize] = entry(
-        "RDMA_READ_RESPONSE_MIDDLE",
-        rc,
-        f(&[read_resp, MIDDLE]),
-        &[],
-    );
-    t[op::RDMA_READ_RESPONSE_LAST as usize] = entry(
-        "RDMA_READ_RESPONSE_LAST",
-        rc,
-        f(&[read_resp, LAST]),
-        &[Aeth],
-    );
-    t[op::RDMA_READ_RESPONSE_ONLY as usize] = entry(
-        "RDMA_READ_RESPONSE_ONLY",
-        rc,
-        f(&[read_resp, ONLY]),
-        &[Aeth],
-    );
+    t[op::RDMA_READ_RESPONSE_FIRST as usize] =
+        entry("RDMA_READ_RESPONSE_FIRST", rc, f(&[read_resp, FIRST]), &[Aeth]);
+    t[op::RDMA_READ_RESPONSE_MIDDLE as usize] =
+        entry("RDMA_READ_RESPONSE_MIDDLE", rc, f(&[read_resp, MIDDLE]), &[]);
+    t[op::RDMA_READ_RESPONSE_LAST as usize] =
+        entry("RDMA_READ_RESPONSE_LAST", rc, f(&[read_resp, LAST]), &[Aeth]);
+    t[op::RDMA_READ_RESPONSE_ONLY as usize] =
+        entry("RDMA_READ_RESPONSE_ONLY", rc, f(&[read_resp, ONLY]), &[Aeth]);
     t[op::ACKNOWLEDGE as usize] = entry("ACKNOWLEDGE", rc, f(&[RESP, ONLY]), &[Aeth]);
-    t[op::ATOMIC_ACKNOWLEDGE as usize] = entry(
-        "ATOMIC_ACKNOWLEDGE",
-        rc,
-        f(&[RESP, ATOMIC, ONLY]),
-        &[Aeth, AtomicAckEth],
-    );
-    t[op::COMPARE_SWAP as usize] = entry(
-        "COMPARE_SWAP",
-        rc,
-        f(&[REQ, ATOMIC, ONLY, ACK]),
-        &[AtomicEth],
-    );
+    t[op::ATOMIC_ACKNOWLEDGE as usize] =
+        entry("ATOMIC_ACKNOWLEDGE", rc, f(&[RESP, ATOMIC, ONLY]), &[Aeth, AtomicAckEth]);
+    t[op::COMPARE_SWAP as usize] =
+        entry("COMPARE_SWAP", rc, f(&[REQ, ATOMIC, ONLY, ACK]), &[AtomicEth]);
     t[op::FETCH_ADD as usize] = entry("FETCH_ADD", rc, f(&[REQ, ATOMIC, ONLY, ACK]), &[AtomicEth]);
     t[op::SEND_LAST_WITH_INVALIDATE as usize] = entry(
         "SEND_LAST_WITH_INVALIDATE",
@@ -533,12 +488,8 @@ static TABLE: [Option<OpcodeInfo>; 256] = {
     let ud = Transport::Ud;
     let ud_send = f(&[REQ, SEND, PAYLOAD, ONLY, RWQE, COMP]);
     t[(UD | op::SEND_ONLY) as usize] = entry("SEND_ONLY", ud, ud_send, &[Deth]);
-    t[(UD | op::SEND_ONLY_WITH_IMMEDIATE) as usize] = entry(
-        "SEND_ONLY_WITH_IMMEDIATE",
-        ud,
-        f(&[ud_send, IMM]),
-        &[Deth, ImmDt],
-    );
+    t[(UD | op::SEND_ONLY_WITH_IMMEDIATE) as usize] =
+        entry("SEND_ONLY_WITH_IMMEDIATE", ud, f(&[ud_send, IMM]), &[Deth, ImmDt]);
 
     t[0x81] = entry("CNP", Transport::Cnp, OpFlags::NONE, &[CnpReserved]);
     t
@@ -585,16 +536,8 @@ mod tests {
                     .count();
                 assert!(pos == 1 || (info.has(ONLY) && pos == 2), "{op}: position");
             }
-            assert_eq!(
-                info.has(IMM),
-                info.headers.contains(&ImmDt),
-                "{op}: immediate"
-            );
-            assert_eq!(
-                info.has(INV),
-                info.headers.contains(&Ieth),
-                "{op}: invalidate"
-            );
+            assert_eq!(info.has(IMM), info.headers.contains(&ImmDt), "{op}: immediate");
+            assert_eq!(info.has(INV), info.headers.contains(&Ieth), "{op}: invalidate");
             if info.has(OpFlags::NEEDS_ACK) {
                 assert_eq!(info.transport, Transport::Rc, "{op}: only RC acknowledges");
                 assert!(info.has(LAST), "{op}: the ACK follows the last packet");
@@ -614,29 +557,14 @@ mod tests {
     fn named_constants_match_table() {
         assert_eq!(Opcode::RC_SEND_ONLY.to_string(), "RC_SEND_ONLY");
         assert_eq!(Opcode::UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE.0, 0x2B);
-        assert_eq!(
-            Opcode::UD_SEND_ONLY_WITH_IMMEDIATE.to_string(),
-            "UD_SEND_ONLY_WITH_IMMEDIATE"
-        );
+        assert_eq!(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE.to_string(), "UD_SEND_ONLY_WITH_IMMEDIATE");
         assert_eq!(Opcode::CNP.to_string(), "CNP");
         assert_eq!(Opcode(0x15).to_string(), "UNKNOWN(0x15)");
         assert_eq!(Opcode(0x15).transport(), Transport::Rc);
         assert_eq!(Opcode(0xC3).transport(), Transport::Vendor);
-        assert_eq!(
-            Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE
-                .info()
-                .unwrap()
-                .header_len,
-            32
-        );
+        assert_eq!(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE.info().unwrap().header_len, 32);
         assert_eq!(Opcode::RC_COMPARE_SWAP.info().unwrap().header_len, 40);
         assert_eq!(Opcode::RC_ATOMIC_ACKNOWLEDGE.info().unwrap().header_len, 24);
-        assert_eq!(
-            Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
-                .info()
-                .unwrap()
-                .header_len,
-            24
-        );
+        assert_eq!(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE.info().unwrap().header_len, 24);
     }
 }

@@ -54,8 +54,7 @@ impl ExtHeaders {
             ExtHeader::Ieth,
             ExtHeader::Deth,
         ];
-        ALL.iter()
-            .all(|&h| self.has(h) == info.headers.contains(&h))
+        ALL.iter().all(|&h| self.has(h) == info.headers.contains(&h))
     }
 
     /// Reads the headers `info` lists from `bytes`, which starts right after the BTH and holds
@@ -73,9 +72,8 @@ impl ExtHeaders {
                     ext.aeth = Some(aeth::Repr::parse(&aeth::Packet::new_checked(b)?)?)
                 }
                 ExtHeader::AtomicEth => {
-                    ext.atomic_eth = Some(atomic_eth::Repr::parse(
-                        &atomic_eth::Packet::new_checked(b)?,
-                    )?);
+                    ext.atomic_eth =
+                        Some(atomic_eth::Repr::parse(&atomic_eth::Packet::new_checked(b)?)?);
                 }
                 ExtHeader::AtomicAckEth => {
                     ext.atomic_ack_eth = Some(atomic_ack_eth::Repr::parse(
@@ -243,18 +241,12 @@ impl<'a> PacketRepr<'a> {
         }
         let ext = ExtHeaders::parse(info, &roce[bth::HEADER_LEN..info.header_len])?;
         let payload = &roce[info.header_len..body_end - pad];
-        Ok(ParsedPacket {
-            repr: Self { bth, ext, payload },
-            icrc: icrc::carried(roce)?,
-        })
+        Ok(ParsedPacket { repr: Self { bth, ext, payload }, icrc: icrc::carried(roce)? })
     }
 
     /// The opcode's table entry; an error for an opcode without one.
     fn info(&self) -> Result<&'static OpcodeInfo> {
-        self.bth
-            .opcode
-            .info()
-            .ok_or(Error::UnknownOpcode(self.bth.opcode))
+        self.bth.opcode.info().ok_or(Error::UnknownOpcode(self.bth.opcode))
     }
 
     /// Length of the headers (BTH and extension headers).
@@ -279,9 +271,7 @@ impl<'a> PacketRepr<'a> {
         if !info.has(OpFlags::PAYLOAD) && !self.payload.is_empty() {
             return Err(Error::UnexpectedPayload);
         }
-        let out = buf
-            .get_mut(..info.header_len)
-            .ok_or(Error::BufferTooSmall)?;
+        let out = buf.get_mut(..info.header_len).ok_or(Error::BufferTooSmall)?;
         let mut bth = self.bth;
         bth.pad_count = pad_count_for(self.payload.len());
         bth.emit(&mut bth::Packet::new_unchecked(&mut out[..bth::HEADER_LEN]))?;
@@ -340,17 +330,9 @@ mod tests {
     }
 
     fn write_first(payload: &[u8]) -> PacketRepr<'_> {
-        let bth = bth::Repr::new(
-            Opcode::RC_RDMA_WRITE_FIRST,
-            Qpn::from_masked(0x11),
-            Psn::MAX,
-        );
+        let bth = bth::Repr::new(Opcode::RC_RDMA_WRITE_FIRST, Qpn::from_masked(0x11), Psn::MAX);
         let ext = ExtHeaders {
-            reth: Some(reth::Repr {
-                va: 0x1000,
-                rkey: RKey(0xabc),
-                dma_len: 4096,
-            }),
+            reth: Some(reth::Repr { va: 0x1000, rkey: RKey(0xabc), dma_len: 4096 }),
             ..ExtHeaders::default()
         };
         PacketRepr::new(bth, ext, payload)
@@ -388,20 +370,12 @@ mod tests {
     #[test]
     fn emit_rejects_headers_that_do_not_match_the_opcode() {
         let mut repr = write_first(&[]);
-        repr.ext.aeth = Some(aeth::Repr {
-            syndrome: aeth::Syndrome::Reserved(0xff),
-            msn: Msn::default(),
-        });
+        repr.ext.aeth =
+            Some(aeth::Repr { syndrome: aeth::Syndrome::Reserved(0xff), msn: Msn::default() });
         let mut buf = [0u8; 64];
-        assert_eq!(
-            repr.emit(&pseudo(), &mut buf),
-            Err(Error::HeaderMismatch(repr.bth.opcode))
-        );
+        assert_eq!(repr.emit(&pseudo(), &mut buf), Err(Error::HeaderMismatch(repr.bth.opcode)));
         repr.ext = ExtHeaders::default();
-        assert_eq!(
-            repr.emit(&pseudo(), &mut buf),
-            Err(Error::HeaderMismatch(repr.bth.opcode))
-        );
+        assert_eq!(repr.emit(&pseudo(), &mut buf), Err(Error::HeaderMismatch(repr.bth.opcode)));
         let ack = PacketRepr::new(
             bth::Repr::new(Opcode::RC_ACKNOWLEDGE, Qpn::QP1, Psn::ZERO),
             ExtHeaders {
@@ -414,10 +388,7 @@ mod tests {
             &[1],
         );
         assert_eq!(ack.emit(&pseudo(), &mut buf), Err(Error::UnexpectedPayload));
-        assert_eq!(
-            write_first(&[0; 40]).emit(&pseudo(), &mut buf),
-            Err(Error::BufferTooSmall)
-        );
+        assert_eq!(write_first(&[0; 40]).emit(&pseudo(), &mut buf), Err(Error::BufferTooSmall));
     }
 
     #[test]
@@ -429,29 +400,17 @@ mod tests {
         // One flipped payload bit: ICRC mismatch.
         let mut bad = good.to_vec();
         bad[30] ^= 0x10;
-        assert!(matches!(
-            PacketRepr::parse(&bad, &pseudo()),
-            Err(Error::IcrcMismatch { .. })
-        ));
+        assert!(matches!(PacketRepr::parse(&bad, &pseudo()), Err(Error::IcrcMismatch { .. })));
         // TVer.
         let mut bad = good.to_vec();
         bad[1] |= 0x02;
-        assert_eq!(
-            PacketRepr::parse_ignoring_icrc(&bad),
-            Err(Error::BadTver(2))
-        );
+        assert_eq!(PacketRepr::parse_ignoring_icrc(&bad), Err(Error::BadTver(2)));
         // Unknown opcode.
         let mut bad = good.to_vec();
         bad[0] = 0x15;
-        assert_eq!(
-            PacketRepr::parse_ignoring_icrc(&bad),
-            Err(Error::UnknownOpcode(Opcode(0x15)))
-        );
+        assert_eq!(PacketRepr::parse_ignoring_icrc(&bad), Err(Error::UnknownOpcode(Opcode(0x15))));
         // Truncated inside the RETH.
-        assert_eq!(
-            PacketRepr::parse_ignoring_icrc(&good[..24]),
-            Err(Error::Truncated)
-        );
+        assert_eq!(PacketRepr::parse_ignoring_icrc(&good[..24]), Err(Error::Truncated));
         // Pad count larger than the payload, and a length that is not a whole number of words.
         let mut bad = good.to_vec();
         bad[1] = 0x30;
@@ -463,9 +422,6 @@ mod tests {
         // Payload on an ACK.
         let mut ack = vec![0x11, 0, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 5, 0x1f, 0, 0, 0];
         ack.extend_from_slice(&[0; 8]);
-        assert_eq!(
-            PacketRepr::parse_ignoring_icrc(&ack),
-            Err(Error::UnexpectedPayload)
-        );
+        assert_eq!(PacketRepr::parse_ignoring_icrc(&ack), Err(Error::UnexpectedPayload));
     }
 }

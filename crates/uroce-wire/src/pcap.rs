@@ -71,10 +71,7 @@ impl<W: Write> PcapWriter<W> {
         h.extend_from_slice(&SNAPLEN.to_le_bytes());
         h.extend_from_slice(&LinkType::ETHERNET.0.to_le_bytes());
         out.write_all(&h)?;
-        Ok(Self {
-            out,
-            frame: Vec::with_capacity(9000),
-        })
+        Ok(Self { out, frame: Vec::with_capacity(9000) })
     }
 
     /// Writes one Ethernet frame with timestamp `ts` (time since the Unix epoch, or any
@@ -89,8 +86,7 @@ impl<W: Write> PcapWriter<W> {
         rec[8..12].copy_from_slice(&len.min(SNAPLEN).to_le_bytes());
         rec[12..16].copy_from_slice(&len.to_le_bytes());
         self.out.write_all(&rec)?;
-        self.out
-            .write_all(&frame[..frame.len().min(SNAPLEN as usize)])
+        self.out.write_all(&frame[..frame.len().min(SNAPLEN as usize)])
     }
 
     /// Writes a RoCEv2 packet (BTH through ICRC) sent from `src` to `dst`, framed as uroce
@@ -145,19 +141,11 @@ pub fn ethernet_frame(
     out.resize(ETH_HEADER_LEN + ip_len + udp_len, 0);
     out[0..6].copy_from_slice(&mac_for(dst.ip()));
     out[6..12].copy_from_slice(&mac_for(src.ip()));
-    let ethertype = if matches!(ip, IpRepr::V4(_)) {
-        ETHERTYPE_IPV4
-    } else {
-        ETHERTYPE_IPV6
-    };
+    let ethertype = if matches!(ip, IpRepr::V4(_)) { ETHERTYPE_IPV4 } else { ETHERTYPE_IPV6 };
     out[12..14].copy_from_slice(&ethertype.to_be_bytes());
     let (ip_buf, rest) = out[ETH_HEADER_LEN..].split_at_mut(ip_len);
     ip.emit(ip_buf, udp_len)?;
-    let udp = UdpRepr {
-        src_port: src.port(),
-        dst_port: dst.port(),
-        checksum: 0,
-    };
+    let udp = UdpRepr { src_port: src.port(), dst_port: dst.port(), checksum: 0 };
     udp.emit(rest, roce.len())?;
     rest[UDP_HEADER_LEN..].copy_from_slice(roce);
     if let IpRepr::V6(v6) = ip {
@@ -221,9 +209,7 @@ pub fn looks_like_capture(bytes: &[u8]) -> bool {
     bytes.len() >= 4 && {
         let be = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         let le = be.swap_bytes();
-        [MAGIC_MICROS, MAGIC_NANOS, PCAPNG_SHB]
-            .iter()
-            .any(|&m| m == be || m == le)
+        [MAGIC_MICROS, MAGIC_NANOS, PCAPNG_SHB].iter().any(|&m| m == be || m == le)
     }
 }
 
@@ -233,11 +219,7 @@ pub fn read_frames(bytes: &[u8]) -> Result<Vec<Frame<'_>>, ReadError> {
         return Err(ReadError::NotPcap);
     }
     let magic = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-    if magic == PCAPNG_SHB {
-        read_pcapng(bytes)
-    } else {
-        read_pcap(bytes)
-    }
+    if magic == PCAPNG_SHB { read_pcapng(bytes) } else { read_pcap(bytes) }
 }
 
 /// A cursor that reads integers in the file's byte order.
@@ -248,27 +230,17 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn slice(&self, at: usize, len: usize) -> Result<&'a [u8], ReadError> {
-        at.checked_add(len)
-            .and_then(|end| self.bytes.get(at..end))
-            .ok_or(ReadError::Truncated(at))
+        at.checked_add(len).and_then(|end| self.bytes.get(at..end)).ok_or(ReadError::Truncated(at))
     }
     fn u16(&self, at: usize) -> Result<u16, ReadError> {
         let b = self.slice(at, 2)?;
         let a = [b[0], b[1]];
-        Ok(if self.big_endian {
-            u16::from_be_bytes(a)
-        } else {
-            u16::from_le_bytes(a)
-        })
+        Ok(if self.big_endian { u16::from_be_bytes(a) } else { u16::from_le_bytes(a) })
     }
     fn u32(&self, at: usize) -> Result<u32, ReadError> {
         let b = self.slice(at, 4)?;
         let a = [b[0], b[1], b[2], b[3]];
-        Ok(if self.big_endian {
-            u32::from_be_bytes(a)
-        } else {
-            u32::from_le_bytes(a)
-        })
+        Ok(if self.big_endian { u32::from_be_bytes(a) } else { u32::from_le_bytes(a) })
     }
 }
 
@@ -299,13 +271,7 @@ fn read_pcap(bytes: &[u8]) -> Result<Vec<Frame<'_>>, ReadError> {
             } else {
                 Duration::from_micros(u64::from(frac))
             };
-        frames.push(Frame {
-            number: frames.len() + 1,
-            ts,
-            link,
-            data,
-            orig_len,
-        });
+        frames.push(Frame { number: frames.len() + 1, ts, link, data, orig_len });
         at += 16 + caplen;
     }
     Ok(frames)
@@ -323,10 +289,7 @@ struct Interface {
 fn read_pcapng(bytes: &[u8]) -> Result<Vec<Frame<'_>>, ReadError> {
     let mut frames = Vec::new();
     let mut interfaces: Vec<Interface> = Vec::new();
-    let mut r = Reader {
-        bytes,
-        big_endian: false,
-    };
+    let mut r = Reader { bytes, big_endian: false };
     let mut at = 0;
     while at < bytes.len() {
         let block_type = r.u32(at)?;
@@ -352,11 +315,7 @@ fn read_pcapng(bytes: &[u8]) -> Result<Vec<Frame<'_>>, ReadError> {
                 let link = LinkType(u32::from(r.u16(body_at)?));
                 let snaplen = r.u32(body_at + 4)?;
                 let units_per_sec = if_tsresol(&r, body_at + 8, body_at + body.len())?;
-                interfaces.push(Interface {
-                    link,
-                    snaplen,
-                    units_per_sec,
-                });
+                interfaces.push(Interface { link, snaplen, units_per_sec });
             }
             // Enhanced packet block.
             6 => {
@@ -447,9 +406,7 @@ pub fn ip_packet(link: LinkType, frame: &[u8]) -> Option<&[u8]> {
                     at += 4;
                     continue;
                 }
-                return is_ip_ethertype(ethertype)
-                    .then(|| frame.get(at + 2..))
-                    .flatten();
+                return is_ip_ethertype(ethertype).then(|| frame.get(at + 2..)).flatten();
             }
         }
         LinkType::RAW | LinkType::IPV4 | LinkType::IPV6 => Some(frame),
@@ -458,21 +415,15 @@ pub fn ip_packet(link: LinkType, frame: &[u8]) -> Option<&[u8]> {
             let fam = frame.get(..4)?;
             let fam = u32::from_le_bytes([fam[0], fam[1], fam[2], fam[3]]);
             let fam = if fam > 0xFFFF { fam.swap_bytes() } else { fam };
-            matches!(fam, 2 | 10 | 24 | 28 | 30)
-                .then(|| frame.get(4..))
-                .flatten()
+            matches!(fam, 2 | 10 | 24 | 28 | 30).then(|| frame.get(4..)).flatten()
         }
         LinkType::LINUX_SLL => {
             let t = frame.get(14..16)?;
-            is_ip_ethertype(u16::from_be_bytes([t[0], t[1]]))
-                .then(|| frame.get(16..))
-                .flatten()
+            is_ip_ethertype(u16::from_be_bytes([t[0], t[1]])).then(|| frame.get(16..)).flatten()
         }
         LinkType::LINUX_SLL2 => {
             let t = frame.get(0..2)?;
-            is_ip_ethertype(u16::from_be_bytes([t[0], t[1]]))
-                .then(|| frame.get(20..))
-                .flatten()
+            is_ip_ethertype(u16::from_be_bytes([t[0], t[1]])).then(|| frame.get(20..)).flatten()
         }
         _ => None,
     }
@@ -495,8 +446,7 @@ mod tests {
         let src: SocketAddr = "127.0.0.2:50000".parse().unwrap();
         let dst: SocketAddr = "127.0.0.3:4791".parse().unwrap();
         let mut w = PcapWriter::new(Vec::new()).unwrap();
-        w.write_roce(Duration::new(1_700_000_000, 123_456_000), src, dst, &ROCE)
-            .unwrap();
+        w.write_roce(Duration::new(1_700_000_000, 123_456_000), src, dst, &ROCE).unwrap();
         let v6: SocketAddr = "[::1]:4791".parse().unwrap();
         w.write_roce(Duration::from_secs(2), v6, v6, &ROCE).unwrap();
         let bytes = w.into_inner().unwrap();
@@ -521,9 +471,7 @@ mod tests {
         // Big-endian, nanosecond pcap with one raw-IP frame.
         let mut be = Vec::new();
         be.extend_from_slice(&MAGIC_NANOS.to_be_bytes());
-        be.extend_from_slice(&[
-            0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 101,
-        ]);
+        be.extend_from_slice(&[0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 101]);
         be.extend_from_slice(&[0, 0, 0, 3, 0, 0, 0, 7, 0, 0, 0, 2, 0, 0, 0, 2, 0x45, 0x00]);
         let f = read_frames(&be).unwrap();
         assert_eq!(
@@ -566,10 +514,7 @@ mod tests {
         let mut w = PcapWriter::new(Vec::new()).unwrap();
         w.write_frame(Duration::ZERO, &[1, 2, 3]).unwrap();
         let bytes = w.into_inner().unwrap();
-        assert!(matches!(
-            read_frames(&bytes[..bytes.len() - 1]),
-            Err(ReadError::Truncated(_))
-        ));
+        assert!(matches!(read_frames(&bytes[..bytes.len() - 1]), Err(ReadError::Truncated(_))));
     }
 
     #[test]

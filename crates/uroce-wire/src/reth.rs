@@ -58,11 +58,7 @@ impl Repr {
     /// Reads a RETH.
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Self> {
         packet.check_len()?;
-        Ok(Self {
-            va: packet.va(),
-            rkey: packet.rkey(),
-            dma_len: packet.dma_len(),
-        })
+        Ok(Self { va: packet.va(), rkey: packet.rkey(), dma_len: packet.dma_len() })
     }
     /// Length of the emitted header.
     pub const fn buffer_len(&self) -> usize {
@@ -78,11 +74,7 @@ impl Repr {
 
 impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "reth(va={:#x} rkey={} len={})",
-            self.va, self.rkey, self.dma_len
-        )
+        write!(f, "reth(va={:#x} rkey={} len={})", self.va, self.rkey, self.dma_len)
     }
 }
 
@@ -98,14 +90,7 @@ mod tests {
     #[test]
     fn parse_emit_roundtrip() {
         let repr = Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()).unwrap();
-        assert_eq!(
-            repr,
-            Repr {
-                va: 0x7f12_3456_7800,
-                rkey: RKey(0xdead_beef),
-                dma_len: 65536
-            }
-        );
+        assert_eq!(repr, Repr { va: 0x7f12_3456_7800, rkey: RKey(0xdead_beef), dma_len: 65536 });
         let mut out = [0u8; HEADER_LEN];
         repr.emit(&mut Packet::new_unchecked(&mut out[..]));
         assert_eq!(out, BYTES);

@@ -25,11 +25,7 @@ impl Psn {
 
     /// A PSN from a value that must fit 24 bits; `None` if it does not.
     pub const fn new(value: u32) -> Option<Self> {
-        if value > MASK24 {
-            None
-        } else {
-            Some(Self(value))
-        }
+        if value > MASK24 { None } else { Some(Self(value)) }
     }
 
     /// A PSN from the low 24 bits of `value` (the wire field's width).
@@ -111,11 +107,7 @@ impl Qpn {
 
     /// A QPN from a value that must fit 24 bits; `None` if it does not.
     pub const fn new(value: u32) -> Option<Self> {
-        if value > MASK24 {
-            None
-        } else {
-            Some(Self(value))
-        }
+        if value > MASK24 { None } else { Some(Self(value)) }
     }
 
     /// A QPN from the low 24 bits of `value`.
@@ -142,11 +134,7 @@ pub struct Msn(u32);
 impl Msn {
     /// An MSN from a value that must fit 24 bits; `None` if it does not.
     pub const fn new(value: u32) -> Option<Self> {
-        if value > MASK24 {
-            None
-        } else {
-            Some(Self(value))
-        }
+        if value > MASK24 { None } else { Some(Self(value)) }
     }
 
     /// An MSN from the low 24 bits of `value`.
@@ -265,12 +253,7 @@ mod tests {
 
     #[test]
     fn psn_distance_is_antisymmetric_except_at_half() {
-        for (x, y) in [
-            (0u32, 1u32),
-            (0x00FF_FFF0, 0x10),
-            (12345, 0x0080_0000),
-            (7, 7),
-        ] {
+        for (x, y) in [(0u32, 1u32), (0x00FF_FFF0, 0x10), (12345, 0x0080_0000), (7, 7)] {
             let (x, y) = (Psn::from_masked(x), Psn::from_masked(y));
             if x.distance(y) != -(1 << 23) {
                 assert_eq!(x.distance(y), -y.distance(x));

@@ -88,11 +88,7 @@ fn build<'a>(op: Opcode, f: &Fields, payload: &'a [u8]) -> PacketRepr<'a> {
     for &h in info.headers {
         match h {
             ExtHeader::Reth => {
-                ext.reth = Some(reth::Repr {
-                    va: f.va,
-                    rkey: RKey(f.rkey),
-                    dma_len: f.len,
-                })
+                ext.reth = Some(reth::Repr { va: f.va, rkey: RKey(f.rkey), dma_len: f.len })
             }
             ExtHeader::Aeth => {
                 ext.aeth = Some(aeth::Repr {
@@ -114,19 +110,12 @@ fn build<'a>(op: Opcode, f: &Fields, payload: &'a [u8]) -> PacketRepr<'a> {
             ExtHeader::ImmDt => ext.immdt = Some(immdt::Repr { imm: f.imm }),
             ExtHeader::Ieth => ext.ieth = Some(ieth::Repr { rkey: RKey(f.rkey) }),
             ExtHeader::Deth => {
-                ext.deth = Some(deth::Repr {
-                    qkey: QKey(f.qkey),
-                    src_qp: Qpn::from_masked(f.sqp),
-                })
+                ext.deth = Some(deth::Repr { qkey: QKey(f.qkey), src_qp: Qpn::from_masked(f.sqp) })
             }
             ExtHeader::CnpReserved => {}
         }
     }
-    let payload = if info.has(OpFlags::PAYLOAD) {
-        payload
-    } else {
-        &[]
-    };
+    let payload = if info.has(OpFlags::PAYLOAD) { payload } else { &[] };
     PacketRepr::new(b, ext, payload)
 }
 

@@ -5,10 +5,7 @@
 
 #[test]
 fn committed_sample_matches_the_encoder() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../samples/rc-conversation.pcap"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../samples/rc-conversation.pcap");
     let committed = std::fs::read(path).expect("samples/rc-conversation.pcap");
     let fresh = uroce_wire::examples::write_sample_pcap(Vec::new()).unwrap();
     assert!(

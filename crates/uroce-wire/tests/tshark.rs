@@ -16,16 +16,10 @@ use uroce_wire::types::{Psn, Qpn};
 use uroce_wire::{ExtHeaders, Opcode, examples};
 
 fn tshark_available() -> bool {
-    let found = Command::new("tshark")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let found = Command::new("tshark").arg("--version").output().is_ok_and(|o| o.status.success());
     if !found {
         let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-        assert!(
-            !ci,
-            "tshark is required under CI (apt-get install -y tshark)"
-        );
+        assert!(!ci, "tshark is required under CI (apt-get install -y tshark)");
         eprintln!("SKIPPED: tshark not found (apt-get install -y tshark to run this test)");
     }
     found
@@ -64,16 +58,12 @@ const BYTE_FIELDS: [&str; 2] = ["infiniband.immdt", "infiniband.ieth"];
 fn expected_extra(e: &ExtHeaders, icrc: Option<u32>) -> Vec<String> {
     let n = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
     let hex = |v: Option<[u8; 4]>| {
-        v.map(|b| b.iter().map(|x| format!("{x:02x}")).collect())
-            .unwrap_or_default()
+        v.map(|b| b.iter().map(|x| format!("{x:02x}")).collect()).unwrap_or_default()
     };
     vec![
         // Wireshark files the AtomicETH's address and key under the RETH's field names.
         n(e.reth.map(|r| r.va).or(e.atomic_eth.map(|a| a.va))),
-        n(e.reth
-            .map(|r| r.rkey)
-            .or(e.atomic_eth.map(|a| a.rkey))
-            .map(|k| u64::from(k.0))),
+        n(e.reth.map(|r| r.rkey).or(e.atomic_eth.map(|a| a.rkey)).map(|k| u64::from(k.0))),
         n(e.reth.map(|r| u64::from(r.dma_len))),
         n(e.aeth.map(|a| u64::from(a.syndrome.to_byte()))),
         n(e.aeth.map(|a| u64::from(a.msn.get()))),
@@ -94,10 +84,7 @@ fn write_capture(path: &std::path::Path) -> Vec<Row> {
     let mut w = PcapWriter::new(std::fs::File::create(path).unwrap()).unwrap();
     let mut rows = Vec::new();
     let payload: Vec<u8> = (0u8..=255).cycle().take(300).collect();
-    let pairs = [
-        ("127.0.0.2:49153", "127.0.0.3:4791"),
-        ("[fd00::2]:49153", "[fd00::3]:4791"),
-    ];
+    let pairs = [("127.0.0.2:49153", "127.0.0.3:4791"), ("[fd00::2]:49153", "[fd00::3]:4791")];
     for (i, op) in Opcode::all_known().chain(Opcode::all_known()).enumerate() {
         let (src, dst) = pairs[i / Opcode::all_known().count()];
         let (src, dst) = (src.parse().unwrap(), dst.parse().unwrap());
@@ -107,18 +94,12 @@ fn write_capture(path: &std::path::Path) -> Vec<Row> {
         let pseudo = PseudoHeader::for_endpoints(src, dst).unwrap();
         let mut buf = vec![0u8; repr.buffer_len().unwrap()];
         repr.emit(&pseudo, &mut buf).unwrap();
-        w.write_roce(Duration::from_millis(i as u64), src, dst, &buf)
-            .unwrap();
+        w.write_roce(Duration::from_millis(i as u64), src, dst, &buf).unwrap();
         // Wireshark does not know the CNP opcode: it shows the BTH and then the reserved
         // block and ICRC as "vendor specific data", so there is no ICRC field to compare.
         let icrc = (op != Opcode::CNP).then(|| uroce_wire::icrc::carried(&buf).unwrap());
         let extra = expected_extra(&repr.ext, icrc);
-        rows.push(Row {
-            opcode: u32::from(op.0),
-            dest_qp: dqp.get(),
-            psn: psn.get(),
-            extra,
-        });
+        rows.push(Row { opcode: u32::from(op.0), dest_qp: dqp.get(), psn: psn.get(), extra });
     }
     w.into_inner().unwrap();
     rows
@@ -140,19 +121,14 @@ fn normalise(field: &str, value: &str) -> String {
         // value twice ("cafef00d,cafef00d"); every occurrence must agree.
         let mut values = value.split(',').map(|v| v.replace(':', "").to_lowercase());
         let first = values.next().unwrap_or_default();
-        assert!(
-            values.all(|v| v == first),
-            "{field}: differing values {value:?}"
-        );
+        assert!(values.all(|v| v == first), "{field}: differing values {value:?}");
         return first;
     }
     // tshark prints integers in the field's declared base (BASE_DEC_HEX as "n (0x..)").
     let value = value.split_whitespace().next().unwrap_or(value);
     let n: u64 = match value.strip_prefix("0x") {
         Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
-        None => value
-            .parse()
-            .unwrap_or_else(|_| panic!("{field}: not a number: {value:?}")),
+        None => value.parse().unwrap_or_else(|_| panic!("{field}: not a number: {value:?}")),
     };
     n.to_string()
 }
@@ -167,30 +143,15 @@ fn tshark_decodes_every_opcode_as_encoded() {
     let path = dir.join("every-opcode.pcap");
     let expected = write_capture(&path);
 
-    let mut args = vec![
-        "-r",
-        path.to_str().unwrap(),
-        "-T",
-        "fields",
-        "-E",
-        "separator=/t",
-    ];
-    for f in [
-        "infiniband.bth.opcode",
-        "infiniband.bth.destqp",
-        "infiniband.bth.psn",
-    ]
-    .iter()
-    .chain(EXTRA_FIELDS.iter())
+    let mut args = vec!["-r", path.to_str().unwrap(), "-T", "fields", "-E", "separator=/t"];
+    for f in ["infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.bth.psn"]
+        .iter()
+        .chain(EXTRA_FIELDS.iter())
     {
         args.extend(["-e", f]);
     }
     let out = Command::new("tshark").args(&args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "tshark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "tshark failed: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     let seen: Vec<Row> = text
         .lines()
@@ -201,19 +162,11 @@ fn tshark_decodes_every_opcode_as_encoded() {
                 opcode: number(cols[0]),
                 dest_qp: number(cols[1]),
                 psn: number(cols[2]),
-                extra: EXTRA_FIELDS
-                    .iter()
-                    .zip(&cols[3..])
-                    .map(|(f, v)| normalise(f, v))
-                    .collect(),
+                extra: EXTRA_FIELDS.iter().zip(&cols[3..]).map(|(f, v)| normalise(f, v)).collect(),
             }
         })
         .collect();
-    assert_eq!(
-        seen.len(),
-        expected.len(),
-        "tshark saw a different number of RoCE packets"
-    );
+    assert_eq!(seen.len(), expected.len(), "tshark saw a different number of RoCE packets");
     for (s, e) in seen.iter().zip(&expected) {
         assert_eq!(s, e, "opcode {:#04x}", e.opcode);
     }
@@ -229,10 +182,7 @@ fn tshark_decodes_every_opcode_as_encoded() {
         .unwrap();
     assert!(malformed.status.success());
     let text = String::from_utf8_lossy(&malformed.stdout);
-    assert!(
-        text.trim().is_empty(),
-        "tshark found malformed packets:\n{text}"
-    );
+    assert!(text.trim().is_empty(), "tshark found malformed packets:\n{text}");
     if std::env::var_os("UROCE_KEEP").is_none() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -243,28 +193,12 @@ fn tshark_finds_nothing_malformed_in_the_sample_capture() {
     if !tshark_available() {
         return;
     }
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../samples/rc-conversation.pcap"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../samples/rc-conversation.pcap");
     let out = Command::new("tshark")
-        .args([
-            "-r",
-            path,
-            "-T",
-            "fields",
-            "-e",
-            "infiniband.bth.opcode",
-            "-e",
-            "_ws.malformed",
-        ])
+        .args(["-r", path, "-T", "fields", "-e", "infiniband.bth.opcode", "-e", "_ws.malformed"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     let expected = examples::sample_conversation();
     assert_eq!(text.lines().count(), expected.len());

@@ -38,10 +38,7 @@ fn vector_file_matches_the_shared_copy_when_present() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/vectors/icrc-ipv4.txt");
     match std::fs::read_to_string(&shared) {
         Ok(text) => assert_eq!(text, VECTORS, "tests/data/icrc-ipv4.txt is out of date"),
-        Err(_) => eprintln!(
-            "note: {} not present; using the project's copy",
-            shared.display()
-        ),
+        Err(_) => eprintln!("note: {} not present; using the project's copy", shared.display()),
     }
 }
 
@@ -49,11 +46,7 @@ fn vector_file_matches_the_shared_copy_when_present() {
 fn every_vector_verifies_and_parses() {
     let v = vectors();
     assert_eq!(v.len(), 8);
-    assert_eq!(
-        v.iter().filter(|(_, b)| b[0] >> 4 == 6).count(),
-        3,
-        "IPv6 vectors"
-    );
+    assert_eq!(v.iter().filter(|(_, b)| b[0] >> 4 == 6).count(), 3, "IPv6 vectors");
     for (name, bytes) in &v {
         let d = parse_udp_datagram(bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(d.udp.dst_port, uroce_wire::ROCE_V2_PORT, "{name}");
@@ -77,10 +70,7 @@ fn rebuilding_each_vector_from_its_fields_reproduces_its_bytes() {
         d.udp.emit(&mut out[ip_len..], roce_len).unwrap();
         // The ICRC is recomputed from the rebuilt IP/UDP headers, not copied.
         let rebuilt = PseudoHeader::from_headers(&out[..ip_len + ip::UDP_HEADER_LEN]).unwrap();
-        let n = parsed
-            .repr
-            .emit(&rebuilt, &mut out[ip_len + ip::UDP_HEADER_LEN..])
-            .unwrap();
+        let n = parsed.repr.emit(&rebuilt, &mut out[ip_len + ip::UDP_HEADER_LEN..]).unwrap();
         assert_eq!(n, roce_len);
         assert_eq!(hex(&out), hex(&bytes), "{name}");
     }
@@ -99,20 +89,13 @@ enum Expect {
 }
 
 fn expect(ipv6: bool, offset: usize, bit: u8) -> Expect {
-    let (ip_len, masked, unreadable): (usize, &[usize], &[usize]) = if ipv6 {
-        (40, &[1, 2, 3, 7], &[6])
-    } else {
-        (20, &[1, 8, 10, 11], &[0, 9])
-    };
+    let (ip_len, masked, unreadable): (usize, &[usize], &[usize]) =
+        if ipv6 { (40, &[1, 2, 3, 7], &[6]) } else { (20, &[1, 8, 10, 11], &[0, 9]) };
     let udp_checksum = [ip_len + 6, ip_len + 7];
     let bth_byte_4 = ip_len + 8 + 4;
     if ipv6 && offset == 0 {
         // Version nibble, then the top four bits of the traffic class.
-        return if bit >= 4 {
-            Expect::Unreadable
-        } else {
-            Expect::Masked
-        };
+        return if bit >= 4 { Expect::Unreadable } else { Expect::Masked };
     }
     if masked.contains(&offset) || udp_checksum.contains(&offset) || offset == bth_byte_4 {
         Expect::Masked
