@@ -210,7 +210,8 @@ fn setup(seed: u64, mtu: Mtu) -> (Fabric<DeviceNode<VecMemory>>, [Host; 2]) {
     (fabric, hosts)
 }
 
-fn run_seed(seed: u64) -> Result<(), String> {
+/// Runs one seed; `Ok(true)` if, at 10 % loss, the retries legitimately ran out.
+fn run_seed(seed: u64) -> Result<bool, String> {
     let mut rng = Rng::new(seed);
     let loss = [0.0, 0.001, 0.01, 0.1][(seed % 4) as usize];
     let mixed = (seed / 4) % 2 == 1;
@@ -388,7 +389,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
             );
         }
     }
-    check(seed, &plan, &fabric, &sent_wcs, &recv_wcs)
+    check(seed, &plan, &fabric, &sent_wcs, &recv_wcs, loss >= 0.1)
 }
 
 fn check(
@@ -397,31 +398,49 @@ fn check(
     fabric: &Fabric<DeviceNode<VecMemory>>,
     sent: &[Vec<WorkCompletion>; 2],
     recv: &[Vec<WorkCompletion>; 2],
-) -> Result<(), String> {
+    heavy_loss: bool,
+) -> Result<bool, String> {
+    let mut exhausted = false;
     for host in 0..2 {
         let peer = 1 - host;
         let mine = fabric.node(host).dev.memory().buffer(BASE[host]).unwrap();
         let theirs = fabric.node(peer).dev.memory().buffer(BASE[peer]).unwrap();
-        // Exactly once, successfully, in post order.
+        // Exactly once, in post order.
         let ids: Vec<u64> = sent[host].iter().map(|w| w.wr_id).collect();
         let want: Vec<u64> = (0..plan.ops[host].len() as u64).collect();
         if ids != want {
             return Err(format!("host {host}: completions {ids:?}, expected {want:?}"));
         }
-        if let Some(bad) = sent[host].iter().find(|w| w.status != WcStatus::SUCCESS) {
+        // Successfully, except that at 10 % loss the retries may run out: eight rounds in a row
+        // without progress (each fails with probability about 0.2) is rare but legitimate. The
+        // run must then end as a dead link does: one RETRY_EXC_ERR, every later WR flushed.
+        let ok = sent[host].iter().take_while(|w| w.status == WcStatus::SUCCESS).count();
+        if ok < sent[host].len() {
             let c = fabric.node(host).dev.counters();
-            return Err(format!("host {host}: {bad:?} at {}; counters {c:?}", fabric.now()));
+            let tail_ok = sent[host][ok].status == WcStatus::RETRY_EXC_ERR
+                && sent[host][ok + 1..].iter().all(|w| w.status == WcStatus::WR_FLUSH_ERR);
+            if !heavy_loss || !tail_ok {
+                return Err(format!(
+                    "host {host}: {:?} at {}; counters {c:?}",
+                    sent[host][ok],
+                    fabric.now()
+                ));
+            }
+            exhausted = true;
         }
         let mut expected_recvs = Vec::new();
+        let mut recvs_from_successes = 0;
         let mut fetch_sum = 0u64;
         for (k, op) in plan.ops[host].iter().enumerate() {
+            let succeeded = k < ok;
             let data = pattern(seed, host, k, op.len);
             let at = |buf: &[u8], off: u64, len: u32| {
                 buf[off as usize..(off + u64::from(len)) as usize].to_vec()
             };
+            let imm = (k as u32).to_be_bytes();
             match op.kind {
-                Kind::Send { imm } => {
-                    if at(theirs, op.remote, op.len) != data {
+                Kind::Send { imm: with_imm } => {
+                    if succeeded && at(theirs, op.remote, op.len) != data {
                         return Err(format!(
                             "host {host} op {k}: SEND of {} bytes arrived corrupted",
                             op.len
@@ -431,27 +450,27 @@ fn check(
                         k as u64,
                         WcOpcode::Recv,
                         op.len,
-                        imm.then_some((k as u32).to_be_bytes()),
+                        with_imm.then_some(imm),
                     ));
                 }
-                Kind::Write { imm } => {
-                    if at(theirs, op.remote, op.len) != data {
+                Kind::Write { imm: with_imm } => {
+                    if succeeded && at(theirs, op.remote, op.len) != data {
                         return Err(format!(
                             "host {host} op {k}: WRITE of {} bytes left wrong bytes",
                             op.len
                         ));
                     }
-                    if imm {
+                    if with_imm {
                         expected_recvs.push((
                             k as u64,
                             WcOpcode::RecvRdmaWithImm,
                             op.len,
-                            Some((k as u32).to_be_bytes()),
+                            Some(imm),
                         ));
                     }
                 }
                 Kind::Read => {
-                    if at(mine, op.local, op.len) != data {
+                    if succeeded && at(mine, op.local, op.len) != data {
                         return Err(format!(
                             "host {host} op {k}: READ of {} bytes returned wrong bytes",
                             op.len
@@ -460,7 +479,7 @@ fn check(
                 }
                 Kind::FetchAdd { add } => {
                     let orig = u64::from_ne_bytes(at(mine, op.local, 8).try_into().unwrap());
-                    if orig != fetch_sum {
+                    if succeeded && orig != fetch_sum {
                         return Err(format!(
                             "host {host} op {k}: FETCH_ADD returned {orig}, running sum {fetch_sum}"
                         ));
@@ -469,7 +488,7 @@ fn check(
                 }
                 Kind::CompareSwap { step } => {
                     let orig = u64::from_ne_bytes(at(mine, op.local, 8).try_into().unwrap());
-                    if orig != step - 1 {
+                    if succeeded && orig != step - 1 {
                         return Err(format!(
                             "host {host} op {k}: CAS saw {orig}, expected {}",
                             step - 1
@@ -477,29 +496,51 @@ fn check(
                     }
                 }
             }
+            if succeeded {
+                recvs_from_successes = expected_recvs.len();
+            }
         }
         // Atomics applied exactly once: the counter holds the sum, the CAS word the last step.
-        let counter = u64::from_ne_bytes(theirs[plan.counter as usize..][..8].try_into().unwrap());
-        let cas = u64::from_ne_bytes(theirs[plan.cas_word as usize..][..8].try_into().unwrap());
-        let steps =
-            plan.ops[host].iter().filter(|o| matches!(o.kind, Kind::CompareSwap { .. })).count()
-                as u64;
-        if counter != fetch_sum || cas != steps {
-            return Err(format!(
-                "host {host}: counter {counter} (want {fetch_sum}), CAS word {cas} (want {steps})"
-            ));
+        if ok == sent[host].len() {
+            let counter =
+                u64::from_ne_bytes(theirs[plan.counter as usize..][..8].try_into().unwrap());
+            let cas = u64::from_ne_bytes(theirs[plan.cas_word as usize..][..8].try_into().unwrap());
+            let steps = plan.ops[host]
+                .iter()
+                .filter(|o| matches!(o.kind, Kind::CompareSwap { .. }))
+                .count() as u64;
+            if counter != fetch_sum || cas != steps {
+                return Err(format!(
+                    "host {host}: counter {counter} (want {fetch_sum}), CAS word {cas} (want {steps})"
+                ));
+            }
         }
-        // The peer's receive completions, in order, exactly the SENDs and WRITEs with immediate.
-        let got: Vec<(u64, WcOpcode, u32, Option<[u8; 4]>)> =
-            recv[peer].iter().map(|w| (w.wr_id, w.opcode, w.byte_len, w.imm)).collect();
-        if got != expected_recvs {
+        // The peer's receive completions, in order: exactly the SENDs and WRITEs with
+        // immediate (a prefix of them, then flushes, if the connection broke).
+        let got: Vec<(u64, WcOpcode, u32, Option<[u8; 4]>)> = recv[peer]
+            .iter()
+            .filter(|w| w.status == WcStatus::SUCCESS)
+            .map(|w| (w.wr_id, w.opcode, w.byte_len, w.imm))
+            .collect();
+        let complete = if exhausted {
+            got.len() >= recvs_from_successes
+        } else {
+            got.len() == expected_recvs.len()
+        };
+        if !complete || expected_recvs.get(..got.len()) != Some(&got[..]) {
             return Err(format!("host {peer} receives {got:?}, expected {expected_recvs:?}"));
         }
-        if let Some(bad) = recv[peer].iter().find(|w| w.status != WcStatus::SUCCESS) {
+        if let Some(bad) = recv[peer]
+            .iter()
+            .find(|w| !matches!(w.status, WcStatus::SUCCESS | WcStatus::WR_FLUSH_ERR))
+        {
             return Err(format!("host {peer}: {bad:?}"));
         }
+        if !exhausted && recv[peer].len() != got.len() {
+            return Err(format!("host {peer}: flushed receives on a healthy connection"));
+        }
     }
-    Ok(())
+    Ok(exhausted)
 }
 
 #[test]
@@ -510,6 +551,7 @@ fn check(
 fn rc_invariants_hold_across_seeds_loss_and_faults() {
     let start = std::time::Instant::now();
     let mut runs = 0;
+    let mut exhausted = Vec::new();
     sweep(DEFAULT_SEEDS, |seed| {
         runs += 1;
         let t = std::time::Instant::now();
@@ -517,9 +559,15 @@ fn rc_invariants_hold_across_seeds_loss_and_faults() {
         if std::env::var_os("UROCE_SWEEP_TIMES").is_some() {
             eprintln!("seed {seed}: {:.2?}", t.elapsed());
         }
-        r
+        if r == Ok(true) {
+            exhausted.push(seed);
+        }
+        r.map(drop)
     });
-    eprintln!("rc sweep: {runs} runs in {:.1?}", start.elapsed());
+    eprintln!(
+        "rc sweep: {runs} runs in {:.1?}; retries ran out at 10 % loss in seeds {exhausted:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
