@@ -63,9 +63,7 @@ fn on_ack<M: MemoryAccess>(
     let upto = if matches!(syndrome, Syndrome::Ack(_)) { psn.next() } else { psn };
     if let Some(from) = implied_nak(qp, upto) {
         advance_una(qp, now, from);
-        if retry(qp, ctx, now, from) {
-            ctx.counters.implied_naks += 1;
-        }
+        implied_nak_retry(qp, ctx, now, from);
         return;
     }
     advance_una(qp, now, upto);
@@ -142,9 +140,7 @@ fn on_atomic_ack<M: MemoryAccess>(
     };
     // Responses arrive in order: an earlier READ still waiting means its response was lost.
     if let Some(from) = earlier_unanswered(qp, idx) {
-        if retry(qp, ctx, now, from) {
-            ctx.counters.implied_naks += 1;
-        }
+        implied_nak_retry(qp, ctx, now, from);
         return;
     }
     let w = &mut qp.req.sq[idx];
@@ -178,9 +174,7 @@ fn on_read_response<M: MemoryAccess>(
         return;
     };
     if let Some(from) = earlier_unanswered(qp, idx) {
-        if retry(qp, ctx, now, from) {
-            ctx.counters.implied_naks += 1;
-        }
+        implied_nak_retry(qp, ctx, now, from);
         return;
     }
     let w = &mut qp.req.sq[idx];
@@ -191,9 +185,7 @@ fn on_read_response<M: MemoryAccess>(
             ctx.counters.drop_stale_response += 1;
         } else {
             // A gap in the responses: ask again from the first missing one (IBA 9.7).
-            if retry(qp, ctx, now, expected) {
-                ctx.counters.implied_naks += 1;
-            }
+            implied_nak_retry(qp, ctx, now, expected);
         }
         return;
     }
@@ -341,15 +333,21 @@ pub(crate) fn enter_error<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     }
 }
 
-/// One retry of the transport (ACK timeout, sequence NAK or implied NAK): go back to `from`,
-/// or end with `RETRY_EXC_ERR` when `retry_cnt` retries are used up (IBA 9.7; a
-/// `retry_cnt` of 7 is seven retries, not infinity, unlike Linux rxe).
+/// A retry because a response shows another was lost (an implied NAK), counted as one.
+fn implied_nak_retry<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, from: Psn) {
+    if retry(qp, ctx, now, from) {
+        ctx.counters.implied_naks += 1;
+    }
+}
+
+/// One retry of the transport (sequence NAK or implied NAK): go back to `from`, or end with
+/// `RETRY_EXC_ERR` when `retry_cnt` retries are used up (IBA 9.7; a `retry_cnt` of 7 is seven
+/// retries, not infinity, unlike Linux rxe). Returns whether this was a new retry.
 ///
 /// A loss shows up as a burst of signs (every later READ response, a duplicated NAK, an ACK
 /// overtaking the responses): once go-back-N from `from` is under way, further signs of the
 /// same loss are ignored until the requester makes progress, so one loss costs one retry. Only
 /// the ACK timer retries the same PSN again.
-/// Returns whether this was a new retry.
 fn retry<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, from: Psn) -> bool {
     if qp.req.recovering == Some(from) {
         return false;

@@ -9,6 +9,28 @@ use core::fmt;
 /// Mask of a 24-bit field.
 const MASK24: u32 = 0x00FF_FFFF;
 
+/// The constructors and accessor every 24-bit number shares.
+macro_rules! u24_number {
+    ($name:ident, $what:literal) => {
+        impl $name {
+            #[doc = concat!("A ", $what, " from a value that must fit 24 bits; `None` if it does not.")]
+            pub const fn new(value: u32) -> Option<Self> {
+                if value > MASK24 { None } else { Some(Self(value)) }
+            }
+
+            #[doc = concat!("A ", $what, " from the low 24 bits of `value` (the wire field's width).")]
+            pub const fn from_masked(value: u32) -> Self {
+                Self(value & MASK24)
+            }
+
+            #[doc = concat!("The ", $what, " as an integer in `0..2^24`.")]
+            pub const fn get(self) -> u32 {
+                self.0
+            }
+        }
+    };
+}
+
 /// A packet sequence number: 24 bits, compared modulo 2^24 (IBA 9.7).
 ///
 /// `Psn` deliberately has no `Ord`: "later than" is only meaningful for PSNs less than 2^23
@@ -22,21 +44,6 @@ impl Psn {
     pub const MAX: Self = Self(MASK24);
     /// PSN zero.
     pub const ZERO: Self = Self(0);
-
-    /// A PSN from a value that must fit 24 bits; `None` if it does not.
-    pub const fn new(value: u32) -> Option<Self> {
-        if value > MASK24 { None } else { Some(Self(value)) }
-    }
-
-    /// A PSN from the low 24 bits of `value` (the wire field's width).
-    pub const fn from_masked(value: u32) -> Self {
-        Self(value & MASK24)
-    }
-
-    /// The PSN as an integer in `0..2^24`.
-    pub const fn get(self) -> u32 {
-        self.0
-    }
 
     /// `self + n` modulo 2^24.
     #[must_use]
@@ -87,6 +94,10 @@ impl Psn {
     }
 }
 
+u24_number!(Psn, "PSN");
+u24_number!(Qpn, "QPN");
+u24_number!(Msn, "MSN");
+
 impl fmt::Display for Psn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
@@ -104,21 +115,6 @@ impl Qpn {
     pub const QP1: Self = Self(1);
     /// The destination QPN of a multicast packet (IBA 9.2: permissive DestQP 0xFFFFFF).
     pub const MULTICAST: Self = Self(MASK24);
-
-    /// A QPN from a value that must fit 24 bits; `None` if it does not.
-    pub const fn new(value: u32) -> Option<Self> {
-        if value > MASK24 { None } else { Some(Self(value)) }
-    }
-
-    /// A QPN from the low 24 bits of `value`.
-    pub const fn from_masked(value: u32) -> Self {
-        Self(value & MASK24)
-    }
-
-    /// The QPN as an integer in `0..2^24`.
-    pub const fn get(self) -> u32 {
-        self.0
-    }
 }
 
 impl fmt::Display for Qpn {
@@ -132,21 +128,6 @@ impl fmt::Display for Qpn {
 pub struct Msn(u32);
 
 impl Msn {
-    /// An MSN from a value that must fit 24 bits; `None` if it does not.
-    pub const fn new(value: u32) -> Option<Self> {
-        if value > MASK24 { None } else { Some(Self(value)) }
-    }
-
-    /// An MSN from the low 24 bits of `value`.
-    pub const fn from_masked(value: u32) -> Self {
-        Self(value & MASK24)
-    }
-
-    /// The MSN as an integer in `0..2^24`.
-    pub const fn get(self) -> u32 {
-        self.0
-    }
-
     /// The next MSN, modulo 2^24.
     #[must_use]
     pub const fn next(self) -> Self {
