@@ -9,6 +9,8 @@
 //!
 //! `UROCE_SEED_BASE` and `UROCE_SEEDS` choose the seeds (`cargo test --release -p uroce-sim
 //! --test rc_sweep`); a failure names the seed and the command that reruns exactly it.
+//! `UROCE_PCAP_DIR=DIR` writes each run's packets to `DIR/seed-N.pcap` (read them with
+//! `uroce decode` or Wireshark); `UROCE_SWEEP_TIMES=1` prints each run's time and counters.
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 #![allow(clippy::cast_possible_truncation, reason = "test sizes and offsets are small")]
 
