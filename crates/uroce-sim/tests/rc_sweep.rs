@@ -1,7 +1,9 @@
 //! The RC transport under random loss, reordering, duplication and corruption, across many
 //! seeds, with every invariant of a reliable connection checked after each run:
 //!
-//! - every posted work request completes exactly once, successfully, in post order;
+//! - every posted work request completes exactly once, in post order, successfully (at 10 %
+//!   loss the retries may legitimately run out: the run must then end as a dead link does,
+//!   one RETRY_EXC_ERR and the rest flushed, with everything completed before it intact);
 //! - every SEND arrives whole and in order, into the receive it was matched with;
 //! - every WRITE leaves exactly its bytes at the target; every READ returns the remote bytes;
 //! - every atomic is applied exactly once (fetch-and-add returns the running sum in order,
