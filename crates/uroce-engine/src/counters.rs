@@ -60,4 +60,7 @@ pub struct Counters {
     pub drop_stale_response: u64,
     /// Dropped: a duplicate READ or atomic whose saved responder resource is gone.
     pub drop_dup_no_resource: u64,
+    /// Dropped: a UC request the responder's checks refused (opcode sequence, length, R_Key);
+    /// UC answers nothing, so the rest of its message goes too.
+    pub drop_uc_invalid: u64,
 }

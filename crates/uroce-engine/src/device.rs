@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use uroce_wire::icrc::{self, PseudoHeader};
 use uroce_wire::opcode::OpFlags;
-use uroce_wire::{PacketRepr, Psn, Qpn, ROCE_V2_PORT, Transport, bth};
+use uroce_wire::{PacketRepr, Psn, Qpn, ROCE_V2_PORT, bth};
 
 use crate::counters::Counters;
 use crate::cq::Cq;
@@ -17,8 +17,8 @@ use crate::qp::{ModifyError, PostError, Qp, QpAttr, QpInitAttr, RecvWqe, SendWqe
 use crate::rng::Rng;
 use crate::time::Instant;
 use crate::types::{
-    Access, CqHandle, LKey, PdHandle, QpState, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
-    WrOpcode,
+    Access, CqHandle, LKey, PdHandle, QpState, QpType, RecvWr, SendWr, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
 };
 use crate::{completer, requester, responder};
 
@@ -486,7 +486,7 @@ impl<M: MemoryAccess> Device<M> {
         };
         let packet = parsed.repr;
         // Header checks (IBA 9.6: transport, partition, source; rxe_recv.c hdr_check).
-        if packet.bth.opcode.transport() != Transport::Rc {
+        if packet.bth.opcode.transport() != qp.init.qp_type.transport() {
             c.drop_wrong_transport += 1;
             return;
         }
@@ -564,6 +564,10 @@ fn validate_send(qp: &Qp, wr: &SendWr) -> Result<u32, PostError> {
     }
     if qp.req.sq.len() >= qp.init.cap.max_send_wr as usize {
         return Err(PostError::QueueFull);
+    }
+    // IBA 9.8: UC carries SEND and RDMA WRITE only.
+    if qp.init.qp_type == QpType::Uc && wr.opcode.is_read_or_atomic() {
+        return Err(PostError::UnsupportedOpcode);
     }
     if wr.opcode.is_rdma() && wr.remote.is_none() {
         return Err(PostError::MissingRemote);

@@ -159,6 +159,8 @@ pub enum PostError {
     BadAtomicSge,
     /// Immediate data missing on a `*WithImm` opcode.
     MissingImm,
+    /// The QP's transport does not have this operation (UC has no READ or atomics).
+    UnsupportedOpcode,
 }
 
 impl fmt::Display for PostError {
@@ -175,6 +177,7 @@ impl fmt::Display for PostError {
             }
             Self::BadAtomicSge => f.write_str("atomic needs exactly one 8-byte local element"),
             Self::MissingImm => f.write_str("immediate opcode without immediate data"),
+            Self::UnsupportedOpcode => f.write_str("operation not supported by the QP's transport"),
         }
     }
 }
@@ -286,6 +289,8 @@ pub(crate) struct Responder {
     /// A sequence NAK went out for the current gap; further out-of-order packets are dropped.
     pub(crate) nak_sent: bool,
     pub(crate) current: Option<InMessage>,
+    /// UC: the rest of the current message is being dropped, until a FIRST or ONLY.
+    pub(crate) uc_dropping: bool,
     pub(crate) resources: VecDeque<Resource>,
     pub(crate) out: VecDeque<Response>,
 }
@@ -375,12 +380,21 @@ impl Qp {
         if !legal {
             return Err(ModifyError::InvalidTransition { from, to });
         }
+        let reliable = self.init.qp_type == QpType::Rc;
         let required: &[(&'static str, bool)] = match (from, to) {
             (Reset, Init) => &[
                 ("IBV_QP_PKEY_INDEX", attr.pkey_index.is_some()),
                 ("IBV_QP_PORT", attr.port_num.is_some()),
                 ("IBV_QP_ACCESS_FLAGS", attr.access_flags.is_some()),
             ],
+            // UC needs neither READ/atomic resources nor RNR timing (ibv_modify_qp(3)).
+            (Init, Rtr) if !reliable => &[
+                ("IBV_QP_AV", attr.av.is_some()),
+                ("IBV_QP_PATH_MTU", attr.path_mtu.is_some()),
+                ("IBV_QP_DEST_QPN", attr.dest_qp_num.is_some()),
+                ("IBV_QP_RQ_PSN", attr.rq_psn.is_some()),
+            ],
+            (Rtr, Rts) if !reliable => &[("IBV_QP_SQ_PSN", attr.sq_psn.is_some())],
             (Init, Rtr) => &[
                 ("IBV_QP_AV", attr.av.is_some()),
                 ("IBV_QP_PATH_MTU", attr.path_mtu.is_some()),

@@ -13,7 +13,7 @@ use crate::device::{Ctx, Transmit};
 use crate::memory::MemoryAccess;
 use crate::qp::Qp;
 use crate::time::Instant;
-use crate::types::{SendFlags, Sge, WcStatus, WrOpcode};
+use crate::types::{QpType, SendFlags, Sge, WcStatus, WrOpcode};
 
 /// Builds the next request packet of `qp` into `buf`, if the QP may send one now.
 pub(crate) fn poll<M: MemoryAccess>(
@@ -120,8 +120,11 @@ pub(crate) fn poll<M: MemoryAccess>(
     if ack_req {
         qp.req.since_ack_req = 0;
     }
+    let reliable = qp.init.qp_type == QpType::Rc;
+    // UC uses the same operation codes in its own range (0x20 + op) and never asks for an ACK.
+    let opcode = if reliable { opcode } else { Opcode(opcode.0 | 0x20) };
     let mut b = bth::Repr::new(opcode, qp.dest_qpn, psn);
-    b.ack_req = ack_req;
+    b.ack_req = ack_req && reliable;
     b.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED) && !op.is_read_or_atomic();
     let scratch = core::mem::take(&mut ctx.scratch);
     let repr = PacketRepr::new(b, ext, &scratch);
@@ -145,7 +148,11 @@ pub(crate) fn poll<M: MemoryAccess>(
     if qp.req.next_psn.is_after(qp.req.high_psn) {
         qp.req.high_psn = qp.req.next_psn;
     }
-    if qp.req.ack_deadline.is_none() {
+    if !reliable {
+        // UC: a WQE is complete once its last packet is on the wire (IBA 9.8).
+        qp.req.una = qp.req.next_psn;
+        completer::drain(qp, ctx);
+    } else if qp.req.ack_deadline.is_none() {
         qp.req.ack_deadline = qp.ack_timeout().map(|t| now + t);
     }
     Some(tx)

@@ -18,7 +18,7 @@ use crate::device::{Ctx, Transmit};
 use crate::memory::MemoryAccess;
 use crate::qp::{InMessage, Qp, RecvWqe, Resource, ResourceKind, Response};
 use crate::time::Instant;
-use crate::types::{Access, WcOpcode, WcStatus, WorkCompletion};
+use crate::types::{Access, QpState, QpType, WcOpcode, WcStatus, WorkCompletion};
 
 /// A request packet for `qp` (already checked: ICRC, transport, peer, QP state).
 pub(crate) fn on_request<M: MemoryAccess>(
@@ -27,6 +27,10 @@ pub(crate) fn on_request<M: MemoryAccess>(
     _now: Instant,
     packet: &PacketRepr<'_>,
 ) {
+    if qp.init.qp_type == QpType::Uc {
+        uc_request(qp, ctx, packet);
+        return;
+    }
     let psn = packet.bth.psn;
     let distance = psn.distance(qp.resp.epsn);
     if distance > 0 {
@@ -50,6 +54,62 @@ pub(crate) fn on_request<M: MemoryAccess>(
         return;
     }
     execute(qp, ctx, packet);
+}
+
+/// Gives up the message in progress: a SEND's receive WQE goes back to the head of the receive
+/// queue, to take the next message; it is never completed with part of one.
+fn abandon(qp: &mut Qp) {
+    if let Some(InMessage::Send { wqe, .. }) = qp.resp.current.take() {
+        qp.rq.push_front(wqe);
+    }
+}
+
+/// A UC request (IBA 9.8): no acknowledgements and no retransmission. A PSN behind the expected
+/// one is a duplicate and dropped; one ahead means packets were lost: the message in progress is
+/// abandoned and reception resumes at the next FIRST or ONLY, so a message arrives whole or not
+/// at all.
+fn uc_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>) {
+    let psn = packet.bth.psn;
+    let Some(info) = packet.bth.opcode.info() else { return };
+    let starts = info.has(OpFlags::FIRST);
+    if psn.is_before(qp.resp.epsn) {
+        // A duplicate (the network copied a packet): already seen, never delivered twice.
+        ctx.counters.dup_req += 1;
+        return;
+    }
+    if psn != qp.resp.epsn {
+        ctx.counters.rcv_seq_err += 1;
+        abandon(qp);
+        qp.resp.uc_dropping = true;
+    }
+    qp.resp.epsn = psn.next();
+    if starts {
+        // A new message: whatever was open is gone (its end was lost).
+        abandon(qp);
+        qp.resp.uc_dropping = false;
+    } else if qp.resp.uc_dropping {
+        ctx.counters.drop_out_of_sequence += 1;
+        return;
+    }
+    let mtu = qp.mtu.bytes() as usize;
+    let len = packet.payload.len();
+    let sequence_ok = match &qp.resp.current {
+        None => starts,
+        Some(InMessage::Send { .. }) => !starts && info.has(OpFlags::SEND),
+        Some(InMessage::Write { .. }) => !starts && info.has(OpFlags::WRITE),
+    };
+    let right = if info.has(OpFlags::WRITE) { Access::REMOTE_WRITE } else { Access::NONE };
+    let length_ok = if info.has(OpFlags::LAST) { len <= mtu } else { len == mtu };
+    if !sequence_ok || !qp.access.contains(right) || !length_ok {
+        fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
+        return;
+    }
+    let placed =
+        if info.has(OpFlags::SEND) { send(qp, ctx, packet) } else { write(qp, ctx, packet) };
+    if !placed && qp.state != QpState::Error {
+        abandon(qp);
+        qp.resp.uc_dropping = !info.has(OpFlags::LAST);
+    }
 }
 
 fn nak(code: NakCode) -> Syndrome {
@@ -145,6 +205,26 @@ fn fatal<M: MemoryAccess>(
     code: NakCode,
     recv: Option<(RecvWqe, WcStatus)>,
 ) {
+    if qp.init.qp_type == QpType::Uc {
+        // UC answers nothing (IBA 9.8): a request the checks refuse is dropped with the rest of
+        // its message; only a failure of the local receive buffer ends the QP.
+        match recv {
+            Some((wqe, status @ (WcStatus::LOC_LEN_ERR | WcStatus::LOC_PROT_ERR))) => {
+                let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
+                ctx.complete(qp.init.recv_cq, wc);
+                completer::enter_error(qp, ctx);
+            }
+            other => {
+                if let Some((wqe, _)) = other {
+                    qp.rq.push_front(wqe);
+                }
+                abandon(qp);
+                ctx.counters.drop_uc_invalid += 1;
+                qp.resp.uc_dropping = true;
+            }
+        }
+        return;
+    }
     ctx.counters.err_naks_sent += 1;
     let msn = qp.resp.msn;
     queue(qp, ctx, Response::Ack { psn, syndrome: nak(code), msn });
@@ -234,7 +314,11 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
 /// comes back to this PSN.
 fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) -> Option<RecvWqe> {
     let wqe = qp.rq.pop_front();
-    if wqe.is_none() {
+    if wqe.is_none() && qp.init.qp_type == QpType::Uc {
+        // UC has no RNR NAK: the message is dropped (IBA 9.8).
+        ctx.counters.drop_rnr += 1;
+        qp.resp.uc_dropping = true;
+    } else if wqe.is_none() {
         ctx.counters.rnr_naks_sent += 1;
         ctx.counters.drop_rnr += 1;
         qp.resp.nak_sent = true;

@@ -105,6 +105,19 @@ impl Mtu {
 pub enum QpType {
     /// Reliable connection.
     Rc,
+    /// Unreliable connection: SEND and RDMA WRITE, no acknowledgements, no retransmission; a
+    /// message that loses a packet is dropped whole.
+    Uc,
+}
+
+impl QpType {
+    /// The wire transport of the type's packets.
+    pub const fn transport(self) -> uroce_wire::Transport {
+        match self {
+            Self::Rc => uroce_wire::Transport::Rc,
+            Self::Uc => uroce_wire::Transport::Uc,
+        }
+    }
 }
 
 /// Queue pair states (IBA 10.3, figure "QP/EE context state transitions"; `ibv_qp_state`).

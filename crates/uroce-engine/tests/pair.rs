@@ -39,7 +39,7 @@ const BUF: u64 = 1 << 20;
 /// Sees each packet sent (sender index, packet) and says whether it arrives.
 type Filter = Box<dyn FnMut(usize, &PacketRepr<'_>) -> bool>;
 
-fn host(addr: &str, seed: u64, base: u64) -> Host {
+fn host_of(addr: &str, seed: u64, base: u64, qp_type: QpType) -> Host {
     let ip: IpAddr = addr.parse().unwrap();
     let mut mem = VecMemory::new();
     mem.insert(base, vec![0; BUF as usize]);
@@ -50,7 +50,7 @@ fn host(addr: &str, seed: u64, base: u64) -> Host {
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mr = dev.reg_mr(pd, base, BUF, access).unwrap();
     let init = QpInitAttr {
-        qp_type: QpType::Rc,
+        qp_type,
         pd,
         send_cq: cq,
         recv_cq: cq,
@@ -61,13 +61,24 @@ fn host(addr: &str, seed: u64, base: u64) -> Host {
     Host { dev, pd, cq, qp, mr }
 }
 
+fn host(addr: &str, seed: u64, base: u64) -> Host {
+    host_of(addr, seed, base, QpType::Rc)
+}
+
 fn rc_attrs(state: QpState) -> QpAttr {
     QpAttr { state: Some(state), ..QpAttr::default() }
 }
 
 impl Pair {
     fn new(mtu: Mtu) -> Self {
-        let mut hosts = [host("127.0.0.2", 1, 0x10_0000), host("127.0.0.3", 2, 0x20_0000)];
+        Self::connected(mtu, QpType::Rc)
+    }
+
+    fn connected(mtu: Mtu, qp_type: QpType) -> Self {
+        let mut hosts = [
+            host_of("127.0.0.2", 1, 0x10_0000, qp_type),
+            host_of("127.0.0.3", 2, 0x20_0000, qp_type),
+        ];
         let qpns = [hosts[0].qp, hosts[1].qp];
         let addrs = [hosts[0].dev.addr(), hosts[1].dev.addr()];
         for (i, h) in hosts.iter_mut().enumerate() {
@@ -822,4 +833,80 @@ fn creation_beyond_the_device_limits_is_refused() {
         Err(CreateError::ExceedsLimit { limit: "max_qp_wr", .. })
     ));
     assert_eq!(h.dev.gid()[10..12], [0xff, 0xff], "IPv4-mapped GID");
+}
+
+/// UC: SEND and WRITE go out once, nothing comes back, and completions happen on sending.
+#[test]
+fn uc_delivers_without_acknowledgements() {
+    let mut p = Pair::connected(Mtu::Mtu256, QpType::Uc);
+    let data = fill(&mut p, A, 0, 1000, 4);
+    p.post_recv(B, 9, 0x1000, 1000);
+    let mut send = SendWr::new(1, WrOpcode::SendWithImm, vec![p.sge(A, 0, 1000)]);
+    send.imm = Some([0, 0, 0, 1]);
+    p.post_send(A, send);
+    p.post_send(A, write_wr(&p, 2, 0, 0x8000, 1000));
+    p.run(Duration::from_millis(1));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]);
+    let recv = p.cq(B);
+    assert_eq!((recv[0].wr_id, recv[0].byte_len, recv[0].imm), (9, 1000, Some([0, 0, 0, 1])));
+    assert_eq!(p.mem(B, 0x1000, 1000), &data[..]);
+    assert_eq!(p.mem(B, 0x8000, 1000), &data[..]);
+    assert!(p.log.iter().all(|e| e.1 == A), "UC sends no ACKs");
+    assert!(p.log.iter().all(|e| e.2.0 & 0xE0 == 0x20), "UC opcodes");
+    assert!(p.log.iter().all(|e| e.4.is_none()));
+}
+
+#[test]
+fn uc_a_lost_packet_drops_the_message_and_its_receive_takes_the_next() {
+    let mut p = Pair::connected(Mtu::Mtu256, QpType::Uc);
+    fill(&mut p, A, 0, 1000, 1);
+    let second = fill(&mut p, A, 0x4000, 300, 2);
+    p.post_recv(B, 7, 0x1000, 1000);
+    let mut dropped = false;
+    p.filter = Box::new(move |_, pkt| {
+        if pkt.bth.opcode == Opcode::UC_SEND_MIDDLE && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 1000)]));
+    p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0x4000, 300)]));
+    p.run(Duration::from_millis(1));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]);
+    let recv = p.cq(B);
+    assert_eq!(recv.len(), 1, "the broken message never completes");
+    assert_eq!((recv[0].wr_id, recv[0].byte_len), (7, 300), "its receive took the next message");
+    assert_eq!(p.mem(B, 0x1000, 300), &second[..]);
+    let c = *p.hosts[B].dev.counters();
+    assert_eq!(c.rcv_seq_err, 1);
+    assert!(c.drop_out_of_sequence >= 1);
+}
+
+#[test]
+fn uc_refuses_read_and_atomics_and_drops_what_it_cannot_place() {
+    let mut p = Pair::connected(Mtu::Mtu1024, QpType::Uc);
+    let h = &mut p.hosts[A];
+    let mut read = SendWr::new(
+        1,
+        WrOpcode::RdmaRead,
+        vec![Sge { addr: h.mr.addr, length: 8, lkey: h.mr.lkey }],
+    );
+    read.remote = Some(RemoteAddr { addr: 0, rkey: h.mr.rkey });
+    assert_eq!(h.dev.post_send(h.qp, read), Err(PostError::UnsupportedOpcode));
+    // No receive posted: the SEND is dropped, no RNR NAK.
+    p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
+    // A forged rkey: the WRITE is dropped, the QP lives on, memory untouched.
+    let before = p.hosts[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap().to_vec();
+    let mut wr = write_wr(&p, 3, 0, 0, 8);
+    wr.remote.as_mut().unwrap().rkey.0 ^= 1;
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(1));
+    assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS), (3, WcStatus::SUCCESS)]);
+    assert!(p.cq(B).is_empty());
+    assert!(p.hosts[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap() == &before[..]);
+    let c = *p.hosts[B].dev.counters();
+    assert_eq!((c.drop_rnr, c.rnr_naks_sent, c.drop_uc_invalid), (1, 0, 1));
+    assert_eq!(p.hosts[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Rts));
+    assert!(p.log.iter().all(|e| e.1 == A));
 }
