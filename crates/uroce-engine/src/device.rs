@@ -10,7 +10,7 @@ use uroce_wire::opcode::OpFlags;
 use uroce_wire::{PacketRepr, Psn, Qpn, ROCE_V2_PORT, bth};
 
 use crate::counters::Counters;
-use crate::cq::Cq;
+use crate::cq::{Arm, Cq};
 use crate::memory::MemoryAccess;
 use crate::mr::{MemoryRegion, MrTable};
 use crate::qp::{ModifyError, PostError, Qp, QpAttr, QpInitAttr, RecvWqe, SendWqe};
@@ -135,6 +135,21 @@ pub(crate) struct Ctx<M> {
     pub(crate) rotation: VecDeque<Qpn>,
     /// Payload staging for the packet being built.
     pub(crate) scratch: Vec<u8>,
+    /// Completion queues whose armed notification fired, oldest first.
+    pub(crate) cq_events: VecDeque<CqHandle>,
+    /// Asynchronous events not yet taken.
+    pub(crate) async_events: VecDeque<AsyncEvent>,
+}
+
+/// An asynchronous event (`ibv_get_async_event`; IBA 11.6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// A QP entered the Error state because of a transport error (`IBV_EVENT_QP_FATAL`).
+    QpFatal(Qpn),
+    /// The first packet arrived at a QP in RTR (`IBV_EVENT_COMM_EST`).
+    CommEstablished(Qpn),
+    /// A completion queue overflowed (`IBV_EVENT_CQ_ERR`).
+    CqError(CqHandle),
 }
 
 impl<M> Ctx<M> {
@@ -148,10 +163,28 @@ impl<M> Ctx<M> {
 
     /// Delivers a completion, counting it if its queue is full.
     pub(crate) fn complete(&mut self, cq: CqHandle, wc: WorkCompletion) {
-        let delivered = self.cqs.get_mut(&cq.0).is_some_and(|q| q.push(wc));
-        if !delivered {
+        self.complete_solicited(cq, wc, false);
+    }
+
+    /// Delivers a completion that may be solicited (a received message whose last packet had
+    /// the SE bit), raising the CQ's notification or CQ error as it does.
+    pub(crate) fn complete_solicited(&mut self, cq: CqHandle, wc: WorkCompletion, solicited: bool) {
+        let Some(q) = self.cqs.get_mut(&cq.0) else { return };
+        let pushed = q.push(wc, solicited);
+        if !pushed.stored {
             self.counters.cq_overflows += 1;
         }
+        if pushed.first_overflow {
+            self.async_events.push_back(AsyncEvent::CqError(cq));
+        }
+        if pushed.notify {
+            self.cq_events.push_back(cq);
+        }
+    }
+
+    /// The QP entered Error because of a transport error: the affiliated asynchronous event.
+    pub(crate) fn qp_fatal(&mut self, qpn: Qpn) {
+        self.async_events.push_back(AsyncEvent::QpFatal(qpn));
     }
 
     /// Builds `repr` into `buf` for `qp`, counting it.
@@ -201,6 +234,8 @@ impl<M: MemoryAccess> Device<M> {
                 rng,
                 rotation: VecDeque::new(),
                 scratch: Vec::new(),
+                cq_events: VecDeque::new(),
+                async_events: VecDeque::new(),
             },
             qps: BTreeMap::new(),
             next_qpn,
@@ -296,6 +331,25 @@ impl<M: MemoryAccess> Device<M> {
             n += 1;
         }
         n
+    }
+
+    /// Arms `cq` to notify its next completion, or with `solicited_only` its next solicited or
+    /// unsuccessful one (`ibv_req_notify_cq`). One notification per arming; completions already
+    /// queued do not count. `false` for an unknown CQ.
+    pub fn req_notify_cq(&mut self, cq: CqHandle, solicited_only: bool) -> bool {
+        let arm = if solicited_only { Arm::Solicited } else { Arm::Any };
+        self.ctx.cqs.get_mut(&cq.0).map(|q| q.arm(arm)).is_some()
+    }
+
+    /// The next completion queue whose notification fired (what a completion channel delivers:
+    /// `ibv_get_cq_event`), oldest first.
+    pub fn poll_cq_event(&mut self) -> Option<CqHandle> {
+        self.ctx.cq_events.pop_front()
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`).
+    pub fn poll_async_event(&mut self) -> Option<AsyncEvent> {
+        self.ctx.async_events.pop_front()
     }
 
     /// Whether `cq` lost a completion because it was full.
@@ -509,6 +563,11 @@ impl<M: MemoryAccess> Device<M> {
             }
             c.rcvd_pkts += 1;
             c.rcvd_bytes += payload.len() as u64;
+            // IBA 11.6.3: the first packet received in RTR establishes communication.
+            if qp.state == QpState::Rtr && !qp.comm_established {
+                qp.comm_established = true;
+                self.ctx.async_events.push_back(AsyncEvent::CommEstablished(qp.qpn));
+            }
             responder::on_request(qp, &mut self.ctx, now, &packet);
         } else {
             if !matches!(qp.state, QpState::Rts | QpState::Sqd) {

@@ -29,7 +29,9 @@ pub mod time;
 pub mod types;
 
 pub use counters::Counters;
-pub use device::{CreateError, DEVICE_ATTR, Device, DeviceAttr, DeviceConfig, Transmit};
+pub use device::{
+    AsyncEvent, CreateError, DEVICE_ATTR, Device, DeviceAttr, DeviceConfig, Transmit,
+};
 pub use memory::{MemoryAccess, VecMemory};
 pub use mr::{AccessError, MemoryRegion};
 pub use qp::{ModifyError, PostError, QpAttr, QpCap, QpInitAttr};

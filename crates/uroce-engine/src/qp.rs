@@ -322,6 +322,8 @@ pub(crate) struct Qp {
     pub(crate) rq: VecDeque<RecvWqe>,
     /// Queued on the device's transmit rotation.
     pub(crate) scheduled: bool,
+    /// The communication-established event was raised.
+    pub(crate) comm_established: bool,
 }
 
 /// Largest READ and atomic depth a uroce device supports (`max_qp_rd_atom`).
@@ -352,6 +354,7 @@ impl Qp {
             resp: Responder::default(),
             rq: VecDeque::new(),
             scheduled: false,
+            comm_established: false,
         }
     }
 

@@ -212,6 +212,7 @@ fn fatal<M: MemoryAccess>(
             Some((wqe, status @ (WcStatus::LOC_LEN_ERR | WcStatus::LOC_PROT_ERR))) => {
                 let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
                 ctx.complete(qp.init.recv_cq, wc);
+                ctx.qp_fatal(qp.qpn);
                 completer::enter_error(qp, ctx);
             }
             other => {
@@ -232,6 +233,7 @@ fn fatal<M: MemoryAccess>(
         let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
         ctx.complete(qp.init.recv_cq, wc);
     }
+    ctx.qp_fatal(qp.qpn);
     completer::enter_error(qp, ctx);
 }
 
@@ -363,7 +365,7 @@ fn send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
     if info.contains(OpFlags::LAST) {
         let imm = packet.ext.immdt.map(|i| i.imm);
         let wc = recv_wc(qp, wqe.wr.wr_id, WcStatus::SUCCESS, WcOpcode::Recv, written, imm);
-        ctx.complete(qp.init.recv_cq, wc);
+        ctx.complete_solicited(qp.init.recv_cq, wc, packet.bth.solicited);
     } else {
         qp.resp.current = Some(InMessage::Send { wqe, written });
     }
@@ -433,7 +435,7 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
                 dma_len,
                 imm,
             );
-            ctx.complete(qp.init.recv_cq, wc);
+            ctx.complete_solicited(qp.init.recv_cq, wc, packet.bth.solicited);
         }
     } else {
         qp.resp.current = Some(InMessage::Write { va, rkey, dma_len, written: total });

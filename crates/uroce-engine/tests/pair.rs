@@ -745,6 +745,7 @@ fn a_full_cq_loses_completions_and_says_so() {
     assert_eq!(h.dev.cq_len(small), 2);
     assert!(h.dev.cq_overflowed(small));
     assert_eq!(h.dev.counters().cq_overflows, 1);
+    assert_eq!(h.dev.poll_async_event(), Some(AsyncEvent::CqError(small)));
     let _ = h.cq;
 }
 
@@ -909,4 +910,91 @@ fn uc_refuses_read_and_atomics_and_drops_what_it_cannot_place() {
     assert_eq!((c.drop_rnr, c.rnr_naks_sent, c.drop_uc_invalid), (1, 0, 1));
     assert_eq!(p.hosts[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Rts));
     assert!(p.log.iter().all(|e| e.1 == A));
+}
+
+#[test]
+fn an_armed_cq_notifies_once_and_solicited_only_waits_for_se_or_an_error() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let cq_b = p.hosts[B].cq;
+    for k in 0..4 {
+        p.post_recv(B, k, 0x1000 * (k + 1), 64);
+    }
+    // Armed for solicited only: a plain SEND does not fire it, a solicited one does.
+    assert!(p.hosts[B].dev.req_notify_cq(cq_b, true));
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
+    p.run(Duration::from_millis(1));
+    assert_eq!(p.hosts[B].dev.poll_cq_event(), None);
+    let mut se = SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 8)]);
+    se.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
+    p.post_send(A, se);
+    p.run(Duration::from_millis(1));
+    assert_eq!(p.hosts[B].dev.poll_cq_event(), Some(cq_b));
+    assert_eq!(p.hosts[B].dev.poll_cq_event(), None);
+    // One notification per arming: the next completion, unarmed, raises nothing.
+    p.post_send(A, SendWr::new(3, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
+    p.run(Duration::from_millis(1));
+    assert_eq!(p.hosts[B].dev.poll_cq_event(), None);
+    // Armed for any completion: the next one fires it.
+    p.hosts[B].dev.req_notify_cq(cq_b, false);
+    p.post_send(A, SendWr::new(4, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
+    p.run(Duration::from_millis(1));
+    assert_eq!(p.hosts[B].dev.poll_cq_event(), Some(cq_b));
+    assert_eq!(p.cq(B).len(), 4);
+}
+
+#[test]
+fn transport_errors_and_cq_overflow_raise_async_events() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mut h = host("127.0.0.9", 5, 0);
+    // RNR retries run out at A: QP_FATAL for A's QP.
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
+    p.run(Duration::from_secs(1));
+    assert_eq!(p.cq(A)[0].status, WcStatus::RNR_RETRY_EXC_ERR);
+    assert_eq!(p.hosts[A].dev.poll_async_event(), Some(AsyncEvent::QpFatal(p.hosts[A].qp)));
+    assert_eq!(p.hosts[A].dev.poll_async_event(), None);
+    // Moving a QP to Error by hand is not a fatal event.
+    let qp = h.qp;
+    h.dev.modify_qp(qp, &rc_attrs(QpState::Error)).unwrap();
+    assert_eq!(h.dev.poll_async_event(), None);
+}
+
+#[test]
+fn the_first_packet_at_a_qp_in_rtr_raises_comm_established() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    // Put B back to RTR: reset it and bring it up to RTR only.
+    let (qp_a, qp_b) = (p.hosts[A].qp, p.hosts[B].qp);
+    let b = &mut p.hosts[B].dev;
+    b.modify_qp(qp_b, &rc_attrs(QpState::Reset)).unwrap();
+    let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    b.modify_qp(
+        qp_b,
+        &QpAttr {
+            pkey_index: Some(0),
+            port_num: Some(1),
+            access_flags: Some(all),
+            ..rc_attrs(QpState::Init)
+        },
+    )
+    .unwrap();
+    let a_addr: IpAddr = "127.0.0.2".parse().unwrap();
+    let rtr = QpAttr {
+        av: Some(AddressVector { dest: a_addr }),
+        path_mtu: Some(Mtu::Mtu1024),
+        dest_qp_num: Some(qp_a),
+        rq_psn: Some(Psn::from_masked(0xFF_FFF0)),
+        max_dest_rd_atomic: Some(4),
+        min_rnr_timer: Some(RnrTimer::from_masked(1)),
+        ..rc_attrs(QpState::Rtr)
+    };
+    b.modify_qp(qp_b, &rtr).unwrap();
+    p.post_send(A, write_wr(&p, 1, 0, 0, 8));
+    p.post_send(A, write_wr(&p, 2, 0, 8, 8));
+    p.run(Duration::from_millis(1));
+    assert_eq!(
+        statuses(&p.cq(A)),
+        [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)],
+        "RTR responds"
+    );
+    assert_eq!(p.hosts[B].dev.poll_async_event(), Some(AsyncEvent::CommEstablished(qp_b)));
+    assert_eq!(p.hosts[B].dev.poll_async_event(), None, "once");
 }
