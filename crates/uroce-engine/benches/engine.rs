@@ -30,8 +30,15 @@ fn side(addr: &str, seed: u64, base: u64) -> Side {
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mr = dev.reg_mr(pd, base, 1 << 20, all).unwrap();
     let cap = QpCap { max_send_wr: BATCH as u32, max_recv_wr: BATCH as u32, ..QpCap::default() };
-    let init =
-        QpInitAttr { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: true };
+    let init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        cap,
+        sq_sig_all: true,
+        srq: None,
+    };
     let qp = dev.create_qp(init).unwrap();
     Side { dev, cq, qp, mr }
 }

@@ -320,6 +320,10 @@ pub(crate) fn enter_error<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     if let Some(crate::qp::InMessage::Send { wqe, .. }) = qp.resp.current.take() {
         ctx.complete(qp.init.recv_cq, flush_wc(qpn, wqe.wr.wr_id, WcOpcode::Recv));
     }
+    if qp.init.srq.is_some() {
+        // The SRQ's WQEs stay for its other QPs; this one will take no more (IBA 11.6.3).
+        ctx.async_events.push_back(crate::device::AsyncEvent::LastWqeReached(qpn));
+    }
     while let Some(r) = qp.rq.pop_front() {
         ctx.complete(qp.init.recv_cq, flush_wc(qpn, r.wr.wr_id, WcOpcode::Recv));
     }

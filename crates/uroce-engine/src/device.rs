@@ -15,10 +15,11 @@ use crate::memory::MemoryAccess;
 use crate::mr::{MemoryRegion, MrTable};
 use crate::qp::{ModifyError, PostError, Qp, QpAttr, QpInitAttr, RecvWqe, SendWqe};
 use crate::rng::Rng;
+use crate::srq::Srq;
 use crate::time::Instant;
 use crate::types::{
-    Access, CqHandle, LKey, PdHandle, QpState, QpType, RecvWr, SendWr, WcOpcode, WcStatus,
-    WorkCompletion, WrOpcode,
+    Access, CqHandle, LKey, PdHandle, QpState, QpType, RecvWr, SendWr, SrqHandle, WcOpcode,
+    WcStatus, WorkCompletion, WrOpcode,
 };
 use crate::{completer, requester, responder};
 
@@ -83,6 +84,10 @@ pub enum CreateError {
     UnknownPd,
     /// No completion queue with this handle.
     UnknownCq,
+    /// No shared receive queue with this handle.
+    UnknownSrq,
+    /// The SRQ belongs to another protection domain than the QP.
+    SrqOfAnotherPd,
     /// A requested size is beyond the device's limit (`ibv_query_device`).
     ExceedsLimit {
         /// The attribute, as `ibv_device_attr` names it.
@@ -99,6 +104,8 @@ impl core::fmt::Display for CreateError {
         match self {
             Self::UnknownPd => f.write_str("no such protection domain"),
             Self::UnknownCq => f.write_str("no such completion queue"),
+            Self::UnknownSrq => f.write_str("no such shared receive queue"),
+            Self::SrqOfAnotherPd => f.write_str("the SRQ belongs to another protection domain"),
             Self::ExceedsLimit { limit, requested, max } => {
                 write!(f, "{requested} exceeds the device's {limit} of {max}")
             }
@@ -135,6 +142,8 @@ pub(crate) struct Ctx<M> {
     pub(crate) rotation: VecDeque<Qpn>,
     /// Payload staging for the packet being built.
     pub(crate) scratch: Vec<u8>,
+    /// Shared receive queues.
+    pub(crate) srqs: BTreeMap<u32, Srq>,
     /// Completion queues whose armed notification fired, oldest first.
     pub(crate) cq_events: VecDeque<CqHandle>,
     /// Asynchronous events not yet taken.
@@ -150,6 +159,11 @@ pub enum AsyncEvent {
     CommEstablished(Qpn),
     /// A completion queue overflowed (`IBV_EVENT_CQ_ERR`).
     CqError(CqHandle),
+    /// A shared receive queue fell below its armed limit (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+    SrqLimitReached(SrqHandle),
+    /// A QP that takes receives from an SRQ entered Error: no WQE of the SRQ will be consumed
+    /// by it any more (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    LastWqeReached(Qpn),
 }
 
 impl<M> Ctx<M> {
@@ -179,6 +193,33 @@ impl<M> Ctx<M> {
         }
         if pushed.notify {
             self.cq_events.push_back(cq);
+        }
+    }
+
+    /// Takes the next receive WQE for `qp`: from its SRQ if it has one (raising the limit
+    /// event if that crosses it), else from its own queue.
+    pub(crate) fn pop_recv(&mut self, qp: &mut Qp) -> Option<RecvWqe> {
+        let Some(h) = qp.init.srq else { return qp.rq.pop_front() };
+        let (wqe, crossed) = self.srqs.get_mut(&h.0)?.pop();
+        if crossed {
+            self.async_events.push_back(AsyncEvent::SrqLimitReached(h));
+        }
+        wqe
+    }
+
+    /// Gives a receive WQE back to the head of the queue it came from.
+    pub(crate) fn unpop_recv(&mut self, qp: &mut Qp, wqe: RecvWqe) {
+        match qp.init.srq.and_then(|h| self.srqs.get_mut(&h.0)) {
+            Some(srq) => srq.wqes.push_front(wqe),
+            None => qp.rq.push_front(wqe),
+        }
+    }
+
+    /// Receive WQEs waiting for `qp`.
+    pub(crate) fn recvs_posted(&self, qp: &Qp) -> usize {
+        match qp.init.srq {
+            Some(h) => self.srqs.get(&h.0).map_or(0, |s| s.wqes.len()),
+            None => qp.rq.len(),
         }
     }
 
@@ -216,6 +257,7 @@ pub struct Device<M> {
     next_qpn: u32,
     next_pd: u32,
     next_cq: u32,
+    next_srq: u32,
 }
 
 impl<M: MemoryAccess> Device<M> {
@@ -234,6 +276,7 @@ impl<M: MemoryAccess> Device<M> {
                 rng,
                 rotation: VecDeque::new(),
                 scratch: Vec::new(),
+                srqs: BTreeMap::new(),
                 cq_events: VecDeque::new(),
                 async_events: VecDeque::new(),
             },
@@ -241,6 +284,7 @@ impl<M: MemoryAccess> Device<M> {
             next_qpn,
             next_pd: 1,
             next_cq: 1,
+            next_srq: 1,
         }
     }
 
@@ -362,6 +406,48 @@ impl<M: MemoryAccess> Device<M> {
         self.ctx.cqs.get(&cq.0).map_or(0, Cq::len)
     }
 
+    /// Creates a shared receive queue of up to `max_wr` WQEs of up to `max_sge` elements.
+    pub fn create_srq(
+        &mut self,
+        pd: PdHandle,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<SrqHandle, CreateError> {
+        if pd.0 == 0 || pd.0 >= self.next_pd {
+            return Err(CreateError::UnknownPd);
+        }
+        within("max_srq_wr", u64::from(max_wr), u64::from(DEVICE_ATTR.max_qp_wr))?;
+        within("max_srq_sge", u64::from(max_sge), u64::from(DEVICE_ATTR.max_sge))?;
+        let h = SrqHandle(self.next_srq);
+        self.next_srq += 1;
+        self.ctx.srqs.insert(h.0, Srq::new(pd, max_wr, max_sge));
+        Ok(h)
+    }
+
+    /// Posts a receive WQE to a shared receive queue (`ibv_post_srq_recv`).
+    pub fn post_srq_recv(&mut self, srq: SrqHandle, wr: RecvWr) -> Result<(), PostError> {
+        let Some(s) = self.ctx.srqs.get_mut(&srq.0) else { return Err(PostError::UnknownSrq) };
+        if wr.sg_list.len() > s.max_sge as usize {
+            return Err(PostError::TooManySge);
+        }
+        if s.wqes.len() >= s.max_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        s.wqes.push_back(RecvWqe { wr });
+        Ok(())
+    }
+
+    /// Arms the SRQ's limit: one SRQ_LIMIT_REACHED event when fewer than `limit` WQEs remain
+    /// (`ibv_modify_srq` with `IBV_SRQ_LIMIT`; 0 disarms). `false` for an unknown SRQ.
+    pub fn arm_srq_limit(&mut self, srq: SrqHandle, limit: u32) -> bool {
+        self.ctx.srqs.get_mut(&srq.0).map(|s| s.limit = limit).is_some()
+    }
+
+    /// Receive WQEs waiting in an SRQ.
+    pub fn srq_len(&self, srq: SrqHandle) -> usize {
+        self.ctx.srqs.get(&srq.0).map_or(0, |s| s.wqes.len())
+    }
+
     /// Creates a queue pair in the Reset state and returns its number.
     pub fn create_qp(&mut self, init: QpInitAttr) -> Result<Qpn, CreateError> {
         if init.pd.0 == 0 || init.pd.0 >= self.next_pd {
@@ -370,6 +456,14 @@ impl<M: MemoryAccess> Device<M> {
         let cqs = &self.ctx.cqs;
         if !cqs.contains_key(&init.send_cq.0) || !cqs.contains_key(&init.recv_cq.0) {
             return Err(CreateError::UnknownCq);
+        }
+        if let Some(srq) = init.srq {
+            // Receive buffers are checked against the QP's PD, so the SRQ must share it.
+            match self.ctx.srqs.get(&srq.0) {
+                Some(s) if s.pd == init.pd => {}
+                Some(_) => return Err(CreateError::SrqOfAnotherPd),
+                None => return Err(CreateError::UnknownSrq),
+            }
         }
         let (a, c) = (DEVICE_ATTR, init.cap);
         within("max_qp", self.qps.len() as u64 + 1, u64::from(a.max_qp))?;
@@ -487,6 +581,9 @@ impl<M: MemoryAccess> Device<M> {
         let qp = self.qps.get_mut(&qpn.get()).ok_or(PostError::UnknownQp(qpn))?;
         if qp.state == QpState::Reset {
             return Err(PostError::InvalidState(qp.state));
+        }
+        if qp.init.srq.is_some() {
+            return Err(PostError::UsesSrq);
         }
         if wr.sg_list.len() > qp.init.cap.max_recv_sge as usize {
             return Err(PostError::TooManySge);

@@ -25,6 +25,7 @@ pub mod qp;
 mod requester;
 mod responder;
 mod rng;
+mod srq;
 pub mod time;
 pub mod types;
 

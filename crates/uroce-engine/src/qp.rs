@@ -56,6 +56,8 @@ pub struct QpInitAttr {
     pub cap: QpCap,
     /// Every send WR is signaled, whatever its flags (`sq_sig_all`).
     pub sq_sig_all: bool,
+    /// Take receive WQEs from this shared receive queue instead of the QP's own.
+    pub srq: Option<crate::types::SrqHandle>,
 }
 
 /// Attributes for `modify_qp` (`ibv_qp_attr` with its mask: a `Some` field is in the mask).
@@ -161,6 +163,10 @@ pub enum PostError {
     MissingImm,
     /// The QP's transport does not have this operation (UC has no READ or atomics).
     UnsupportedOpcode,
+    /// The QP takes its receives from a shared receive queue: post them there.
+    UsesSrq,
+    /// No shared receive queue with this handle.
+    UnknownSrq,
 }
 
 impl fmt::Display for PostError {
@@ -178,6 +184,8 @@ impl fmt::Display for PostError {
             Self::BadAtomicSge => f.write_str("atomic needs exactly one 8-byte local element"),
             Self::MissingImm => f.write_str("immediate opcode without immediate data"),
             Self::UnsupportedOpcode => f.write_str("operation not supported by the QP's transport"),
+            Self::UsesSrq => f.write_str("the QP uses a shared receive queue; post receives there"),
+            Self::UnknownSrq => f.write_str("no such shared receive queue"),
         }
     }
 }

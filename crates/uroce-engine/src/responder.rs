@@ -58,9 +58,9 @@ pub(crate) fn on_request<M: MemoryAccess>(
 
 /// Gives up the message in progress: a SEND's receive WQE goes back to the head of the receive
 /// queue, to take the next message; it is never completed with part of one.
-fn abandon(qp: &mut Qp) {
+fn abandon<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     if let Some(InMessage::Send { wqe, .. }) = qp.resp.current.take() {
-        qp.rq.push_front(wqe);
+        ctx.unpop_recv(qp, wqe);
     }
 }
 
@@ -79,13 +79,13 @@ fn uc_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRep
     }
     if psn != qp.resp.epsn {
         ctx.counters.rcv_seq_err += 1;
-        abandon(qp);
+        abandon(qp, ctx);
         qp.resp.uc_dropping = true;
     }
     qp.resp.epsn = psn.next();
     if starts {
         // A new message: whatever was open is gone (its end was lost).
-        abandon(qp);
+        abandon(qp, ctx);
         qp.resp.uc_dropping = false;
     } else if qp.resp.uc_dropping {
         ctx.counters.drop_out_of_sequence += 1;
@@ -107,7 +107,7 @@ fn uc_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRep
     let placed =
         if info.has(OpFlags::SEND) { send(qp, ctx, packet) } else { write(qp, ctx, packet) };
     if !placed && qp.state != QpState::Error {
-        abandon(qp);
+        abandon(qp, ctx);
         qp.resp.uc_dropping = !info.has(OpFlags::LAST);
     }
 }
@@ -175,14 +175,14 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
     } else if packet.bth.ack_req {
         // Re-acknowledge everything executed so far (IBA 9.7).
         let last = qp.resp.epsn.sub(1);
-        queue(qp, ctx, Response::Ack { psn: last, syndrome: ack_syndrome(qp), msn });
+        queue(qp, ctx, Response::Ack { psn: last, syndrome: ack_syndrome(qp, ctx), msn });
     }
 }
 
 /// The ACK syndrome with the credits this responder can advertise: receive WQEs posted
 /// (IBA 9.7; Linux rxe always says "unlimited").
-fn ack_syndrome(qp: &Qp) -> Syndrome {
-    let posted = u32::try_from(qp.rq.len()).unwrap_or(u32::MAX);
+fn ack_syndrome<M>(qp: &Qp, ctx: &Ctx<M>) -> Syndrome {
+    let posted = u32::try_from(ctx.recvs_posted(qp)).unwrap_or(u32::MAX);
     Syndrome::Ack(CreditCode::for_available(posted))
 }
 
@@ -217,9 +217,9 @@ fn fatal<M: MemoryAccess>(
             }
             other => {
                 if let Some((wqe, _)) = other {
-                    qp.rq.push_front(wqe);
+                    ctx.unpop_recv(qp, wqe);
                 }
-                abandon(qp);
+                abandon(qp, ctx);
                 ctx.counters.drop_uc_invalid += 1;
                 qp.resp.uc_dropping = true;
             }
@@ -306,7 +306,7 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
         qp.resp.msn = qp.resp.msn.next();
     }
     if packet.bth.ack_req {
-        let (msn, syndrome) = (qp.resp.msn, ack_syndrome(qp));
+        let (msn, syndrome) = (qp.resp.msn, ack_syndrome(qp, ctx));
         queue(qp, ctx, Response::Ack { psn, syndrome, msn });
     }
 }
@@ -315,7 +315,7 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
 /// the packets behind it too: they are dropped without a sequence NAK until the requester
 /// comes back to this PSN.
 fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) -> Option<RecvWqe> {
-    let wqe = qp.rq.pop_front();
+    let wqe = ctx.pop_recv(qp);
     if wqe.is_none() && qp.init.qp_type == QpType::Uc {
         // UC has no RNR NAK: the message is dropped (IBA 9.8).
         ctx.counters.drop_rnr += 1;
@@ -545,7 +545,7 @@ pub(crate) fn poll<M: MemoryAccess>(
         }
         Response::Atomic { psn, orig, msn } => {
             qp.resp.out.pop_front();
-            ext.aeth = Some(aeth::Repr { syndrome: ack_syndrome(qp), msn });
+            ext.aeth = Some(aeth::Repr { syndrome: ack_syndrome(qp, ctx), msn });
             ext.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig });
             (Opcode::RC_ATOMIC_ACKNOWLEDGE, psn)
         }
@@ -559,7 +559,7 @@ pub(crate) fn poll<M: MemoryAccess>(
                 (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
             };
             if first || last {
-                ext.aeth = Some(aeth::Repr { syndrome: ack_syndrome(qp), msn });
+                ext.aeth = Some(aeth::Repr { syndrome: ack_syndrome(qp, ctx), msn });
             }
             let offset = next * mtu;
             let chunk = len.saturating_sub(offset).min(mtu);

@@ -22,6 +22,10 @@ impl fmt::Display for LKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PdHandle(pub(crate) u32);
 
+/// A shared receive queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SrqHandle(pub(crate) u32);
+
 /// A completion queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CqHandle(pub(crate) u32);

@@ -56,6 +56,7 @@ fn host_of(addr: &str, seed: u64, base: u64, qp_type: QpType) -> Host {
         recv_cq: cq,
         cap: QpCap::default(),
         sq_sig_all: false,
+        srq: None,
     };
     let qp = dev.create_qp(init).unwrap();
     Host { dev, pd, cq, qp, mr }
@@ -729,6 +730,7 @@ fn a_full_cq_loses_completions_and_says_so() {
         recv_cq: small,
         cap: QpCap::default(),
         sq_sig_all: true,
+        srq: None,
     };
     let qp = h.dev.create_qp(init).unwrap();
     let access = QpAttr {
@@ -823,6 +825,7 @@ fn creation_beyond_the_device_limits_is_refused() {
         recv_cq: h.cq,
         cap: QpCap { max_send_sge: attr.max_sge + 1, ..QpCap::default() },
         sq_sig_all: false,
+        srq: None,
     };
     assert!(matches!(
         h.dev.create_qp(init),
@@ -997,4 +1000,92 @@ fn the_first_packet_at_a_qp_in_rtr_raises_comm_established() {
     );
     assert_eq!(p.hosts[B].dev.poll_async_event(), Some(AsyncEvent::CommEstablished(qp_b)));
     assert_eq!(p.hosts[B].dev.poll_async_event(), None, "once");
+}
+
+/// Brings `qp` on `dev` to RTS, connected to `peer_qpn` at `peer`.
+fn connect_rc(dev: &mut Device<VecMemory>, qp: Qpn, peer: IpAddr, peer_qpn: Qpn) {
+    let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let init = QpAttr {
+        pkey_index: Some(0),
+        port_num: Some(1),
+        access_flags: Some(all),
+        ..rc_attrs(QpState::Init)
+    };
+    dev.modify_qp(qp, &init).unwrap();
+    let rtr = QpAttr {
+        av: Some(AddressVector { dest: peer }),
+        path_mtu: Some(Mtu::Mtu1024),
+        dest_qp_num: Some(peer_qpn),
+        rq_psn: Some(Psn::ZERO),
+        max_dest_rd_atomic: Some(1),
+        min_rnr_timer: Some(RnrTimer::from_masked(1)),
+        ..rc_attrs(QpState::Rtr)
+    };
+    dev.modify_qp(qp, &rtr).unwrap();
+    let rts = QpAttr {
+        sq_psn: Some(Psn::ZERO),
+        timeout: Some(10),
+        retry_cnt: Some(3),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(1),
+        ..rc_attrs(QpState::Rts)
+    };
+    dev.modify_qp(qp, &rts).unwrap();
+}
+
+#[test]
+fn qps_share_a_receive_queue_with_its_limit_rnr_and_last_wqe_events() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let (ip_a, ip_b) = (p.hosts[A].dev.addr(), p.hosts[B].dev.addr());
+    let srq = p.hosts[B].dev.create_srq(p.hosts[B].pd, 8, 1).unwrap();
+    let mut make = |i: usize, srq: Option<SrqHandle>| {
+        let h = &mut p.hosts[i];
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            pd: h.pd,
+            send_cq: h.cq,
+            recv_cq: h.cq,
+            cap: QpCap::default(),
+            sq_sig_all: true,
+            srq,
+        };
+        h.dev.create_qp(init).unwrap()
+    };
+    let (a1, a2, b1, b2) = (make(A, None), make(A, None), make(B, Some(srq)), make(B, Some(srq)));
+    connect_rc(&mut p.hosts[A].dev, a1, ip_b, b1);
+    connect_rc(&mut p.hosts[A].dev, a2, ip_b, b2);
+    connect_rc(&mut p.hosts[B].dev, b1, ip_a, a1);
+    connect_rc(&mut p.hosts[B].dev, b2, ip_a, a2);
+    let mr_b = p.hosts[B].mr;
+    for k in 0..3u64 {
+        let sge = Sge { addr: mr_b.addr + 0x100 * k, length: 64, lkey: mr_b.lkey };
+        p.hosts[B].dev.post_srq_recv(srq, RecvWr { wr_id: k, sg_list: vec![sge] }).unwrap();
+    }
+    assert!(p.hosts[B].dev.arm_srq_limit(srq, 2));
+    let sge = p.sge(A, 0, 8);
+    for (wr_id, qp) in [(10, a1), (11, a2), (12, a1)] {
+        p.hosts[A].dev.post_send(qp, SendWr::new(wr_id, WrOpcode::Send, vec![sge])).unwrap();
+        p.run(Duration::from_micros(100));
+    }
+    let recv = p.cq(B);
+    let got: Vec<(u64, Qpn)> = recv.iter().map(|w| (w.wr_id, w.qp_num)).collect();
+    assert_eq!(got, [(0, b1), (1, b2), (2, b1)], "one pool, taken in order by both QPs");
+    assert_eq!(p.hosts[B].dev.poll_async_event(), Some(AsyncEvent::SrqLimitReached(srq)));
+    assert_eq!(p.hosts[B].dev.poll_async_event(), None, "once per arming");
+    // An empty SRQ answers RNR NAK; a receive posted later is taken by the retry.
+    p.hosts[A].dev.post_send(a2, SendWr::new(13, WrOpcode::Send, vec![sge])).unwrap();
+    p.run(Duration::from_micros(100));
+    assert!(p.hosts[B].dev.counters().rnr_naks_sent >= 1);
+    let sge_b = Sge { addr: mr_b.addr + 0x400, length: 64, lkey: mr_b.lkey };
+    p.hosts[B].dev.post_srq_recv(srq, RecvWr { wr_id: 3, sg_list: vec![sge_b] }).unwrap();
+    p.run(Duration::from_millis(1));
+    assert_eq!(p.cq(B).iter().map(|w| (w.wr_id, w.qp_num)).collect::<Vec<_>>(), [(3, b2)]);
+    assert_eq!(p.cq(A).len(), 4);
+    // Receives go to the SRQ, not the QP; a QP leaving leaves the SRQ's WQEs to the others.
+    let h = &mut p.hosts[B];
+    assert_eq!(h.dev.post_recv(b1, RecvWr { wr_id: 9, sg_list: vec![] }), Err(PostError::UsesSrq));
+    h.dev.post_srq_recv(srq, RecvWr { wr_id: 4, sg_list: vec![sge_b] }).unwrap();
+    h.dev.modify_qp(b1, &rc_attrs(QpState::Error)).unwrap();
+    assert_eq!(h.dev.poll_async_event(), Some(AsyncEvent::LastWqeReached(b1)));
+    assert_eq!(h.dev.srq_len(srq), 1, "not flushed");
 }

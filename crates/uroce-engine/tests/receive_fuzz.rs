@@ -48,6 +48,7 @@ fn pair() -> [Side; 2] {
                 recv_cq: cq,
                 cap: QpCap::default(),
                 sq_sig_all: true,
+                srq: None,
             };
             let qp = dev.create_qp(init).unwrap();
             Side { dev, cq, qp, mr }

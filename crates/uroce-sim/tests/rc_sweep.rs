@@ -1,5 +1,6 @@
-//! The RC transport under random loss, reordering, duplication and corruption, across many
-//! seeds, with every invariant of a reliable connection checked after each run:
+//! The connected transports under random loss, reordering, duplication and corruption, across
+//! many seeds (every third seed with the receives in a shared receive queue). For RC, every
+//! invariant of a reliable connection is checked after each run:
 //!
 //! - every posted work request completes exactly once, in post order, successfully (at 10 %
 //!   loss the retries may legitimately run out: the run must then end as a dead link does,
@@ -21,7 +22,7 @@ use std::net::IpAddr;
 use uroce_engine::{
     Access, AddressVector, CqHandle, Device, DeviceConfig, Duration, Instant, MemoryRegion, Mtu,
     Psn, QpAttr, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, RemoteAddr, RnrTimer, SendWr,
-    Sge, VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    Sge, SrqHandle, VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, sweep};
 
@@ -132,6 +133,7 @@ fn plan(rng: &mut Rng, max_len: u64) -> Plan {
 }
 
 struct Host {
+    srq: Option<SrqHandle>,
     cq: CqHandle,
     qp: Qpn,
     mr: MemoryRegion,
@@ -158,10 +160,11 @@ fn setup_with(seed: u64, mtu: Mtu, qp_type: QpType) -> (Fabric<DeviceNode<VecMem
             | Access::REMOTE_ATOMIC;
         let mr = dev.reg_mr(pd, BASE[i], MEM, all).unwrap();
         let cap = QpCap { max_send_wr: 64, max_recv_wr: 64, ..QpCap::default() };
-        let qp = dev
-            .create_qp(QpInitAttr { qp_type, pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: true })
-            .unwrap();
-        hosts.push(Host { cq, qp, mr });
+        // Every third seed, the receives go through a shared receive queue.
+        let srq = seed.is_multiple_of(3).then(|| dev.create_srq(pd, 64, 4).unwrap());
+        let init = QpInitAttr { qp_type, pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: true, srq };
+        let qp = dev.create_qp(init).unwrap();
+        hosts.push(Host { cq, qp, mr, srq });
         fabric.add_node(DeviceNode::new(dev));
     }
     let hosts: [Host; 2] = hosts.try_into().ok().unwrap();
@@ -214,6 +217,20 @@ fn setup_with(seed: u64, mtu: Mtu, qp_type: QpType) -> (Fabric<DeviceNode<VecMem
 }
 
 /// Runs one seed; `Ok(true)` if, at 10 % loss, the retries legitimately ran out.
+/// Posts a receive for `host`: to its SRQ if it has one, else to its QP.
+fn post_recv(
+    fabric: &mut Fabric<DeviceNode<VecMemory>>,
+    hosts: &[Host; 2],
+    host: usize,
+    wr: RecvWr,
+) {
+    let dev = &mut fabric.node_mut(host).dev;
+    match hosts[host].srq {
+        Some(srq) => dev.post_srq_recv(srq, wr).unwrap(),
+        None => dev.post_recv(hosts[host].qp, wr).unwrap(),
+    }
+}
+
 fn run_seed(seed: u64) -> Result<bool, String> {
     let mut rng = Rng::new(seed);
     let loss = [0.0, 0.001, 0.01, 0.1][(seed % 4) as usize];
@@ -278,7 +295,7 @@ fn run_seed(seed: u64) -> Result<bool, String> {
                 sg_list: if matches!(op.kind, Kind::Send { .. }) { vec![sge] } else { vec![] },
             };
             if n < now_count {
-                fabric.node_mut(peer).dev.post_recv(hosts[peer].qp, wr).unwrap();
+                post_recv(&mut fabric, &hosts, peer, wr);
             } else {
                 late[peer].push(wr);
             }
@@ -339,9 +356,9 @@ fn run_seed(seed: u64) -> Result<bool, String> {
         let late_due = fabric.now() >= Instant::ZERO + Duration::from_micros(300) || !progressed;
         if !late_posted && late_due {
             late_posted = true;
-            for host in 0..2 {
-                for wr in late[host].drain(..) {
-                    fabric.node_mut(host).dev.post_recv(hosts[host].qp, wr).unwrap();
+            for (host, wrs) in late.iter_mut().enumerate() {
+                for wr in wrs.drain(..) {
+                    post_recv(&mut fabric, &hosts, host, wr);
                 }
             }
         }
@@ -647,11 +664,7 @@ fn run_uc_seed(seed: u64) -> Result<usize, String> {
                 length: SLOT as u32,
                 lkey: hosts[peer].mr.lkey,
             };
-            fabric
-                .node_mut(peer)
-                .dev
-                .post_recv(hosts[peer].qp, RecvWr { wr_id: r as u64, sg_list: vec![sge] })
-                .unwrap();
+            post_recv(&mut fabric, &hosts, peer, RecvWr { wr_id: r as u64, sg_list: vec![sge] });
         }
     }
     for host in 0..2 {
