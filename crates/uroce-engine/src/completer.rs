@@ -129,20 +129,10 @@ fn on_atomic_ack<M: MemoryAccess>(
     orig: u64,
 ) {
     let pd = qp.init.pd;
-    let Some(idx) = qp
-        .req
-        .sq
-        .iter()
-        .position(|w| w.started && w.wr.opcode.is_atomic() && !w.done && w.first_psn == psn)
+    let Some(idx) = awaiting(qp, ctx, now, |w| w.wr.opcode.is_atomic() && w.first_psn == psn)
     else {
-        ctx.counters.drop_stale_response += 1;
         return;
     };
-    // Responses arrive in order: an earlier READ still waiting means its response was lost.
-    if let Some(from) = earlier_unanswered(qp, idx) {
-        implied_nak_retry(qp, ctx, now, from);
-        return;
-    }
     let w = &mut qp.req.sq[idx];
     let Some(sge) = w.wr.sg_list.first().copied() else {
         return;
@@ -167,16 +157,11 @@ fn on_read_response<M: MemoryAccess>(
     let psn = packet.bth.psn;
     let pd = qp.init.pd;
     let mtu = qp.mtu.bytes();
-    let Some(idx) = qp.req.sq.iter().position(|w| {
-        w.started && w.wr.opcode == WrOpcode::RdmaRead && !w.done && w.error.is_none()
-    }) else {
-        ctx.counters.drop_stale_response += 1;
+    let Some(idx) =
+        awaiting(qp, ctx, now, |w| w.wr.opcode == WrOpcode::RdmaRead && w.error.is_none())
+    else {
         return;
     };
-    if let Some(from) = earlier_unanswered(qp, idx) {
-        implied_nak_retry(qp, ctx, now, from);
-        return;
-    }
     let w = &mut qp.req.sq[idx];
     let expected = w.first_psn.add(w.resp_pkts);
     if psn != expected {
@@ -210,6 +195,26 @@ fn on_read_response<M: MemoryAccess>(
         qp.req.rd_atomic_outstanding -= 1;
     }
     advance_una(qp, now, psn.next());
+}
+
+/// The started, unfinished WQE a READ response or atomic ACK is for: the first one `is_for`
+/// picks. A response for none is stale and dropped. Responses arrive in order, so if a READ or
+/// atomic before it still waits for its own response, that response was lost: go back to it.
+fn awaiting<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Instant,
+    is_for: impl Fn(&crate::qp::SendWqe) -> bool,
+) -> Option<usize> {
+    let Some(idx) = qp.req.sq.iter().position(|w| w.started && !w.done && is_for(w)) else {
+        ctx.counters.drop_stale_response += 1;
+        return None;
+    };
+    if let Some(from) = earlier_unanswered(qp, idx) {
+        implied_nak_retry(qp, ctx, now, from);
+        return None;
+    }
+    Some(idx)
 }
 
 /// The PSN to resend from if a READ or atomic before `idx` is still waiting for its response.

@@ -231,17 +231,24 @@ fn post_recv(
     }
 }
 
-fn run_seed(seed: u64) -> Result<bool, String> {
-    let mut rng = Rng::new(seed);
+/// The links of a seed: loss 0, 0.1 %, 1 % or 10 % by `seed % 4`, and on odd `seed / 4`
+/// duplication, corruption and reordering mixed in. Returns the links, the loss and the mix.
+fn links_for(seed: u64) -> (LinkConfig, f64, bool) {
     let loss = [0.0, 0.001, 0.01, 0.1][(seed % 4) as usize];
     let mixed = (seed / 4) % 2 == 1;
-    let mtu = Mtu::ALL[rng.gen_range(0..5) as usize];
     let mut link = LinkConfig::default().delay(Duration::from_micros(2)).loss(loss);
     if mixed {
         // Reordering as networks do it, rarely: jitter would shuffle every burst (the fabric
         // sends back-to-back packets at one instant) and go-back-N is built for in-order links.
         link = link.duplicate(0.01).corrupt(0.002).reorder(0.01, Duration::from_micros(20));
     }
+    (link, loss, mixed)
+}
+
+fn run_seed(seed: u64) -> Result<bool, String> {
+    let mut rng = Rng::new(seed);
+    let (link, loss, _) = links_for(seed);
+    let mtu = Mtu::ALL[rng.gen_range(0..5) as usize];
     // Go-back-N makes a long READ under heavy loss quadratic (every loss replays the rest of
     // the READ), as on hardware; at 10 % loss messages stop at 256 KiB so a run stays bounded.
     // Multi-MiB messages run at the other loss rates.
@@ -620,13 +627,8 @@ fn a_link_dead_longer_than_the_retry_budget_ends_in_retry_exc_err_and_flushes() 
 /// once; nothing is ever corrupted, even by a WRITE that lost packets.
 fn run_uc_seed(seed: u64) -> Result<usize, String> {
     let mut rng = Rng::new(seed ^ 0x0C0C);
-    let loss = [0.0, 0.001, 0.01, 0.1][(seed % 4) as usize];
-    let mixed = (seed / 4) % 2 == 1;
+    let (link, loss, mixed) = links_for(seed);
     let mtu = Mtu::ALL[rng.gen_range(0..5) as usize];
-    let mut link = LinkConfig::default().delay(Duration::from_micros(2)).loss(loss);
-    if mixed {
-        link = link.duplicate(0.01).corrupt(0.002).reorder(0.01, Duration::from_micros(20));
-    }
     let (mut fabric, hosts) = setup_with(seed, mtu, QpType::Uc);
     fabric.set_all_links(link);
     const SLOT: u64 = 64 << 10;
