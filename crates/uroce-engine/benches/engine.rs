@@ -119,7 +119,11 @@ fn batch(
             while let Some(tx) = s[from].dev.poll_transmit(now, buf) {
                 packets += 1;
                 let src = SocketAddr::new(src_ip, tx.src_port);
-                s[1 - from].dev.handle_datagram(now, src, buf);
+                s[1 - from].dev.handle_datagram(
+                    now,
+                    &RxInfo::new(src, s[1 - from].dev.addr()),
+                    buf,
+                );
             }
         }
         wcs.clear();

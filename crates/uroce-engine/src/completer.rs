@@ -270,6 +270,7 @@ pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
                 imm: None,
                 qp_num: qp.qpn,
                 src_qp: qp.dest_qpn,
+                grh: false,
             };
             ctx.complete(qp.init.send_cq, wc);
         }
@@ -306,6 +307,7 @@ pub(crate) fn fail_front<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, status:
             imm: None,
             qp_num: qp.qpn,
             src_qp: qp.dest_qpn,
+            grh: false,
         };
         ctx.complete(qp.init.send_cq, wc);
     }

@@ -44,6 +44,12 @@ pub struct Counters {
     pub drop_malformed: u64,
     /// Dropped: no QP with the destination QPN.
     pub drop_unknown_qp: u64,
+    /// Dropped: the destination address is neither the device's nor a multicast group a QP is
+    /// attached to, or it disagrees with the QPN (multicast packets, and only they, go to QPN
+    /// 0xFFFFFF: IBA 10.5.2).
+    pub drop_bad_dest: u64,
+    /// Dropped: a UD datagram whose Q_Key is not the QP's (IBA 10.2.5).
+    pub drop_bad_qkey: u64,
     /// Dropped: the opcode's transport is not the QP's.
     pub drop_wrong_transport: u64,
     /// Dropped: the P_Key does not match.
@@ -54,7 +60,7 @@ pub struct Counters {
     pub drop_wrong_peer: u64,
     /// Dropped: further packets after a sequence NAK, until the expected PSN arrives.
     pub drop_out_of_sequence: u64,
-    /// Dropped: no receive WQE (answered by an RNR NAK).
+    /// Dropped: no receive WQE (answered by an RNR NAK on RC; UC and UD drop silently).
     pub drop_rnr: u64,
     /// Dropped: a response (ACK, READ response, atomic ACK) that matches nothing outstanding.
     pub drop_stale_response: u64,

@@ -3,9 +3,10 @@
 //! gives packets and deadlines out.
 
 use core::net::{IpAddr, SocketAddr};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use uroce_wire::icrc::{self, PseudoHeader};
+use uroce_wire::ip::{IpRepr, Ipv4Repr, Ipv6Repr};
 use uroce_wire::opcode::OpFlags;
 use uroce_wire::{PacketRepr, Psn, Qpn, ROCE_V2_PORT, bth};
 
@@ -18,8 +19,8 @@ use crate::rng::Rng;
 use crate::srq::Srq;
 use crate::time::Instant;
 use crate::types::{
-    Access, CqHandle, LKey, PdHandle, QpState, QpType, RecvWr, SendWr, SrqHandle, WcOpcode,
-    WcStatus, WorkCompletion, WrOpcode,
+    Access, AhAttr, AhHandle, CqHandle, LKey, Mtu, PdHandle, QpState, QpType, RecvWr, SendWr,
+    SrqHandle, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use crate::{completer, requester, responder};
 
@@ -34,12 +35,16 @@ pub struct DeviceConfig {
     pub max_inflight_pkts: u32,
     /// The requester asks for an ACK at least every this many packets of a long message.
     pub ack_req_interval: u32,
+    /// The port's active MTU (`ibv_port_attr.active_mtu`): the largest UD datagram, and the
+    /// most a connected QP's path MTU should be. A runtime derives it from the interface MTU
+    /// less the IP, UDP, BTH and ICRC overhead, as RoCE NICs do.
+    pub port_mtu: Mtu,
 }
 
 impl DeviceConfig {
     /// Defaults for a device at `addr`.
     pub const fn new(addr: IpAddr, seed: u64) -> Self {
-        Self { addr, seed, max_inflight_pkts: 256, ack_req_interval: 32 }
+        Self { addr, seed, max_inflight_pkts: 256, ack_req_interval: 32, port_mtu: Mtu::Mtu4096 }
     }
 }
 
@@ -63,6 +68,14 @@ pub struct DeviceAttr {
     pub max_qp_rd_atom: u8,
     /// Longest message: 2^31 bytes (IBA 9.7).
     pub max_msg_sz: u32,
+    /// Address handles at once.
+    pub max_ah: u32,
+    /// Multicast groups with at least one QP attached.
+    pub max_mcast_grp: u32,
+    /// QPs attached to one multicast group.
+    pub max_mcast_qp_attach: u32,
+    /// Attachments over all groups.
+    pub max_total_mcast_qp_attach: u32,
 }
 
 /// The limits every uroce device has.
@@ -75,6 +88,10 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
     max_inline_data: 1024,
     max_qp_rd_atom: crate::qp::MAX_RD_ATOMIC,
     max_msg_sz: 1 << 31,
+    max_ah: 1 << 16,
+    max_mcast_grp: 1 << 10,
+    max_mcast_qp_attach: 64,
+    max_total_mcast_qp_attach: 1 << 16,
 };
 
 /// Why creating an object failed.
@@ -88,6 +105,8 @@ pub enum CreateError {
     UnknownSrq,
     /// The SRQ belongs to another protection domain than the QP.
     SrqOfAnotherPd,
+    /// An address handle whose destination is of the other IP family than the device.
+    AhAddressFamily,
     /// A requested size is beyond the device's limit (`ibv_query_device`).
     ExceedsLimit {
         /// The attribute, as `ibv_device_attr` names it.
@@ -106,6 +125,9 @@ impl core::fmt::Display for CreateError {
             Self::UnknownCq => f.write_str("no such completion queue"),
             Self::UnknownSrq => f.write_str("no such shared receive queue"),
             Self::SrqOfAnotherPd => f.write_str("the SRQ belongs to another protection domain"),
+            Self::AhAddressFamily => {
+                f.write_str("the destination is of another IP family than the device")
+            }
             Self::ExceedsLimit { limit, requested, max } => {
                 write!(f, "{requested} exceeds the device's {limit} of {max}")
             }
@@ -129,6 +151,111 @@ pub struct Transmit {
     pub src_port: u16,
 }
 
+/// A received datagram's addressing and the IP header fields a UD receive reports in its GRH
+/// area; a runtime gets the last three from `IP_RECVTOS`/`IP_RECVTTL` (or the IPv6
+/// equivalents) and may leave the defaults of [`RxInfo::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxInfo {
+    /// Sender address and UDP port.
+    pub src: SocketAddr,
+    /// Destination address: the device's own, or a multicast group it joined.
+    pub dst: IpAddr,
+    /// IPv4 TOS or IPv6 traffic class.
+    pub tclass: u8,
+    /// IPv4 TTL or IPv6 hop limit.
+    pub hop_limit: u8,
+    /// IPv6 flow label (20 bits; 0 for IPv4).
+    pub flow_label: u32,
+}
+
+impl RxInfo {
+    /// A datagram from `src` to `dst` with traffic class 0, hop limit 64 and no flow label:
+    /// what uroce senders emit.
+    pub const fn new(src: SocketAddr, dst: IpAddr) -> Self {
+        Self { src, dst, tclass: 0, hop_limit: uroce_wire::ip::DEFAULT_TTL, flow_label: 0 }
+    }
+
+    /// The 40-byte GRH area of a UD receive buffer (rdma-core's `ibv_grh`, as RoCEv2 devices
+    /// fill it): an IPv6 header, or 20 zero bytes and then the IPv4 header.
+    ///
+    /// The header is rebuilt, not copied: user space does not see the IP header of a UDP
+    /// datagram. The fields the ICRC covers (addresses, lengths, IPv4 identification 0 and DF)
+    /// are exactly those of the packet, or its ICRC would not have verified; TOS, TTL and flow
+    /// label come from `self`; the IPv4 checksum is computed.
+    pub(crate) fn grh(&self, udp_payload_len: usize) -> [u8; 40] {
+        let mut grh = [0u8; 40];
+        let udp_len = uroce_wire::ip::UDP_HEADER_LEN + udp_payload_len;
+        let (ip, at) = match (self.src.ip(), self.dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => {
+                let v4 = Ipv4Repr {
+                    src,
+                    dst,
+                    tos: self.tclass,
+                    ident: 0,
+                    dont_frag: true,
+                    ttl: self.hop_limit,
+                };
+                (IpRepr::V4(v4), 20)
+            }
+            (src, dst) => {
+                let v6 = |a: IpAddr| match a {
+                    IpAddr::V4(a) => a.to_ipv6_mapped(),
+                    IpAddr::V6(a) => a,
+                };
+                let r = Ipv6Repr {
+                    src: v6(src),
+                    dst: v6(dst),
+                    traffic_class: self.tclass,
+                    flow_label: self.flow_label,
+                    hop_limit: self.hop_limit,
+                };
+                (IpRepr::V6(r), 0)
+            }
+        };
+        // Cannot fail: the buffer holds the header and a datagram is shorter than 64 KiB.
+        let _ = ip.emit(&mut grh[at..], udp_len);
+        grh
+    }
+}
+
+/// An address handle.
+#[derive(Debug)]
+pub(crate) struct Ah {
+    pub(crate) pd: PdHandle,
+    pub(crate) attr: AhAttr,
+    /// ICRC prefix for the last UDP source port used with this handle.
+    pseudo: Option<(u16, PseudoHeader)>,
+}
+
+/// Why attaching a QP to a multicast group, or detaching it, failed (`ibv_attach_mcast(3)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum McastError {
+    /// No such QP.
+    UnknownQp(Qpn),
+    /// Only UD QPs take multicast (IBA 10.5.2).
+    NotUd(Qpn),
+    /// The address is not an IPv4 or IPv6 multicast address of the device's family.
+    NotMulticast(IpAddr),
+    /// Detaching a QP that is not attached to the group.
+    NotAttached,
+    /// Beyond `max_mcast_grp`, `max_mcast_qp_attach` or `max_total_mcast_qp_attach`.
+    ExceedsLimit(&'static str),
+}
+
+impl core::fmt::Display for McastError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::UnknownQp(q) => write!(f, "no QP {q}"),
+            Self::NotUd(q) => write!(f, "QP {q} is not UD; only UD QPs join multicast groups"),
+            Self::NotMulticast(a) => write!(f, "{a} is not a multicast address of this family"),
+            Self::NotAttached => f.write_str("the QP is not attached to the group"),
+            Self::ExceedsLimit(l) => write!(f, "the device's {l} is reached"),
+        }
+    }
+}
+
+impl std::error::Error for McastError {}
+
 /// What the protocol steps share: everything of the device but its QPs, so a step can hold one
 /// QP mutably beside it.
 pub(crate) struct Ctx<M> {
@@ -148,6 +275,8 @@ pub(crate) struct Ctx<M> {
     pub(crate) cq_events: VecDeque<CqHandle>,
     /// Asynchronous events not yet taken.
     pub(crate) async_events: VecDeque<AsyncEvent>,
+    /// Address handles.
+    pub(crate) ahs: BTreeMap<u32, Ah>,
 }
 
 /// An asynchronous event (`ibv_get_async_event`; IBA 11.6.3).
@@ -228,21 +357,57 @@ impl<M> Ctx<M> {
         self.async_events.push_back(AsyncEvent::QpFatal(qpn));
     }
 
-    /// Builds `repr` into `buf` for `qp`, counting it.
+    /// Builds `repr` into `buf` for connected `qp`, counting it.
     pub(crate) fn emit(
         &mut self,
         qp: &Qp,
         repr: &PacketRepr<'_>,
         buf: &mut Vec<u8>,
     ) -> Option<Transmit> {
-        let (pseudo, av) = (qp.tx_pseudo.as_ref()?, qp.av?);
+        let (pseudo, av) = (qp.tx_pseudo?, qp.av?);
+        self.emit_to(&pseudo, av.dest, qp.src_port, repr, buf)
+    }
+
+    /// Builds UD packet `repr` into `buf` for the destination of address handle `ah`, from
+    /// `qp_port` unless the handle's flow label picks the port. `None` if the handle is gone.
+    pub(crate) fn emit_ud(
+        &mut self,
+        ah: AhHandle,
+        qp_port: u16,
+        repr: &PacketRepr<'_>,
+        buf: &mut Vec<u8>,
+    ) -> Option<Transmit> {
+        let local = self.config.addr;
+        let h = self.ahs.get_mut(&ah.0)?;
+        let port = h.attr.udp_sport().unwrap_or(qp_port);
+        let pseudo = match h.pseudo {
+            Some((p, pseudo)) if p == port => pseudo,
+            _ => {
+                let dst = SocketAddr::new(h.attr.dest, ROCE_V2_PORT);
+                let pseudo = PseudoHeader::for_endpoints(SocketAddr::new(local, port), dst).ok()?;
+                h.pseudo = Some((port, pseudo));
+                pseudo
+            }
+        };
+        let dest = h.attr.dest;
+        self.emit_to(&pseudo, dest, port, repr, buf)
+    }
+
+    fn emit_to(
+        &mut self,
+        pseudo: &PseudoHeader,
+        dest: IpAddr,
+        src_port: u16,
+        repr: &PacketRepr<'_>,
+        buf: &mut Vec<u8>,
+    ) -> Option<Transmit> {
         let len = repr.buffer_len().ok()?;
         buf.clear();
         buf.resize(len, 0);
         repr.emit(pseudo, buf).ok()?;
         self.counters.sent_pkts += 1;
         self.counters.sent_bytes += len as u64;
-        Some(Transmit { dst: SocketAddr::new(av.dest, ROCE_V2_PORT), src_port: qp.src_port })
+        Some(Transmit { dst: SocketAddr::new(dest, ROCE_V2_PORT), src_port })
     }
 }
 
@@ -254,6 +419,12 @@ impl<M> Ctx<M> {
 pub struct Device<M> {
     ctx: Ctx<M>,
     qps: BTreeMap<u32, Qp>,
+    /// Multicast groups and the QPs attached to each, in attach order.
+    mcast: BTreeMap<IpAddr, Vec<Qpn>>,
+    /// ICRC prefixes for datagrams reaching UD QPs, by (source, destination): a UD QP hears
+    /// from many peers, so the per-QP cache of connected QPs would thrash.
+    ud_rx_pseudo: HashMap<(SocketAddr, IpAddr), PseudoHeader>,
+    next_ah: u32,
     next_qpn: u32,
     next_pd: u32,
     next_cq: u32,
@@ -279,8 +450,12 @@ impl<M: MemoryAccess> Device<M> {
                 srqs: BTreeMap::new(),
                 cq_events: VecDeque::new(),
                 async_events: VecDeque::new(),
+                ahs: BTreeMap::new(),
             },
             qps: BTreeMap::new(),
+            mcast: BTreeMap::new(),
+            ud_rx_pseudo: HashMap::new(),
+            next_ah: 1,
             next_qpn,
             next_pd: 1,
             next_cq: 1,
@@ -448,6 +623,78 @@ impl<M: MemoryAccess> Device<M> {
         self.ctx.srqs.get(&srq.0).map_or(0, |s| s.wqes.len())
     }
 
+    /// Creates an address handle for UD sends to `attr.dest` (`ibv_create_ah`).
+    pub fn create_ah(&mut self, pd: PdHandle, attr: AhAttr) -> Result<AhHandle, CreateError> {
+        if pd.0 == 0 || pd.0 >= self.next_pd {
+            return Err(CreateError::UnknownPd);
+        }
+        if attr.dest.is_ipv4() != self.ctx.config.addr.is_ipv4() {
+            return Err(CreateError::AhAddressFamily);
+        }
+        within("max_ah", self.ctx.ahs.len() as u64 + 1, u64::from(DEVICE_ATTR.max_ah))?;
+        let h = AhHandle(self.next_ah);
+        self.next_ah += 1;
+        self.ctx.ahs.insert(h.0, Ah { pd, attr, pseudo: None });
+        Ok(h)
+    }
+
+    /// Destroys an address handle; work requests already posted with it fail when they are
+    /// reached. `false` if there is no such handle.
+    pub fn destroy_ah(&mut self, ah: AhHandle) -> bool {
+        self.ctx.ahs.remove(&ah.0).is_some()
+    }
+
+    /// Attaches UD QP `qpn` to multicast group `group` (`ibv_attach_mcast`): datagrams to the
+    /// group's address with destination QPN 0xFFFFFF are delivered to it (IBA 10.5.2).
+    /// Attaching twice is not an error. A runtime joins the IP group for the groups that
+    /// [`Device::multicast_groups`] lists.
+    pub fn attach_mcast(&mut self, qpn: Qpn, group: IpAddr) -> Result<(), McastError> {
+        let qp = self.qps.get(&qpn.get()).ok_or(McastError::UnknownQp(qpn))?;
+        if qp.init.qp_type != QpType::Ud {
+            return Err(McastError::NotUd(qpn));
+        }
+        if !group.is_multicast() || group.is_ipv4() != self.ctx.config.addr.is_ipv4() {
+            return Err(McastError::NotMulticast(group));
+        }
+        let total: usize = self.mcast.values().map(Vec::len).sum();
+        let groups = self.mcast.len();
+        let members = self.mcast.get(&group);
+        if members.is_some_and(|m| m.contains(&qpn)) {
+            return Ok(());
+        }
+        let a = DEVICE_ATTR;
+        if members.is_none() && groups >= a.max_mcast_grp as usize {
+            return Err(McastError::ExceedsLimit("max_mcast_grp"));
+        }
+        if members.is_some_and(|m| m.len() >= a.max_mcast_qp_attach as usize) {
+            return Err(McastError::ExceedsLimit("max_mcast_qp_attach"));
+        }
+        if total >= a.max_total_mcast_qp_attach as usize {
+            return Err(McastError::ExceedsLimit("max_total_mcast_qp_attach"));
+        }
+        self.mcast.entry(group).or_default().push(qpn);
+        Ok(())
+    }
+
+    /// Detaches `qpn` from `group` (`ibv_detach_mcast`).
+    pub fn detach_mcast(&mut self, qpn: Qpn, group: IpAddr) -> Result<(), McastError> {
+        if !self.qps.contains_key(&qpn.get()) {
+            return Err(McastError::UnknownQp(qpn));
+        }
+        let members = self.mcast.get_mut(&group).ok_or(McastError::NotAttached)?;
+        let at = members.iter().position(|&q| q == qpn).ok_or(McastError::NotAttached)?;
+        members.remove(at);
+        if members.is_empty() {
+            self.mcast.remove(&group);
+        }
+        Ok(())
+    }
+
+    /// The multicast groups at least one QP is attached to: the IP groups a runtime joins.
+    pub fn multicast_groups(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.mcast.keys().copied()
+    }
+
     /// Creates a queue pair in the Reset state and returns its number.
     pub fn create_qp(&mut self, init: QpInitAttr) -> Result<Qpn, CreateError> {
         if init.pd.0 == 0 || init.pd.0 >= self.next_pd {
@@ -475,12 +722,21 @@ impl<M: MemoryAccess> Device<M> {
         if self.next_qpn < 0x10 || self.next_qpn == Qpn::MULTICAST.get() {
             self.next_qpn = 0x10;
         }
-        self.qps.insert(qpn.get(), Qp::new(qpn, init));
+        let mut qp = Qp::new(qpn, init);
+        if init.qp_type == QpType::Ud {
+            qp.mtu = self.ctx.config.port_mtu;
+        }
+        self.qps.insert(qpn.get(), qp);
         Ok(qpn)
     }
 
-    /// Destroys a queue pair; packets for it are dropped from then on.
+    /// Destroys a queue pair, detaching it from its multicast groups; packets for it are
+    /// dropped from then on.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> bool {
+        self.mcast.retain(|_, members| {
+            members.retain(|&q| q != qpn);
+            !members.is_empty()
+        });
         self.qps.remove(&qpn.get()).is_some()
     }
 
@@ -532,8 +788,11 @@ impl<M: MemoryAccess> Device<M> {
             }
             QpState::Error if from != QpState::Error => completer::enter_error(qp, &mut self.ctx),
             QpState::Reset if from != QpState::Reset => {
-                let init = qp.init;
+                let (init, mtu) = (qp.init, qp.mtu);
                 *qp = Qp::new(qpn, init);
+                if init.qp_type == QpType::Ud {
+                    qp.mtu = mtu;
+                }
             }
             _ => {}
         }
@@ -548,6 +807,12 @@ impl<M: MemoryAccess> Device<M> {
     pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
         let qp = self.qps.get_mut(&qpn.get()).ok_or(PostError::UnknownQp(qpn))?;
         let len = validate_send(qp, &wr)?;
+        if qp.init.qp_type == QpType::Ud {
+            let ud = wr.ud.ok_or(PostError::MissingAddressHandle)?;
+            if self.ctx.ahs.get(&ud.ah.0).is_none_or(|ah| ah.pd != qp.init.pd) {
+                return Err(PostError::UnknownAh);
+            }
+        }
         let signaled = qp.init.sq_sig_all || wr.flags.contains(crate::types::SendFlags::SIGNALED);
         if qp.state == QpState::Error {
             let wc = flush_wc(qpn, wr.wr_id, wr.opcode.into());
@@ -600,30 +865,54 @@ impl<M: MemoryAccess> Device<M> {
         Ok(())
     }
 
-    /// Takes in one received UDP payload (BTH through ICRC) that came from `src`.
+    /// Takes in one received UDP payload (BTH through ICRC) that arrived as `rx` says.
     ///
     /// Every packet that is not processed increments exactly one drop counter (or
-    /// `icrc_errors`); nothing here panics on any input.
-    pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, payload: &[u8]) {
+    /// `icrc_errors`); a multicast packet counts once as received, and then once more for each
+    /// attached QP that refuses it. Nothing here panics on any input.
+    pub fn handle_datagram(&mut self, now: Instant, rx: &RxInfo, payload: &[u8]) {
         let c = &mut self.ctx.counters;
         let Ok(view) = bth::Packet::new_checked(payload) else {
             c.drop_malformed += 1;
             return;
         };
-        let Some(qp) = self.qps.get_mut(&view.dest_qp().get()) else {
+        let dest_qp = view.dest_qp();
+        // IBA 10.5.2: multicast packets carry destination QPN 0xFFFFFF, and only they do.
+        let multicast = rx.dst.is_multicast();
+        if multicast != (dest_qp == Qpn::MULTICAST)
+            || (!multicast && rx.dst != self.ctx.config.addr)
+        {
+            c.drop_bad_dest += 1;
+            return;
+        }
+        if multicast {
+            self.handle_multicast(now, rx, payload);
+            return;
+        }
+        let Some(qp) = self.qps.get_mut(&dest_qp.get()) else {
             c.drop_unknown_qp += 1;
             return;
         };
+        if qp.init.qp_type == QpType::Ud {
+            let Some(packet) = verify_datagram(&mut self.ud_rx_pseudo, c, rx, payload) else {
+                return;
+            };
+            if deliver_ud(qp, &mut self.ctx, rx, &packet, payload.len()) {
+                self.ctx.counters.rcvd_pkts += 1;
+                self.ctx.counters.rcvd_bytes += payload.len() as u64;
+            }
+            return;
+        }
         // ICRC first (IBA Annex A17.3.3): the prefix for this peer is kept per QP.
         let pseudo = match qp.rx_pseudo {
-            Some((from, p)) if from == src => p,
+            Some((from, p)) if from == rx.src => p,
             _ => {
-                let local = SocketAddr::new(self.ctx.config.addr, ROCE_V2_PORT);
-                let Ok(p) = PseudoHeader::for_endpoints(src, local) else {
+                let local = SocketAddr::new(rx.dst, ROCE_V2_PORT);
+                let Ok(p) = PseudoHeader::for_endpoints(rx.src, local) else {
                     c.drop_wrong_peer += 1;
                     return;
                 };
-                qp.rx_pseudo = Some((src, p));
+                qp.rx_pseudo = Some((rx.src, p));
                 p
             }
         };
@@ -645,7 +934,7 @@ impl<M: MemoryAccess> Device<M> {
             c.drop_bad_pkey += 1;
             return;
         }
-        if qp.av.is_none_or(|av| av.dest != src.ip()) {
+        if qp.av.is_none_or(|av| av.dest != rx.src.ip()) {
             c.drop_wrong_peer += 1;
             return;
         }
@@ -674,6 +963,31 @@ impl<M: MemoryAccess> Device<M> {
             c.rcvd_pkts += 1;
             c.rcvd_bytes += payload.len() as u64;
             completer::on_response(qp, &mut self.ctx, now, &packet);
+        }
+    }
+
+    /// A datagram to a multicast group: checked once, then offered to every attached QP, each
+    /// with its own receive queue and checks (IBA 10.5.2).
+    fn handle_multicast(&mut self, _now: Instant, rx: &RxInfo, payload: &[u8]) {
+        let c = &mut self.ctx.counters;
+        let Some(members) = self.mcast.get_mut(&rx.dst).map(core::mem::take) else {
+            c.drop_bad_dest += 1;
+            return;
+        };
+        if let Some(packet) = verify_datagram(&mut self.ud_rx_pseudo, c, rx, payload) {
+            let mut taken = false;
+            for qpn in &members {
+                if let Some(qp) = self.qps.get_mut(&qpn.get()) {
+                    taken |= deliver_ud(qp, &mut self.ctx, rx, &packet, payload.len());
+                }
+            }
+            if taken {
+                self.ctx.counters.rcvd_pkts += 1;
+                self.ctx.counters.rcvd_bytes += payload.len() as u64;
+            }
+        }
+        if let Some(slot) = self.mcast.get_mut(&rx.dst) {
+            *slot = members;
         }
     }
 
@@ -713,6 +1027,69 @@ impl<M: MemoryAccess> Device<M> {
     }
 }
 
+/// Verifies the ICRC of a datagram for a UD QP and parses it, counting a failure.
+fn verify_datagram<'a>(
+    cache: &mut HashMap<(SocketAddr, IpAddr), PseudoHeader>,
+    c: &mut Counters,
+    rx: &RxInfo,
+    payload: &'a [u8],
+) -> Option<PacketRepr<'a>> {
+    let key = (rx.src, rx.dst);
+    let pseudo = match cache.get(&key) {
+        Some(p) => *p,
+        None => {
+            let Ok(p) = PseudoHeader::for_endpoints(rx.src, SocketAddr::new(rx.dst, ROCE_V2_PORT))
+            else {
+                c.drop_bad_dest += 1;
+                return None;
+            };
+            // Bounded: a flood of sources costs recomputation, not memory.
+            if cache.len() >= 1024 {
+                cache.clear();
+            }
+            cache.insert(key, p);
+            p
+        }
+    };
+    if icrc::verify(&pseudo, payload).is_err() {
+        c.icrc_errors += 1;
+        return None;
+    }
+    match PacketRepr::parse_ignoring_icrc(payload) {
+        Ok(parsed) => Some(parsed.repr),
+        Err(_) => {
+            c.drop_malformed += 1;
+            None
+        }
+    }
+}
+
+/// Offers a verified datagram to UD QP `qp`: the header checks (transport, partition, state),
+/// then the responder. Returns whether the QP took it past those checks; a refusal is counted.
+fn deliver_ud<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    rx: &RxInfo,
+    packet: &PacketRepr<'_>,
+    udp_payload_len: usize,
+) -> bool {
+    let c = &mut ctx.counters;
+    if qp.init.qp_type != QpType::Ud || packet.bth.opcode.transport() != uroce_wire::Transport::Ud {
+        c.drop_wrong_transport += 1;
+        return false;
+    }
+    if packet.bth.pkey.base() != uroce_wire::PKey::DEFAULT.base() {
+        c.drop_bad_pkey += 1;
+        return false;
+    }
+    if !qp.can_receive() {
+        c.drop_bad_state += 1;
+        return false;
+    }
+    responder::ud_request(qp, ctx, packet, &rx.grh(udp_payload_len));
+    true
+}
+
 /// Checks a send WR against the QP and returns the message length.
 fn validate_send(qp: &Qp, wr: &SendWr) -> Result<u32, PostError> {
     if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Error) {
@@ -721,8 +1098,13 @@ fn validate_send(qp: &Qp, wr: &SendWr) -> Result<u32, PostError> {
     if qp.req.sq.len() >= qp.init.cap.max_send_wr as usize {
         return Err(PostError::QueueFull);
     }
-    // IBA 9.8: UC carries SEND and RDMA WRITE only.
-    if qp.init.qp_type == QpType::Uc && wr.opcode.is_read_or_atomic() {
+    // IBA 9.8: UC carries SEND and RDMA WRITE only; UD carries SEND only.
+    let supported = match qp.init.qp_type {
+        QpType::Rc => true,
+        QpType::Uc => !wr.opcode.is_read_or_atomic(),
+        QpType::Ud => !wr.opcode.is_rdma(),
+    };
+    if !supported {
         return Err(PostError::UnsupportedOpcode);
     }
     if wr.opcode.is_rdma() && wr.remote.is_none() {
@@ -752,6 +1134,10 @@ fn validate_send(qp: &Qp, wr: &SendWr) -> Result<u32, PostError> {
     if len > 1 << 31 {
         return Err(PostError::MessageTooLong);
     }
+    // IBA 9.8.2: a UD message is one packet.
+    if qp.init.qp_type == QpType::Ud && len > u64::from(qp.mtu.bytes()) {
+        return Err(PostError::ExceedsMtu { len, mtu: qp.mtu.bytes() });
+    }
     u32::try_from(len).map_err(|_| PostError::MessageTooLong)
 }
 
@@ -765,5 +1151,6 @@ pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> WorkCompletion
         imm: None,
         qp_num: qpn,
         src_qp: Qpn::QP0,
+        grh: false,
     }
 }

@@ -31,11 +31,12 @@ pub mod types;
 
 pub use counters::Counters;
 pub use device::{
-    AsyncEvent, CreateError, DEVICE_ATTR, Device, DeviceAttr, DeviceConfig, Transmit,
+    AsyncEvent, CreateError, DEVICE_ATTR, Device, DeviceAttr, DeviceConfig, McastError, RxInfo,
+    Transmit,
 };
 pub use memory::{MemoryAccess, VecMemory};
 pub use mr::{AccessError, MemoryRegion};
 pub use qp::{ModifyError, PostError, QpAttr, QpCap, QpInitAttr};
 pub use time::{Duration, Instant};
 pub use types::*;
-pub use uroce_wire::{Psn, Qpn, RKey};
+pub use uroce_wire::{PKey, Psn, QKey, Qpn, RKey};

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use uroce_wire::aeth::Syndrome;
 use uroce_wire::icrc::PseudoHeader;
-use uroce_wire::{Msn, Psn, Qpn, RKey};
+use uroce_wire::{Msn, Psn, QKey, Qpn, RKey};
 
 use crate::time::{Duration, Instant};
 use crate::types::{
@@ -93,6 +93,9 @@ pub struct QpAttr {
     pub rnr_retry: Option<u8>,
     /// READ and atomic requests the requester keeps outstanding (1–16).
     pub max_rd_atomic: Option<u8>,
+    /// UD: the Q_Key incoming datagrams must carry, and the one sent when a work request asks
+    /// for the QP's own (IBA 10.2.5).
+    pub qkey: Option<QKey>,
 }
 
 /// Why `modify_qp` refused.
@@ -167,6 +170,17 @@ pub enum PostError {
     UsesSrq,
     /// No shared receive queue with this handle.
     UnknownSrq,
+    /// A UD send without a destination (`wr.ud`).
+    MissingAddressHandle,
+    /// No address handle with this handle in the QP's protection domain.
+    UnknownAh,
+    /// A UD message longer than the path MTU: a datagram is one packet (IBA 9.8.2).
+    ExceedsMtu {
+        /// The message length.
+        len: u64,
+        /// The MTU.
+        mtu: u32,
+    },
 }
 
 impl fmt::Display for PostError {
@@ -186,6 +200,11 @@ impl fmt::Display for PostError {
             Self::UnsupportedOpcode => f.write_str("operation not supported by the QP's transport"),
             Self::UsesSrq => f.write_str("the QP uses a shared receive queue; post receives there"),
             Self::UnknownSrq => f.write_str("no such shared receive queue"),
+            Self::MissingAddressHandle => f.write_str("UD send without an address handle"),
+            Self::UnknownAh => f.write_str("no such address handle in the QP's protection domain"),
+            Self::ExceedsMtu { len, mtu } => {
+                write!(f, "a {len}-byte datagram exceeds the {mtu}-byte MTU")
+            }
         }
     }
 }
@@ -328,6 +347,8 @@ pub(crate) struct Qp {
     pub(crate) req: Requester,
     pub(crate) resp: Responder,
     pub(crate) rq: VecDeque<RecvWqe>,
+    /// UD: the Q_Key (IBA 10.2.5).
+    pub(crate) qkey: QKey,
     /// Queued on the device's transmit rotation.
     pub(crate) scheduled: bool,
     /// The communication-established event was raised.
@@ -361,6 +382,7 @@ impl Qp {
             req: Requester::default(),
             resp: Responder::default(),
             rq: VecDeque::new(),
+            qkey: QKey(0),
             scheduled: false,
             comm_established: false,
         }
@@ -392,7 +414,16 @@ impl Qp {
             return Err(ModifyError::InvalidTransition { from, to });
         }
         let reliable = self.init.qp_type == QpType::Rc;
+        let datagram = self.init.qp_type == QpType::Ud;
         let required: &[(&'static str, bool)] = match (from, to) {
+            // UD has no peer: a Q_Key instead of access flags, then nothing but the send PSN.
+            (Reset, Init) if datagram => &[
+                ("IBV_QP_PKEY_INDEX", attr.pkey_index.is_some()),
+                ("IBV_QP_PORT", attr.port_num.is_some()),
+                ("IBV_QP_QKEY", attr.qkey.is_some()),
+            ],
+            (Init, Rtr) if datagram => &[],
+            (Rtr, Rts) if datagram => &[("IBV_QP_SQ_PSN", attr.sq_psn.is_some())],
             (Reset, Init) => &[
                 ("IBV_QP_PKEY_INDEX", attr.pkey_index.is_some()),
                 ("IBV_QP_PORT", attr.port_num.is_some()),
@@ -441,6 +472,12 @@ impl Qp {
                 rule: "the P_Key table has one entry",
             });
         }
+        if datagram && attr.path_mtu.is_some() {
+            return Err(ModifyError::InvalidValue {
+                attr: "path_mtu",
+                rule: "UD datagrams use the port's MTU (ibv_modify_qp(3) has no path MTU for UD)",
+            });
+        }
         if attr.port_num.is_some_and(|p| p != 1) {
             return Err(ModifyError::InvalidValue {
                 attr: "port_num",
@@ -487,6 +524,9 @@ impl Qp {
         }
         if let Some(n) = attr.max_rd_atomic {
             self.max_rd_atomic = n.max(1);
+        }
+        if let Some(q) = attr.qkey {
+            self.qkey = q;
         }
         self.state = to;
         Ok(from)

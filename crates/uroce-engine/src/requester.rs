@@ -6,7 +6,7 @@
 //! `next_pkt` and `next_psn` (see `completer::rewind`); this module just sends from there.
 
 use uroce_wire::opcode::Opcode;
-use uroce_wire::{ExtHeaders, PacketRepr, atomic_eth, bth, immdt, reth};
+use uroce_wire::{ExtHeaders, PacketRepr, atomic_eth, bth, deth, immdt, reth};
 
 use crate::completer;
 use crate::device::{Ctx, Transmit};
@@ -36,6 +36,13 @@ pub(crate) fn poll<M: MemoryAccess>(
     }
     let w = qp.req.sq.get(idx)?;
     if w.error.is_some() {
+        return None;
+    }
+    // A UD WQE whose address handle was destroyed after the post (IBA 11.2.4.3 leaves this to
+    // the consumer; a local QP operation error is what hardware reports).
+    let ud = w.wr.ud.filter(|_| qp.init.qp_type == QpType::Ud);
+    if ud.is_some_and(|ud| !ctx.ahs.contains_key(&ud.ah.0)) {
+        fail_at_start(qp, ctx, idx, WcStatus::LOC_QP_OP_ERR);
         return None;
     }
     let mtu = qp.mtu.bytes();
@@ -121,14 +128,26 @@ pub(crate) fn poll<M: MemoryAccess>(
         qp.req.since_ack_req = 0;
     }
     let reliable = qp.init.qp_type == QpType::Rc;
-    // UC uses the same operation codes in its own range (0x20 + op) and never asks for an ACK.
-    let opcode = if reliable { opcode } else { Opcode(opcode.0 | 0x20) };
-    let mut b = bth::Repr::new(opcode, qp.dest_qpn, psn);
+    // UC and UD use the same operation codes in their own ranges and never ask for an ACK.
+    let opcode = Opcode(opcode.0 | qp.init.qp_type.opcode_base());
+    let dest_qpn = match ud {
+        Some(ud) => {
+            // IBA 10.2.5: a Q_Key with the high bit set in the WR means the QP's own.
+            let qkey = if ud.remote_qkey.0 & 0x8000_0000 != 0 { qp.qkey } else { ud.remote_qkey };
+            ext.deth = Some(deth::Repr { qkey, src_qp: qp.qpn });
+            ud.remote_qpn
+        }
+        None => qp.dest_qpn,
+    };
+    let mut b = bth::Repr::new(opcode, dest_qpn, psn);
     b.ack_req = ack_req && reliable;
     b.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED) && !op.is_read_or_atomic();
     let scratch = core::mem::take(&mut ctx.scratch);
     let repr = PacketRepr::new(b, ext, &scratch);
-    let tx = ctx.emit(qp, &repr, buf);
+    let tx = match ud {
+        Some(ud) => ctx.emit_ud(ud.ah, qp.src_port, &repr, buf),
+        None => ctx.emit(qp, &repr, buf),
+    };
     ctx.scratch = scratch;
     let tx = tx?;
 
@@ -149,7 +168,7 @@ pub(crate) fn poll<M: MemoryAccess>(
         qp.req.high_psn = qp.req.next_psn;
     }
     if !reliable {
-        // UC: a WQE is complete once its last packet is on the wire (IBA 9.8).
+        // UC and UD: a WQE is complete once its last packet is on the wire (IBA 9.8).
         qp.req.una = qp.req.next_psn;
         completer::drain(qp, ctx);
     } else if qp.req.ack_deadline.is_none() {

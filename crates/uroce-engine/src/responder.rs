@@ -112,6 +112,62 @@ fn uc_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRep
     }
 }
 
+/// A UD datagram (IBA 9.8.2; 10.2.5), already checked for transport, partition and state.
+///
+/// The Q_Key must be the QP's. The datagram takes the next receive WQE: its first 40 bytes get
+/// the network header (`grh`), the payload follows, and the completion reports the GRH, the
+/// source QP and the payload length plus 40, as on hardware. With no receive WQE posted it is
+/// dropped (UD has no RNR NAK). UD has no sequence: each datagram that arrives is delivered,
+/// once per copy; loss and duplicates are the application's to handle, as on any UD fabric.
+///
+/// A receive buffer too small for the datagram completes with `LOC_LEN_ERR` and the QP enters
+/// Error, the same rule the UC responder follows (IBA 10.8.3: a local error affecting the
+/// receive queue). Linux rxe differs here: it drops such a datagram and keeps the WQE.
+pub(crate) fn ud_request<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    packet: &PacketRepr<'_>,
+    grh: &[u8; 40],
+) {
+    let Some(deth) = packet.ext.deth else {
+        ctx.counters.drop_malformed += 1;
+        return;
+    };
+    if deth.qkey != qp.qkey {
+        ctx.counters.drop_bad_qkey += 1;
+        return;
+    }
+    let Some(wqe) = ctx.pop_recv(qp) else {
+        ctx.counters.drop_rnr += 1;
+        return;
+    };
+    let mut data = core::mem::take(&mut ctx.scratch);
+    data.clear();
+    data.extend_from_slice(grh);
+    data.extend_from_slice(packet.payload);
+    let placed = scatter(ctx, qp.init.pd, &wqe.wr.sg_list, 0, &data);
+    let byte_len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+    ctx.scratch = data;
+    let psn = packet.bth.psn;
+    match placed {
+        Ok(()) => {
+            let imm = packet.ext.immdt.map(|i| i.imm);
+            let mut wc =
+                recv_wc(qp, wqe.wr.wr_id, WcStatus::SUCCESS, WcOpcode::Recv, byte_len, imm);
+            wc.src_qp = deth.src_qp;
+            wc.grh = true;
+            ctx.complete_solicited(qp.init.recv_cq, wc, packet.bth.solicited);
+        }
+        Err(ScatterError::Length) => {
+            fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, Some((wqe, WcStatus::LOC_LEN_ERR)));
+        }
+        Err(ScatterError::Protection) => {
+            let recv = Some((wqe, WcStatus::LOC_PROT_ERR));
+            fatal(qp, ctx, psn, NakCode::REMOTE_OPERATIONAL_ERROR, recv);
+        }
+    }
+}
+
 fn nak(code: NakCode) -> Syndrome {
     Syndrome::Nak(code)
 }
@@ -205,9 +261,9 @@ fn fatal<M: MemoryAccess>(
     code: NakCode,
     recv: Option<(RecvWqe, WcStatus)>,
 ) {
-    if qp.init.qp_type == QpType::Uc {
-        // UC answers nothing (IBA 9.8): a request the checks refuse is dropped with the rest of
-        // its message; only a failure of the local receive buffer ends the QP.
+    if qp.init.qp_type != QpType::Rc {
+        // UC and UD answer nothing (IBA 9.8): a request the checks refuse is dropped with the
+        // rest of its message; only a failure of the local receive buffer ends the QP.
         match recv {
             Some((wqe, status @ (WcStatus::LOC_LEN_ERR | WcStatus::LOC_PROT_ERR))) => {
                 let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
@@ -245,7 +301,16 @@ fn recv_wc(
     byte_len: u32,
     imm: Option<[u8; 4]>,
 ) -> WorkCompletion {
-    WorkCompletion { wr_id, status, opcode, byte_len, imm, qp_num: qp.qpn, src_qp: qp.dest_qpn }
+    WorkCompletion {
+        wr_id,
+        status,
+        opcode,
+        byte_len,
+        imm,
+        qp_num: qp.qpn,
+        src_qp: qp.dest_qpn,
+        grh: false,
+    }
 }
 
 /// The request at the expected PSN.

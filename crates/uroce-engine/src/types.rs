@@ -4,7 +4,7 @@ use core::fmt;
 use core::net::IpAddr;
 use core::ops::{BitOr, BitOrAssign};
 
-use uroce_wire::{Qpn, RKey};
+use uroce_wire::{QKey, Qpn, RKey};
 
 pub use uroce_wire::aeth::RnrTimer;
 
@@ -29,6 +29,51 @@ pub struct SrqHandle(pub(crate) u32);
 /// A completion queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CqHandle(pub(crate) u32);
+
+/// An address handle: where a UD work request goes (`ibv_ah`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AhHandle(pub(crate) u32);
+
+/// What an address handle is made from (`ibv_ah_attr` with its GRH, for RoCEv2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AhAttr {
+    /// The destination GID, as an IP address: a unicast device address or a multicast group.
+    pub dest: IpAddr,
+    /// The GRH flow label (20 bits). Non-zero, it picks the UDP source port, the flow's
+    /// entropy for ECMP (IBA Annex A17.4.2.1, as rdma-core's `rdma_flow_label_to_udp_sport`
+    /// folds it); zero leaves the sending QP's own source port.
+    pub flow_label: u32,
+}
+
+impl AhAttr {
+    /// An address handle to `dest` with no flow label.
+    pub const fn new(dest: IpAddr) -> Self {
+        Self { dest, flow_label: 0 }
+    }
+
+    /// The UDP source port a non-zero flow label selects: its low 14 bits XOR its high 6,
+    /// in the dynamic range 0xC000–0xFFFF.
+    pub fn udp_sport(&self) -> Option<u16> {
+        let fl = self.flow_label & 0x000F_FFFF;
+        if fl == 0 {
+            return None;
+        }
+        // 14 bits XOR 6 bits: below 2^14.
+        u16::try_from((fl & 0x3FFF) ^ (fl >> 14)).ok().map(|folded| 0xC000 | folded)
+    }
+}
+
+/// The destination of a UD send (`ibv_send_wr.wr.ud`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UdDest {
+    /// Address handle of the destination device or multicast group.
+    pub ah: AhHandle,
+    /// Destination QP; [`Qpn::MULTICAST`] for a group.
+    pub remote_qpn: Qpn,
+    /// Q_Key to send. One with the high bit set means "the QP's own Q_Key" (IBA 10.2.5:
+    /// controlled Q_Keys), as `ibv_post_send(3)` describes.
+    pub remote_qkey: QKey,
+}
 
 /// Access rights of a memory region or of a queue pair (`ibv_access_flags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -112,6 +157,9 @@ pub enum QpType {
     /// Unreliable connection: SEND and RDMA WRITE, no acknowledgements, no retransmission; a
     /// message that loses a packet is dropped whole.
     Uc,
+    /// Unreliable datagram: one-packet SENDs to any QP named by an address handle, no
+    /// connection, no acknowledgements; multicast.
+    Ud,
 }
 
 impl QpType {
@@ -120,6 +168,17 @@ impl QpType {
         match self {
             Self::Rc => uroce_wire::Transport::Rc,
             Self::Uc => uroce_wire::Transport::Uc,
+            Self::Ud => uroce_wire::Transport::Ud,
+        }
+    }
+
+    /// The high three bits of the type's opcodes (IBA 9.2.3): the operation codes are the
+    /// same in every transport, offset by this.
+    pub const fn opcode_base(self) -> u8 {
+        match self {
+            Self::Rc => 0x00,
+            Self::Uc => 0x20,
+            Self::Ud => 0x60,
         }
     }
 }
@@ -260,6 +319,8 @@ pub struct SendWr {
     /// Inline data (`IBV_SEND_INLINE`): the bytes to send, copied at post time; `sg_list` is
     /// then ignored and no local key is checked. The caller copies them from wherever they are.
     pub inline_data: Option<Vec<u8>>,
+    /// UD only: where the datagram goes.
+    pub ud: Option<UdDest>,
 }
 
 impl SendWr {
@@ -275,6 +336,7 @@ impl SendWr {
             compare_add: 0,
             swap: 0,
             inline_data: None,
+            ud: None,
         }
     }
 }
@@ -391,6 +453,9 @@ pub struct WorkCompletion {
     pub imm: Option<[u8; 4]>,
     /// The local QP.
     pub qp_num: Qpn,
-    /// The sending QP, for receives.
+    /// The sending QP, for receives (from the DETH on UD).
     pub src_qp: Qpn,
+    /// UD receives: the first 40 bytes of the receive buffer hold the packet's network header
+    /// (`IBV_WC_GRH`).
+    pub grh: bool,
 }

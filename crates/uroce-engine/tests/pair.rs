@@ -152,7 +152,11 @@ impl Pair {
             self.now = self.now.max(next);
             while self.wire.front().is_some_and(|w| w.0 <= self.now) {
                 let (_, to, from, bytes) = self.wire.pop_front().unwrap();
-                self.hosts[to].dev.handle_datagram(self.now, from, &bytes);
+                self.hosts[to].dev.handle_datagram(
+                    self.now,
+                    &RxInfo::new(from, self.hosts[to].dev.addr()),
+                    &bytes,
+                );
             }
             for h in &mut self.hosts {
                 if h.dev.poll_timeout().is_some_and(|t| t <= self.now) {
@@ -567,7 +571,7 @@ fn psns_far_out_of_window_and_wrong_qpns_are_dropped_and_counted() {
         let mut out = vec![0u8; repr.buffer_len().unwrap()];
         repr.emit(&pseudo, &mut out).unwrap();
         for _ in 0..3 {
-            q.hosts[B].dev.handle_datagram(q.now, src, &out);
+            q.hosts[B].dev.handle_datagram(q.now, &RxInfo::new(src, q.hosts[B].dev.addr()), &out);
         }
         let c = *q.hosts[B].dev.counters();
         match what {
@@ -589,8 +593,8 @@ fn corrupted_packets_fail_the_icrc_and_are_counted() {
     let tx = p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
     let src = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
     buf[20] ^= 1;
-    p.hosts[B].dev.handle_datagram(p.now, src, &buf);
-    p.hosts[B].dev.handle_datagram(p.now, src, &buf[..7]);
+    p.hosts[B].dev.handle_datagram(p.now, &RxInfo::new(src, p.hosts[B].dev.addr()), &buf);
+    p.hosts[B].dev.handle_datagram(p.now, &RxInfo::new(src, p.hosts[B].dev.addr()), &buf[..7]);
     let c = *p.hosts[B].dev.counters();
     assert_eq!((c.icrc_errors, c.drop_malformed, c.rcvd_pkts), (1, 1, 0));
 }
@@ -796,7 +800,7 @@ fn send_queue_drain_finishes_started_work_and_starts_nothing_new() {
     p.hosts[A].dev.modify_qp(qp, &rc_attrs(QpState::Sqd)).unwrap();
     p.post_send(A, write_wr(&p, 2, 0, 8, 8));
     let src = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
-    p.hosts[B].dev.handle_datagram(now, src, &buf);
+    p.hosts[B].dev.handle_datagram(now, &RxInfo::new(src, p.hosts[B].dev.addr()), &buf);
     p.run(Duration::from_millis(1));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)], "the started WRITE completes");
     assert!(

@@ -168,7 +168,7 @@ proptest! {
         let mut now = Instant::ZERO;
         for round in 0..3 {
             for (src, p) in &packets {
-                s[1].dev.handle_datagram(now, *src, p);
+                s[1].dev.handle_datagram(now, &RxInfo::new(*src, s[1].dev.addr()), p);
             }
             // Whatever B answers goes back to A, and A's answers to B.
             for _ in 0..4 {
@@ -177,11 +177,11 @@ proptest! {
                     to_a.push((SocketAddr::new(s[1].dev.addr(), tx.src_port), buf.clone()));
                 }
                 for (src, p) in &to_a {
-                    s[0].dev.handle_datagram(now, *src, p);
+                    s[0].dev.handle_datagram(now, &RxInfo::new(*src, s[0].dev.addr()), p);
                 }
                 while let Some(tx) = s[0].dev.poll_transmit(now, &mut buf) {
                     let src = SocketAddr::new(s[0].dev.addr(), tx.src_port);
-                    s[1].dev.handle_datagram(now, src, &buf);
+                    s[1].dev.handle_datagram(now, &RxInfo::new(src, s[1].dev.addr()), &buf);
                 }
             }
             now += Duration::from_millis(10 * (round + 1));
@@ -208,9 +208,80 @@ proptest! {
             p[5..8].copy_from_slice(&s[1].qp.get().to_be_bytes()[1..]);
             reseal(src, dst, &mut p);
         }
-        s[1].dev.handle_datagram(Instant::ZERO, src, &p);
+        s[1].dev.handle_datagram(Instant::ZERO, &RxInfo::new(src, s[1].dev.addr()), &p);
         let mut buf = Vec::new();
         while s[1].dev.poll_transmit(Instant::ZERO, &mut buf).is_some() {}
         s[1].dev.handle_timeout(Instant::from_nanos(1 << 40));
+    }
+}
+
+/// A device with one UD QP in RTS, attached to 239.0.0.9, with `recvs` receives of 256 bytes
+/// at the start of its memory; only those bytes are registered.
+fn ud_target(recvs: u64) -> (Device<VecMemory>, Qpn) {
+    let mut mem = VecMemory::new();
+    mem.insert(BASE[1], vec![0; LEN as usize]);
+    let mut dev = Device::new(DeviceConfig::new("127.0.0.3".parse().unwrap(), 5), mem);
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(64).unwrap();
+    let mr = dev.reg_mr(pd, BASE[1], recvs * 256, Access::LOCAL_WRITE).unwrap();
+    let init = QpInitAttr {
+        qp_type: QpType::Ud,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap::default(),
+        sq_sig_all: true,
+        srq: None,
+    };
+    let qp = dev.create_qp(init).unwrap();
+    let attr = |state| QpAttr { state: Some(state), ..QpAttr::default() };
+    let qkey = Some(QKey(0x11));
+    let init = QpAttr { pkey_index: Some(0), port_num: Some(1), qkey, ..attr(QpState::Init) };
+    dev.modify_qp(qp, &init).unwrap();
+    dev.modify_qp(qp, &attr(QpState::Rtr)).unwrap();
+    dev.modify_qp(qp, &QpAttr { sq_psn: Some(Psn::ZERO), ..attr(QpState::Rts) }).unwrap();
+    dev.attach_mcast(qp, "239.0.0.9".parse().unwrap()).unwrap();
+    for k in 0..recvs {
+        let sge = Sge { addr: BASE[1] + k * 256, length: 256, lkey: mr.lkey };
+        dev.post_recv(qp, RecvWr { wr_id: k, sg_list: vec![sge] }).unwrap();
+    }
+    (dev, qp)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Arbitrary datagrams for a UD QP, unicast or to its group, most of them sealed with a
+    /// valid ICRC and a UD opcode and the QP's Q_Key so that they reach the responder: no
+    /// panic, and nothing written beyond the receive buffers.
+    #[test]
+    fn ud_datagrams_of_arbitrary_bytes_never_panic_or_spill(
+        packets in proptest::collection::vec(
+            (proptest::collection::vec(any::<u8>(), 0..400), any::<bool>(), 0u8..4),
+            1..12,
+        ),
+    ) {
+        let (mut dev, qp) = ud_target(4);
+        let src = SocketAddr::new("127.0.0.2".parse().unwrap(), 0xC123);
+        let group: std::net::IpAddr = "239.0.0.9".parse().unwrap();
+        for (mut p, to_group, shape) in packets {
+            let dst = if to_group { group } else { dev.addr() };
+            if shape > 0 && p.len() >= 24 {
+                p[0] = 0x64 + (shape & 1); // UD SEND_ONLY (with immediate)
+                p[1] &= 0xC0; // no pad, TVer 0
+                p[2..4].copy_from_slice(&[0xFF, 0xFF]); // the default P_Key
+                let qpn = if to_group { Qpn::MULTICAST } else { qp };
+                p[5..8].copy_from_slice(&qpn.get().to_be_bytes()[1..]);
+                if shape > 1 {
+                    p[12..16].copy_from_slice(&0x11u32.to_be_bytes());
+                }
+                reseal(src, SocketAddr::new(dst, ROCE_V2_PORT), &mut p);
+            }
+            dev.handle_datagram(Instant::ZERO, &RxInfo::new(src, dst), &p);
+        }
+        let mut buf = Vec::new();
+        while dev.poll_transmit(Instant::ZERO, &mut buf).is_some() {}
+        let mem = dev.memory().buffer(BASE[1]).unwrap();
+        prop_assert!(mem[4 * 256..].iter().all(|&b| b == 0), "wrote outside the receive buffers");
     }
 }

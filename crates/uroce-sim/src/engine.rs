@@ -2,7 +2,7 @@
 
 use core::net::{IpAddr, SocketAddr};
 
-use uroce_engine::{Device, Instant, MemoryAccess};
+use uroce_engine::{Device, Instant, MemoryAccess, RxInfo};
 
 use crate::{Datagram, Node};
 
@@ -27,7 +27,11 @@ impl<M: MemoryAccess> Node for DeviceNode<M> {
     }
 
     fn handle_datagram(&mut self, now: Instant, d: &Datagram) {
-        self.dev.handle_datagram(now, d.src, &d.payload);
+        self.dev.handle_datagram(now, &RxInfo::new(d.src, d.dst.ip()), &d.payload);
+    }
+
+    fn joined(&self, group: IpAddr) -> bool {
+        self.dev.multicast_groups().any(|g| g == group)
     }
 
     fn poll_transmit(&mut self, now: Instant) -> Option<Datagram> {

@@ -88,6 +88,12 @@ pub trait Node {
     fn poll_timeout(&self) -> Option<Instant>;
     /// Called at `now` once `now` has reached the instant [`Node::poll_timeout`] returned.
     fn handle_timeout(&mut self, now: Instant);
+    /// Whether the node has joined multicast group `group`: a datagram to a group goes to every
+    /// other node that joined it, each copy through its own link. None by default.
+    fn joined(&self, group: IpAddr) -> bool {
+        let _ = group;
+        false
+    }
 }
 
 /// SplitMix64's increment: 2^64 divided by the golden ratio, made odd.
@@ -611,7 +617,7 @@ impl<N: Node> Fabric<N> {
     }
 
     /// Captures `datagram`, routes it and puts it (and any duplicate) in flight.
-    fn send(&mut self, from: usize, mut datagram: Datagram) {
+    fn send(&mut self, from: usize, datagram: Datagram) {
         if let Some(capture) = &mut self.capture {
             let ts = core::time::Duration::from_nanos(self.now.as_nanos());
             if let Err(e) = capture.write_roce(ts, datagram.src, datagram.dst, &datagram.payload) {
@@ -619,10 +625,29 @@ impl<N: Node> Fabric<N> {
                 self.capture_error = Some(e);
             }
         }
-        let Some(&to) = self.routes.get(&datagram.dst.ip()) else {
+        let group = datagram.dst.ip();
+        if group.is_multicast() {
+            // As a switch floods a group: one copy per member, the sender excluded.
+            let members: Vec<usize> = (0..self.nodes.len())
+                .filter(|&to| to != from && self.nodes[to].joined(group))
+                .collect();
+            if members.is_empty() {
+                self.unroutable += 1;
+            }
+            for to in members {
+                self.send_on_link(from, to, datagram.clone());
+            }
+            return;
+        }
+        let Some(&to) = self.routes.get(&group) else {
             self.unroutable += 1;
             return;
         };
+        self.send_on_link(from, to, datagram);
+    }
+
+    /// Puts `datagram` (and any duplicate) in flight on the link `from → to`.
+    fn send_on_link(&mut self, from: usize, to: usize, mut datagram: Datagram) {
         let Some((at, copy)) = self.links[from][to].transmit(self.now, &mut datagram) else {
             return;
         };
