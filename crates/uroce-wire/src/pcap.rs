@@ -106,6 +106,11 @@ impl<W: Write> PcapWriter<W> {
         result
     }
 
+    /// Flushes the underlying writer.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
     /// Flushes and returns the underlying writer.
     pub fn into_inner(mut self) -> io::Result<W> {
         self.out.flush()?;

@@ -1,0 +1,621 @@
+//! A uroce device on a real UDP socket: the engine behind a lock, driven by whoever calls into
+//! it and by a background progress thread.
+
+use core::net::{IpAddr, SocketAddr};
+use core::time::Duration;
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::{self, BufWriter};
+use std::net::UdpSocket;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use uroce_engine::{
+    Access, AsyncEvent, CqHandle, CreateError, Device, DeviceConfig, Instant, LKey, MemoryRegion,
+    Mtu, PdHandle, RxInfo,
+};
+use uroce_wire::ROCE_V2_PORT;
+use uroce_wire::pcap::PcapWriter;
+
+use crate::faults::{FaultRng, Faults, FaultsError};
+use crate::sys::memory::Registry;
+use crate::sys::{self, EventFd, RawRegion, RecvBatch};
+
+/// How a device is opened. [`Options::from_env`] reads `UROCE_PCAP` and `UROCE_FAULTS`.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Seed for keys, QPNs and fault draws; by default from the address and the process id.
+    pub seed: Option<u64>,
+    /// Write every packet sent and received to this pcap file.
+    pub pcap: Option<PathBuf>,
+    /// Faults to inject on send and on receive.
+    pub faults: Faults,
+    /// Run the background progress thread (default). Without it only calls into the device
+    /// make progress: for single-threaded busy-polling benchmarks.
+    pub no_progress_thread: bool,
+    /// The port MTU; default 4096 (1024 would suit a 1500-byte Ethernet path).
+    pub port_mtu: Option<Mtu>,
+}
+
+impl Options {
+    /// Defaults, with `UROCE_PCAP=FILE` and `UROCE_FAULTS=loss=…,dup=…,reorder=…,corrupt=…`
+    /// applied when set.
+    pub fn from_env() -> Result<Self, FaultsError> {
+        let mut o = Self::default();
+        if let Some(p) = std::env::var_os("UROCE_PCAP").filter(|p| !p.is_empty()) {
+            o.pcap = Some(PathBuf::from(p));
+        }
+        if let Ok(f) = std::env::var("UROCE_FAULTS") {
+            o.faults = Faults::parse(&f)?;
+        }
+        Ok(o)
+    }
+}
+
+/// Why a device could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// Another socket (another uroce device?) has the address's RoCEv2 port.
+    AddressInUse(SocketAddr),
+    /// The address is not one of this host's.
+    AddressNotAvailable(IpAddr),
+    /// `UROCE_FAULTS` is malformed.
+    Faults(FaultsError),
+    /// The capture file could not be created.
+    Capture(PathBuf, io::Error),
+    /// Any other failure of the system.
+    Io(SocketAddr, io::Error),
+}
+
+impl core::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::AddressInUse(a) => {
+                write!(f, "{a} is already in use (another device on {})", a.ip())
+            }
+            Self::AddressNotAvailable(a) => write!(f, "{a} is not an address of this host"),
+            Self::Faults(e) => write!(f, "{e}"),
+            Self::Capture(p, e) => write!(f, "cannot write capture {}: {e}", p.display()),
+            Self::Io(a, e) => write!(f, "cannot open a device on {a}: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// Counters of the runtime (the engine's own are [`Device::counters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetCounters {
+    /// Datagrams handed to the kernel.
+    pub tx_datagrams: u64,
+    /// `sendmmsg` calls.
+    pub tx_batches: u64,
+    /// Datagrams the kernel refused (full socket buffer, no route): lost, as on a wire.
+    pub tx_errors: u64,
+    /// Datagrams read from the sockets.
+    pub rx_datagrams: u64,
+    /// `recvmmsg` calls that returned data.
+    pub rx_batches: u64,
+    /// Injected faults: dropped, duplicated, reordered, corrupted (both directions).
+    pub fault_drops: u64,
+    /// See `fault_drops`.
+    pub fault_dups: u64,
+    /// See `fault_drops`.
+    pub fault_reorders: u64,
+    /// See `fault_drops`.
+    pub fault_corruptions: u64,
+    /// Times the progress thread woke up.
+    pub progress_wakeups: u64,
+}
+
+/// A completion channel (`ibv_comp_channel`): a pollable eventfd and the CQs whose armed
+/// notification fired, oldest first.
+#[derive(Debug)]
+pub struct Channel {
+    fd: EventFd,
+    events: Mutex<VecDeque<CqHandle>>,
+}
+
+impl Channel {
+    /// A channel with no events.
+    pub fn new() -> io::Result<Self> {
+        Ok(Self { fd: EventFd::new()?, events: Mutex::new(VecDeque::new()) })
+    }
+
+    /// The next CQ event, without blocking.
+    pub fn try_get(&self) -> Option<CqHandle> {
+        let mut q = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        let e = q.pop_front();
+        if q.is_empty() {
+            self.fd.take();
+        }
+        e
+    }
+
+    /// The next CQ event, waiting up to `timeout` (forever if `None`).
+    pub fn get(&self, timeout: Option<Duration>) -> io::Result<Option<CqHandle>> {
+        #[expect(clippy::disallowed_methods, reason = "the runtime owns the clock")]
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if let Some(e) = self.try_get() {
+                return Ok(Some(e));
+            }
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    #[expect(clippy::disallowed_methods, reason = "the runtime owns the clock")]
+                    let left = d.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Ok(None);
+                    }
+                    i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX)
+                }
+            };
+            sys::poll_readable(&[self.fd.as_raw_fd()], ms)?;
+        }
+    }
+
+    fn push(&self, cq: CqHandle) {
+        self.events.lock().unwrap_or_else(PoisonError::into_inner).push_back(cq);
+        self.fd.signal();
+    }
+}
+
+impl AsRawFd for Channel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// A packet ready to go: its source port, destination and bytes.
+struct Outgoing {
+    port: u16,
+    dst: SocketAddr,
+    bytes: Vec<u8>,
+}
+
+/// Everything behind the device lock.
+pub struct State {
+    engine: Device<Registry>,
+    addr: IpAddr,
+    origin: std::time::Instant,
+    /// Wall-clock time at `origin`, for capture timestamps.
+    wall_origin: Duration,
+    main: Arc<UdpSocket>,
+    /// Send sockets by UDP source port (each QP's flow entropy; RoCEv2 sends to 4791 from a
+    /// per-flow port, and a UDP socket sends from the port it is bound to).
+    send_socks: HashMap<u16, UdpSocket>,
+    /// Receive sockets of the multicast groups QPs are attached to.
+    mcast_socks: HashMap<IpAddr, Arc<UdpSocket>>,
+    pcap: Option<PcapWriter<BufWriter<File>>>,
+    faults: Faults,
+    rng: FaultRng,
+    held_tx: Option<Outgoing>,
+    recv: RecvBatch,
+    out: Vec<Outgoing>,
+    pool: Vec<Vec<u8>>,
+    channels: HashMap<CqHandle, Arc<Channel>>,
+    async_events: VecDeque<AsyncEvent>,
+    counters: NetCounters,
+}
+
+impl State {
+    /// The engine: every verb.
+    pub fn engine(&mut self) -> &mut Device<Registry> {
+        &mut self.engine
+    }
+
+    /// The runtime's counters.
+    pub fn counters(&self) -> NetCounters {
+        self.counters
+    }
+
+    /// Registers `region` in `pd` with `access`.
+    pub fn register(
+        &mut self,
+        pd: PdHandle,
+        region: Arc<RawRegion>,
+        access: Access,
+    ) -> Result<MemoryRegion, CreateError> {
+        let (addr, len) = (region.addr(), region.len() as u64);
+        let mr = self.engine.reg_mr(pd, addr, len, access)?;
+        self.engine.memory_mut().insert(region);
+        Ok(mr)
+    }
+
+    /// Deregisters: the keys stop working at once, and the engine can no longer reach the
+    /// memory (work requests that still name it complete with a protection error).
+    pub fn deregister(&mut self, lkey: LKey) {
+        if let Some(mr) = self.engine.dereg_mr(lkey) {
+            self.engine.memory_mut().remove(mr.addr);
+        }
+    }
+
+    /// Copies bytes out of a registered region; `false` if out of range.
+    pub fn read_region(&self, region: &RawRegion, offset: usize, dst: &mut [u8]) -> bool {
+        self.engine.memory().copy_out(region, offset, dst)
+    }
+
+    /// Copies bytes into a registered region; `false` if out of range.
+    pub fn write_region(&self, region: &RawRegion, offset: usize, src: &[u8]) -> bool {
+        self.engine.memory().copy_in(region, offset, src)
+    }
+
+    /// Routes `cq`'s notifications to `channel` (`ibv_create_cq` with a channel).
+    pub fn bind_channel(&mut self, cq: CqHandle, channel: Arc<Channel>) {
+        self.channels.insert(cq, channel);
+    }
+
+    /// The next asynchronous event.
+    pub fn poll_async_event(&mut self) -> Option<AsyncEvent> {
+        self.async_events.pop_front()
+    }
+
+    /// Opens and closes group sockets to match the engine's multicast attachments.
+    pub fn sync_multicast(&mut self) -> io::Result<()> {
+        let groups: Vec<IpAddr> = self.engine.multicast_groups().collect();
+        self.mcast_socks.retain(|g, _| groups.contains(g));
+        for g in groups {
+            if !self.mcast_socks.contains_key(&g) {
+                let s = sys::udp_socket(SocketAddr::new(g, ROCE_V2_PORT), true)?;
+                sys::join_multicast(&s, g, self.addr)?;
+                self.mcast_socks.insert(g, Arc::new(s));
+            }
+        }
+        Ok(())
+    }
+
+    fn now(&self) -> Instant {
+        let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        Instant::from_nanos(ns)
+    }
+
+    /// One round of progress: everything the sockets hold, due timers, then everything the
+    /// engine has to send, and the events it raised.
+    fn progress(&mut self) {
+        let socks: Vec<Arc<UdpSocket>> = core::iter::once(Arc::clone(&self.main))
+            .chain(self.mcast_socks.values().cloned())
+            .collect();
+        for sock in &socks {
+            // Bounded: a flood cannot keep one caller here for ever.
+            for _ in 0..16 {
+                let Ok(n) = self.recv.recv(sock) else { break };
+                if n == 0 {
+                    break;
+                }
+                self.counters.rx_batches += 1;
+                self.counters.rx_datagrams += n as u64;
+                for i in 0..n {
+                    self.receive(i);
+                }
+                if n < RECV_BATCH {
+                    break;
+                }
+            }
+        }
+        let now = self.now();
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+        }
+        self.flush(now);
+    }
+
+    fn receive(&mut self, i: usize) {
+        let meta = self.recv.meta[i];
+        let now = self.now();
+        let mut payload = core::mem::take(&mut self.pool_buf());
+        payload.clear();
+        payload.extend_from_slice(self.recv.payload(i));
+        let dst = meta.dst.unwrap_or(self.addr);
+        if let Some(w) = &mut self.pcap {
+            let ts = self.wall_origin + self.origin.elapsed();
+            let _ = w.write_roce(ts, meta.src, SocketAddr::new(dst, ROCE_V2_PORT), &payload);
+        }
+        let fate = self.rng.fate(&self.faults, payload.len());
+        if self.faults.any() {
+            if fate.drop {
+                self.counters.fault_drops += 1;
+                self.pool.push(payload);
+                return;
+            }
+            if let Some(bit) = fate.flip {
+                payload[bit / 8] ^= 1 << (bit % 8);
+                self.counters.fault_corruptions += 1;
+            }
+        }
+        let rx = RxInfo {
+            src: meta.src,
+            dst,
+            tclass: meta.tclass,
+            hop_limit: meta.hop_limit,
+            flow_label: 0,
+        };
+        self.engine.handle_datagram(now, &rx, &payload);
+        if self.faults.any() && fate.dup {
+            self.counters.fault_dups += 1;
+            self.engine.handle_datagram(now, &rx, &payload);
+        }
+        self.pool.push(payload);
+    }
+
+    fn pool_buf(&mut self) -> Vec<u8> {
+        self.pool.pop().unwrap_or_else(|| Vec::with_capacity(sys::MAX_DATAGRAM))
+    }
+
+    /// Sends everything the engine has ready, and hands out the events it raised.
+    fn flush(&mut self, now: Instant) {
+        loop {
+            let mut buf = self.pool_buf();
+            let Some(tx) = self.engine.poll_transmit(now, &mut buf) else {
+                self.pool.push(buf);
+                break;
+            };
+            self.stage(Outgoing { port: tx.src_port, dst: tx.dst, bytes: buf });
+            if self.out.len() >= 64 {
+                self.send_out();
+            }
+        }
+        if let Some(held) = self.held_tx.take() {
+            self.out.push(held);
+        }
+        self.send_out();
+        while let Some(cq) = self.engine.poll_cq_event() {
+            if let Some(ch) = self.channels.get(&cq) {
+                ch.push(cq);
+            }
+        }
+        while let Some(e) = self.engine.poll_async_event() {
+            self.async_events.push_back(e);
+        }
+    }
+
+    /// Applies the send faults and queues the packet.
+    fn stage(&mut self, mut o: Outgoing) {
+        if !self.faults.any() {
+            self.out.push(o);
+            return;
+        }
+        let fate = self.rng.fate(&self.faults, o.bytes.len());
+        if fate.drop {
+            self.counters.fault_drops += 1;
+            self.pool.push(o.bytes);
+            return;
+        }
+        if let Some(bit) = fate.flip {
+            o.bytes[bit / 8] ^= 1 << (bit % 8);
+            self.counters.fault_corruptions += 1;
+        }
+        if fate.dup {
+            self.counters.fault_dups += 1;
+            self.out.push(Outgoing { port: o.port, dst: o.dst, bytes: o.bytes.clone() });
+        }
+        if fate.hold && self.held_tx.is_none() {
+            self.counters.fault_reorders += 1;
+            self.held_tx = Some(o);
+            return;
+        }
+        self.out.push(o);
+        if let Some(held) = self.held_tx.take() {
+            self.out.push(held);
+        }
+    }
+
+    /// Hands the queued packets to the kernel, one `sendmmsg` per run of one source port.
+    fn send_out(&mut self) {
+        let out = core::mem::take(&mut self.out);
+        let mut start = 0;
+        while start < out.len() {
+            let port = out[start].port;
+            let end =
+                out[start..].iter().position(|o| o.port != port).map_or(out.len(), |k| start + k);
+            let run = &out[start..end];
+            if let Some(w) = &mut self.pcap {
+                let ts = self.wall_origin + self.origin.elapsed();
+                for o in run {
+                    let _ = w.write_roce(ts, SocketAddr::new(self.addr, port), o.dst, &o.bytes);
+                }
+            }
+            let sent = match self.send_sock(port) {
+                Some(sock) => {
+                    let list: Vec<(SocketAddr, &[u8])> =
+                        run.iter().map(|o| (o.dst, &o.bytes[..])).collect();
+                    sys::send_batch(sock, &list).unwrap_or(0)
+                }
+                None => 0,
+            };
+            self.counters.tx_batches += 1;
+            self.counters.tx_datagrams += sent as u64;
+            self.counters.tx_errors += (run.len() - sent) as u64;
+            start = end;
+        }
+        if let Some(w) = &mut self.pcap {
+            let _ = w.flush();
+        }
+        for o in out {
+            self.pool.push(o.bytes);
+        }
+    }
+
+    /// The socket that sends from UDP source port `port`, bound on first use.
+    fn send_sock(&mut self, port: u16) -> Option<&UdpSocket> {
+        if !self.send_socks.contains_key(&port) {
+            let s = sys::udp_socket(SocketAddr::new(self.addr, port), false).ok()?;
+            sys::set_multicast_if(&s, self.addr).ok()?;
+            self.send_socks.insert(port, s);
+        }
+        self.send_socks.get(&port)
+    }
+}
+
+const RECV_BATCH: usize = 32;
+
+struct Shared {
+    state: Mutex<State>,
+    wake: EventFd,
+    stop: AtomicBool,
+    /// When the progress thread will wake on its own (device nanoseconds; `u64::MAX`: never).
+    sleeping_until: AtomicU64,
+    addr: IpAddr,
+}
+
+/// A uroce device bound to one address, with its progress thread.
+pub struct NetDevice {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl core::fmt::Debug for NetDevice {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("NetDevice").field("addr", &self.shared.addr).finish_non_exhaustive()
+    }
+}
+
+impl NetDevice {
+    /// Opens the device of `addr`: binds UDP port 4791 there.
+    pub fn open(addr: IpAddr, options: Options) -> Result<Self, OpenError> {
+        let local = SocketAddr::new(addr, ROCE_V2_PORT);
+        let main = sys::udp_socket(local, false).map_err(|e| match e.raw_os_error() {
+            Some(libc::EADDRINUSE) => OpenError::AddressInUse(local),
+            Some(libc::EADDRNOTAVAIL) => OpenError::AddressNotAvailable(addr),
+            _ => OpenError::Io(local, e),
+        })?;
+        let pcap = match &options.pcap {
+            Some(path) => {
+                let file = File::create(path).map_err(|e| OpenError::Capture(path.clone(), e))?;
+                Some(
+                    PcapWriter::new(BufWriter::new(file))
+                        .map_err(|e| OpenError::Capture(path.clone(), e))?,
+                )
+            }
+            None => None,
+        };
+        #[expect(clippy::disallowed_methods, reason = "the runtime owns the clock")]
+        let (origin, wall_origin) = (
+            std::time::Instant::now(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
+        );
+        let seed = options.seed.unwrap_or_else(|| {
+            let a = match addr {
+                IpAddr::V4(a) => u64::from(a.to_bits()),
+                IpAddr::V6(a) => u64::from_le_bytes(a.octets()[8..].try_into().unwrap_or([0; 8])),
+            };
+            let nanos = u64::try_from(wall_origin.as_nanos() & u128::from(u64::MAX)).unwrap_or(0);
+            a ^ (u64::from(std::process::id()) << 32) ^ nanos
+        });
+        let mut config = DeviceConfig::new(addr, seed);
+        if let Some(m) = options.port_mtu {
+            config.port_mtu = m;
+        }
+        let state = State {
+            engine: Device::new(config, Registry::default()),
+            addr,
+            origin,
+            wall_origin,
+            main: Arc::new(main),
+            send_socks: HashMap::new(),
+            mcast_socks: HashMap::new(),
+            pcap,
+            faults: options.faults,
+            rng: FaultRng::new(seed ^ 0xFA17),
+            held_tx: None,
+            recv: RecvBatch::new(RECV_BATCH),
+            out: Vec::with_capacity(64),
+            pool: Vec::new(),
+            channels: HashMap::new(),
+            async_events: VecDeque::new(),
+            counters: NetCounters::default(),
+        };
+        let wake = EventFd::new().map_err(|e| OpenError::Io(local, e))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            wake,
+            stop: AtomicBool::new(false),
+            sleeping_until: AtomicU64::new(u64::MAX),
+            addr,
+        });
+        let thread = if options.no_progress_thread {
+            None
+        } else {
+            let s = Arc::clone(&shared);
+            let t = std::thread::Builder::new()
+                .name(format!("uroce-progress-{addr}"))
+                .spawn(move || progress_thread(&s))
+                .map_err(|e| OpenError::Io(local, e))?;
+            Some(t)
+        };
+        Ok(Self { shared, thread })
+    }
+
+    /// The device's address.
+    pub fn addr(&self) -> IpAddr {
+        self.shared.addr
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the device state under its lock, then sends what it produced and lets the
+    /// progress thread know of any earlier timer. Every verb goes through here.
+    pub fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut s = self.lock();
+        let r = f(&mut s);
+        let now = s.now();
+        s.flush(now);
+        let next = s.engine.poll_timeout().map(Instant::as_nanos);
+        drop(s);
+        if next.is_some_and(|t| t < self.shared.sleeping_until.load(Ordering::Acquire)) {
+            self.shared.wake.signal();
+        }
+        r
+    }
+
+    /// One round of progress in the calling thread (receive, timers, send): what polling a CQ
+    /// does before it looks at the queue.
+    pub fn progress(&self) {
+        self.with(State::progress);
+    }
+}
+
+impl Drop for NetDevice {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake.signal();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The background thread: sleeps in `poll` on the sockets and its wake-up eventfd until a
+/// datagram arrives, a timer is due or a verb brings one forward; makes progress; repeats.
+/// With nothing to do it sleeps without a deadline: an idle device costs no CPU.
+fn progress_thread(shared: &Shared) {
+    while !shared.stop.load(Ordering::Acquire) {
+        let (fds, timeout_ms) = {
+            let mut s = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            s.counters.progress_wakeups += 1;
+            s.progress();
+            let mut fds = vec![shared.wake.as_raw_fd(), s.main.as_raw_fd()];
+            fds.extend(s.mcast_socks.values().map(|m| m.as_raw_fd()));
+            let now = s.now();
+            let deadline = s.engine.poll_timeout();
+            shared
+                .sleeping_until
+                .store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);
+            let ms = match deadline {
+                None => -1,
+                Some(t) => {
+                    let ns = t.as_nanos().saturating_sub(now.as_nanos());
+                    i32::try_from(ns.div_ceil(1_000_000)).unwrap_or(i32::MAX)
+                }
+            };
+            (fds, ms)
+        };
+        let _ = sys::poll_readable(&fds, timeout_ms);
+        shared.wake.take();
+    }
+}

@@ -1,0 +1,548 @@
+//! Every system call the runtime makes that `std` does not wrap: socket options, batched
+//! `sendmmsg`/`recvmmsg` with their control messages, `eventfd`, `poll`, and page-aligned
+//! allocations, and the registry through which the engine reaches registered memory. All of
+//! the crate's `unsafe` is here, one block per operation.
+
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    reason = "C ABI conversions: struct sizes, batch counts and return values are small"
+)]
+
+pub(crate) mod memory;
+
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::io;
+use std::net::UdpSocket;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Largest datagram the receive path takes (a 4096-byte MTU packet is 4,140 bytes).
+pub(crate) const MAX_DATAGRAM: usize = 9216;
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    let len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` is a live c_int and `len` is its size, as setsockopt(2) requires.
+    let ret = unsafe { libc::setsockopt(fd, level, name, (&raw const value).cast(), len) };
+    check(ret).map(drop)
+}
+
+/// A UDP socket bound to `addr`, non-blocking, with what the RoCEv2 path needs:
+/// `IP_PMTUDISC_DO` (DF set and, on an unconnected socket, IPv4 identification 0 — which the
+/// ICRC covers, so the receiver can compute it), and the control messages that give each
+/// received datagram its destination address, TOS and TTL.
+pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool) -> io::Result<UdpSocket> {
+    let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: socket(2) with constant arguments; the result is checked before use.
+    let fd = check(unsafe {
+        libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
+    })?;
+    // SAFETY: `fd` was just returned by socket(2) and is owned by nothing else.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    if reuse {
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    }
+    // A deep receive buffer: a window of MTU-sized packets arrives in a burst, and what the
+    // buffer cannot hold is lost and retransmitted. The kernel caps the request at
+    // net.core.rmem_max; with CAP_NET_ADMIN the FORCE variant goes beyond (best effort).
+    let deep = 8 << 20;
+    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, deep).is_err() {
+        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, deep);
+    }
+    match addr {
+        SocketAddr::V4(_) => {
+            setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
+            setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
+            setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
+            setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
+        }
+        SocketAddr::V6(_) => {
+            setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+            setsockopt_int(
+                fd,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+            )?;
+            setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+            setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+            setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)?;
+        }
+    }
+    let (storage, len) = sockaddr_of(addr);
+    // SAFETY: `storage` holds a sockaddr of `len` bytes for the socket's family.
+    check(unsafe { libc::bind(fd, (&raw const storage).cast(), len) })?;
+    Ok(UdpSocket::from(owned))
+}
+
+/// Joins multicast `group` on the interface that has `local` (IPv4), or on every interface
+/// (IPv6, index 0), and loops the group's traffic back to this host.
+pub(crate) fn join_multicast(sock: &UdpSocket, group: IpAddr, local: IpAddr) -> io::Result<()> {
+    match (group, local) {
+        (IpAddr::V4(g), IpAddr::V4(l)) => {
+            sock.join_multicast_v4(&g, &l)?;
+            sock.set_multicast_loop_v4(true)
+        }
+        (IpAddr::V6(g), _) => {
+            sock.join_multicast_v6(&g, 0)?;
+            sock.set_multicast_loop_v6(true)
+        }
+        _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "group and address differ in family")),
+    }
+}
+
+/// Sends multicast from the interface that has `local` (IPv4).
+pub(crate) fn set_multicast_if(sock: &UdpSocket, local: IpAddr) -> io::Result<()> {
+    if let IpAddr::V4(l) = local {
+        let m = libc::in_addr { s_addr: u32::from(l).to_be() };
+        let len = size_of::<libc::in_addr>() as libc::socklen_t;
+        // SAFETY: `m` is a live in_addr and `len` its size (ip(7) IP_MULTICAST_IF).
+        let ret = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_MULTICAST_IF,
+                (&raw const m).cast(),
+                len,
+            )
+        };
+        check(ret)?;
+        sock.set_multicast_loop_v4(true)?;
+    }
+    Ok(())
+}
+
+fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in and suitably aligned for it.
+            unsafe { core::ptr::write((&raw mut storage).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo().to_be(),
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in6 and suitably aligned for it.
+            unsafe { core::ptr::write((&raw mut storage).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+fn socketaddr_from(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match libc::c_int::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin: libc::sockaddr_in = unsafe { core::ptr::read((&raw const *storage).cast()) };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let s: libc::sockaddr_in6 = unsafe { core::ptr::read((&raw const *storage).cast()) };
+            let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
+            let port = u16::from_be(s.sin6_port);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                port,
+                u32::from_be(s.sin6_flowinfo),
+                s.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// One received datagram's metadata.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecvMeta {
+    pub(crate) src: SocketAddr,
+    /// Destination address (`IP_PKTINFO`); `None` if the kernel gave none.
+    pub(crate) dst: Option<IpAddr>,
+    pub(crate) tclass: u8,
+    pub(crate) hop_limit: u8,
+    pub(crate) len: usize,
+}
+
+/// Room for the control messages asked for: pktinfo, TOS and TTL (or their IPv6 twins).
+const CMSG_SPACE: usize = 128;
+
+/// Receive buffers for one `recvmmsg` call of up to `n` datagrams.
+pub(crate) struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    names: Vec<libc::sockaddr_storage>,
+    controls: Vec<[u64; CMSG_SPACE / 8]>,
+    pub(crate) meta: Vec<RecvMeta>,
+}
+
+impl RecvBatch {
+    pub(crate) fn new(n: usize) -> Self {
+        // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
+        let zero: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
+        Self {
+            bufs: (0..n).map(|_| vec![0; MAX_DATAGRAM]).collect(),
+            names: vec![zero; n],
+            controls: vec![[0; CMSG_SPACE / 8]; n],
+            meta: Vec::with_capacity(n),
+        }
+    }
+
+    /// The payload of datagram `i` of the last receive.
+    pub(crate) fn payload(&self, i: usize) -> &[u8] {
+        &self.bufs[i][..self.meta[i].len]
+    }
+
+    /// Receives up to the batch's size of datagrams without blocking; returns how many.
+    pub(crate) fn recv(&mut self, sock: &UdpSocket) -> io::Result<usize> {
+        self.meta.clear();
+        let n = self.bufs.len();
+        let mut iovs: Vec<libc::iovec> = self
+            .bufs
+            .iter_mut()
+            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
+            .collect();
+        // SAFETY: mmsghdr is plain old data; all zeroes is a valid value.
+        let mut msgs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { core::mem::zeroed() }).collect();
+        for (i, m) in msgs.iter_mut().enumerate() {
+            m.msg_hdr.msg_name = (&raw mut self.names[i]).cast();
+            m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            m.msg_hdr.msg_iov = &raw mut iovs[i];
+            m.msg_hdr.msg_iovlen = 1;
+            m.msg_hdr.msg_control = self.controls[i].as_mut_ptr().cast();
+            m.msg_hdr.msg_controllen = CMSG_SPACE;
+        }
+        let flags = libc::MSG_DONTWAIT;
+        // SAFETY: every mmsghdr points at a live name, iovec (into a live buffer of its stated
+        // length) and control buffer of its stated length; `n` is the number of headers.
+        let ret = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                flags,
+                core::ptr::null_mut(),
+            )
+        };
+        if ret < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::WouldBlock { Ok(0) } else { Err(e) };
+        }
+        let got = ret as usize;
+        for (i, m) in msgs.iter().enumerate().take(got) {
+            let Some(src) = socketaddr_from(&self.names[i]) else { continue };
+            let mut meta =
+                RecvMeta { src, dst: None, tclass: 0, hop_limit: 64, len: m.msg_len as usize };
+            if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                meta.len = 0; // truncated: too long for RoCE, dropped as malformed
+            }
+            parse_cmsgs(&m.msg_hdr, &mut meta);
+            self.meta.push(meta);
+            if self.meta.len() != i + 1 {
+                // Keep indices aligned with buffers.
+                self.meta.truncate(i);
+                break;
+            }
+        }
+        Ok(self.meta.len())
+    }
+}
+
+fn parse_cmsgs(hdr: &libc::msghdr, meta: &mut RecvMeta) {
+    // SAFETY: `hdr` was filled in by recvmmsg; CMSG_FIRSTHDR/NXTHDR walk its control buffer
+    // within msg_controllen and return null at its end.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(hdr) };
+    while !c.is_null() {
+        // SAFETY: `c` is a non-null cmsghdr inside the control buffer.
+        let header: libc::cmsghdr = unsafe { core::ptr::read_unaligned(c) };
+        let (level, kind) = (header.cmsg_level, header.cmsg_type);
+        // SAFETY: CMSG_DATA of a valid cmsghdr points at its payload.
+        let data = unsafe { libc::CMSG_DATA(c) };
+        match (level, kind) {
+            (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                // SAFETY: an IP_PKTINFO cmsg carries an in_pktinfo (possibly unaligned).
+                let info: libc::in_pktinfo = unsafe { core::ptr::read_unaligned(data.cast()) };
+                meta.dst = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr))));
+            }
+            (libc::IPPROTO_IP, libc::IP_TOS) => {
+                // SAFETY: an IP_TOS cmsg carries one byte.
+                meta.tclass = unsafe { *data };
+            }
+            (libc::IPPROTO_IP, libc::IP_TTL) => {
+                // SAFETY: an IP_TTL cmsg carries a c_int (possibly unaligned).
+                let ttl: libc::c_int = unsafe { core::ptr::read_unaligned(data.cast()) };
+                meta.hop_limit = u8::try_from(ttl).unwrap_or(u8::MAX);
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                // SAFETY: an IPV6_PKTINFO cmsg carries an in6_pktinfo (possibly unaligned).
+                let info: libc::in6_pktinfo = unsafe { core::ptr::read_unaligned(data.cast()) };
+                meta.dst = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                // SAFETY: an IPV6_TCLASS cmsg carries a c_int (possibly unaligned).
+                let t: libc::c_int = unsafe { core::ptr::read_unaligned(data.cast()) };
+                meta.tclass = u8::try_from(t & 0xFF).unwrap_or(0);
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                // SAFETY: an IPV6_HOPLIMIT cmsg carries a c_int (possibly unaligned).
+                let h: libc::c_int = unsafe { core::ptr::read_unaligned(data.cast()) };
+                meta.hop_limit = u8::try_from(h).unwrap_or(u8::MAX);
+            }
+            _ => {}
+        }
+        // SAFETY: as above: walking the same control buffer.
+        c = unsafe { libc::CMSG_NXTHDR(hdr, c) };
+    }
+}
+
+/// Sends `packets` (destination, bytes) from `sock` with as few `sendmmsg` calls as possible.
+/// Returns how many the kernel took; a full socket buffer (`EAGAIN`) ends the batch early.
+pub(crate) fn send_batch(sock: &UdpSocket, packets: &[(SocketAddr, &[u8])]) -> io::Result<usize> {
+    let mut sent = 0;
+    while sent < packets.len() {
+        let chunk = &packets[sent..packets.len().min(sent + 64)];
+        let names: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
+            chunk.iter().map(|(d, _)| sockaddr_of(*d)).collect();
+        let mut iovs: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|(_, b)| libc::iovec { iov_base: b.as_ptr().cast_mut().cast(), iov_len: b.len() })
+            .collect();
+        // SAFETY: mmsghdr is plain old data; all zeroes is a valid value.
+        let mut msgs: Vec<libc::mmsghdr> =
+            (0..chunk.len()).map(|_| unsafe { core::mem::zeroed() }).collect();
+        for (i, m) in msgs.iter_mut().enumerate() {
+            m.msg_hdr.msg_name = (&raw const names[i].0).cast_mut().cast();
+            m.msg_hdr.msg_namelen = names[i].1;
+            m.msg_hdr.msg_iov = &raw mut iovs[i];
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: every header points at a live sockaddr of its stated length and one iovec
+        // into a live buffer the kernel only reads.
+        let ret = unsafe {
+            libc::sendmmsg(
+                sock.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                msgs.len() as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if ret < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(sent);
+            }
+            return Err(e);
+        }
+        sent += ret as usize;
+        if (ret as usize) < chunk.len() {
+            return Ok(sent);
+        }
+    }
+    Ok(sent)
+}
+
+/// A Linux eventfd: a counter that wakes `poll` when non-zero (completion channels and the
+/// progress thread's wake-up).
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// A non-blocking eventfd at zero.
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: eventfd(2) with constant arguments; the result is checked.
+        let fd = check(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+        // SAFETY: `fd` was just returned by eventfd(2) and is owned by nothing else.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Adds one.
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of `one`, as eventfd(2) requires. A full counter
+        // (EAGAIN) already wakes every waiter, so the result is ignored.
+        let _ = unsafe { libc::write(self.0.as_raw_fd(), (&raw const one).cast(), 8) };
+    }
+
+    /// Reads and clears the counter; 0 if it was zero.
+    pub fn take(&self) -> u64 {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into `v`, as eventfd(2) requires.
+        let ret = unsafe { libc::read(self.0.as_raw_fd(), (&raw mut v).cast(), 8) };
+        if ret == 8 { v } else { 0 }
+    }
+
+    /// Blocks until the counter is non-zero or `timeout_ms` passes (-1: forever); then
+    /// takes it. Returns the value taken.
+    pub fn wait(&self, timeout_ms: i32) -> io::Result<u64> {
+        poll_readable(&[self.0.as_raw_fd()], timeout_ms)?;
+        Ok(self.take())
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Blocks until one of `fds` is readable or `timeout_ms` passes (-1: forever). `EINTR`
+/// counts as a timeout.
+pub(crate) fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<()> {
+    let mut pfds: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    // SAFETY: `pfds` holds `pfds.len()` live pollfd structures.
+    let ret = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// A zeroed, page-aligned allocation that never moves: registered memory. Its bytes are only
+/// ever touched through raw pointers (by the engine under the device lock, and by the
+/// accessors of the safe API under the same lock), never through a Rust reference that could
+/// alias a concurrent write.
+#[derive(Debug)]
+pub struct RawRegion {
+    ptr: core::ptr::NonNull<u8>,
+    len: usize,
+    locked: bool,
+}
+
+// SAFETY: the region is a plain heap allocation; every access to its bytes is serialized by
+// the owning device's lock, so moving or sharing the handle across threads is sound.
+unsafe impl Send for RawRegion {}
+// SAFETY: as above: `&RawRegion` gives no unsynchronized access to the bytes.
+unsafe impl Sync for RawRegion {}
+
+const PAGE: usize = 4096;
+
+impl RawRegion {
+    /// `len` zeroed bytes, page-aligned; with `lock`, pinned in RAM by `mlock` (best effort:
+    /// `locked()` says whether it worked).
+    pub fn new(len: usize, lock: bool) -> io::Result<Self> {
+        let size = len.max(1).next_multiple_of(PAGE);
+        let layout = std::alloc::Layout::from_size_align(size, PAGE)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = core::ptr::NonNull::new(raw)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        // SAFETY: `ptr` is a live allocation of `size` bytes.
+        let locked = lock && unsafe { libc::mlock(ptr.as_ptr().cast(), size) } == 0;
+        Ok(Self { ptr, len, locked })
+    }
+
+    /// Its address: the virtual address the region is registered at.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether `mlock` pinned it.
+    pub fn locked(&self) -> bool {
+        self.locked
+    }
+
+    /// Copies bytes `offset..offset + dst.len()` out. Panics if out of range.
+    ///
+    /// # Safety
+    ///
+    /// No write to those bytes may run concurrently (the caller holds the device lock).
+    pub(crate) unsafe fn read(&self, offset: usize, dst: &mut [u8]) {
+        assert!(
+            offset.checked_add(dst.len()).is_some_and(|end| end <= self.len),
+            "region read out of range"
+        );
+        // SAFETY: in range (checked above), so the offset pointer stays in the allocation.
+        let from = unsafe { self.ptr.as_ptr().add(offset) };
+        // SAFETY: in range; no concurrent write (the caller's contract); `dst` is separate.
+        unsafe { core::ptr::copy_nonoverlapping(from, dst.as_mut_ptr(), dst.len()) };
+    }
+
+    /// Copies `src` in at `offset`. Panics if out of range.
+    ///
+    /// # Safety
+    ///
+    /// No other access to those bytes may run concurrently (the caller holds the device lock).
+    pub(crate) unsafe fn write(&self, offset: usize, src: &[u8]) {
+        assert!(
+            offset.checked_add(src.len()).is_some_and(|end| end <= self.len),
+            "region write out of range"
+        );
+        // SAFETY: in range (checked above), so the offset pointer stays in the allocation.
+        let to = unsafe { self.ptr.as_ptr().add(offset) };
+        // SAFETY: in range; exclusive (the caller's contract); `src` is separate.
+        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), to, src.len()) };
+    }
+
+    /// A shared slice over the whole region.
+    ///
+    /// # Safety
+    ///
+    /// While the slice lives nothing may write the region: no posted receive, RDMA WRITE or
+    /// atomic targeting it, no READ landing in it, no write through the API.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: a live allocation of at least `len` bytes; no writer (the caller's contract).
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for RawRegion {
+    fn drop(&mut self) {
+        let size = self.len.max(1).next_multiple_of(PAGE);
+        if self.locked {
+            // SAFETY: unlocks what `new` locked.
+            unsafe { libc::munlock(self.ptr.as_ptr().cast(), size) };
+        }
+        // `new` built this layout successfully, so it is valid.
+        let Ok(layout) = std::alloc::Layout::from_size_align(size, PAGE) else { return };
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+/// CPU time this process has used: (user, system).
+pub fn process_cpu_time() -> (core::time::Duration, core::time::Duration) {
+    // SAFETY: rusage is plain old data; all zeroes is a valid value.
+    let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
+    // SAFETY: getrusage(2) fills the live `ru`.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut ru) };
+    let tv =
+        |t: libc::timeval| core::time::Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}

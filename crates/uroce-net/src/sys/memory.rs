@@ -1,0 +1,106 @@
+//! Registered memory as the engine reaches it: the regions the application registered, by
+//! virtual address (their real address in this process).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use uroce_engine::MemoryAccess;
+
+use super::RawRegion;
+
+/// The registered regions of one device. It lives inside the device lock, so every access the
+/// engine makes through it is serialized with the application's accessors.
+#[derive(Debug, Default)]
+pub struct Registry {
+    regions: BTreeMap<u64, Arc<RawRegion>>,
+    /// Accesses outside every region: an engine bug if ever non-zero (the engine checks keys
+    /// and bounds first); counted instead of touching memory.
+    pub stray_accesses: u64,
+}
+
+impl Registry {
+    pub(crate) fn insert(&mut self, region: Arc<RawRegion>) {
+        self.regions.insert(region.addr(), region);
+    }
+
+    /// Removes the region at `addr` if no other registration of it remains.
+    pub(crate) fn remove(&mut self, addr: u64) -> Option<Arc<RawRegion>> {
+        self.regions.remove(&addr)
+    }
+
+    /// The region holding `addr..addr + len`, and the offset of `addr` in it.
+    fn find(&self, addr: u64, len: usize) -> Option<(&RawRegion, usize)> {
+        let (&start, region) = self.regions.range(..=addr).next_back()?;
+        let offset = usize::try_from(addr - start).ok()?;
+        (offset.checked_add(len)? <= region.len()).then_some((region, offset))
+    }
+
+    /// Copies out of a region for the application. `false` if out of range.
+    pub(crate) fn copy_out(&self, region: &RawRegion, offset: usize, dst: &mut [u8]) -> bool {
+        if offset.checked_add(dst.len()).is_none_or(|end| end > region.len()) {
+            return false;
+        }
+        // SAFETY: the caller holds the device lock, which every writer of registered memory
+        // holds too; the range is checked.
+        unsafe { region.read(offset, dst) };
+        true
+    }
+
+    /// Copies into a region for the application. `false` if out of range.
+    pub(crate) fn copy_in(&self, region: &RawRegion, offset: usize, src: &[u8]) -> bool {
+        if offset.checked_add(src.len()).is_none_or(|end| end > region.len()) {
+            return false;
+        }
+        // SAFETY: as in `copy_out`: the device lock serializes every access.
+        unsafe { region.write(offset, src) };
+        true
+    }
+
+    fn word(&mut self, addr: u64) -> Option<(&RawRegion, usize, u64)> {
+        let (r, off) = self.find(addr, 8)?;
+        let mut b = [0u8; 8];
+        // SAFETY: the device lock is held (the engine runs under it); range checked by `find`.
+        unsafe { r.read(off, &mut b) };
+        Some((r, off, u64::from_ne_bytes(b)))
+    }
+}
+
+impl MemoryAccess for Registry {
+    fn read(&self, addr: u64, dst: &mut [u8]) {
+        match self.find(addr, dst.len()) {
+            // SAFETY: the engine calls this under the device lock; range checked by `find`.
+            Some((r, off)) => unsafe { r.read(off, dst) },
+            None => dst.fill(0),
+        }
+    }
+
+    fn write(&mut self, addr: u64, src: &[u8]) {
+        match self.find(addr, src.len()) {
+            // SAFETY: the engine calls this under the device lock; range checked by `find`.
+            Some((r, off)) => unsafe { r.write(off, src) },
+            None => self.stray_accesses += 1,
+        }
+    }
+
+    fn compare_and_swap(&mut self, addr: u64, compare: u64, swap: u64) -> u64 {
+        let Some((r, off, old)) = self.word(addr) else {
+            self.stray_accesses += 1;
+            return 0;
+        };
+        if old == compare {
+            // SAFETY: as in `write`; the read and this write are one step under the lock.
+            unsafe { r.write(off, &swap.to_ne_bytes()) };
+        }
+        old
+    }
+
+    fn fetch_and_add(&mut self, addr: u64, add: u64) -> u64 {
+        let Some((r, off, old)) = self.word(addr) else {
+            self.stray_accesses += 1;
+            return 0;
+        };
+        // SAFETY: as in `write`; the read and this write are one step under the lock.
+        unsafe { r.write(off, &old.wrapping_add(add).to_ne_bytes()) };
+        old
+    }
+}
