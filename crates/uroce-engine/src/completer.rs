@@ -71,6 +71,7 @@ fn on_ack<M: MemoryAccess>(
         Syndrome::Ack(_) => {}
         Syndrome::RnrNak(timer) => {
             ctx.counters.rnr_naks_rcvd += 1;
+            qp.counters.rnr_naks_rcvd += 1;
             drain(qp, ctx);
             // rnr_retry 7 means retry forever (IBA 9.7); only rnr_retry has that meaning.
             if qp.rnr_retry != 7 {
@@ -87,6 +88,7 @@ fn on_ack<M: MemoryAccess>(
         }
         Syndrome::Nak(NakCode::PSN_SEQUENCE_ERROR) => {
             ctx.counters.seq_naks_rcvd += 1;
+            qp.counters.seq_naks_rcvd += 1;
             drain(qp, ctx);
             retry(qp, ctx, now, psn);
         }
@@ -420,6 +422,7 @@ pub(crate) fn on_timer<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Inst
         let sending = matches!(qp.state, QpState::Rts | QpState::Sqd);
         if sending && qp.req.una.is_before(qp.req.high_psn) {
             ctx.counters.ack_timeouts += 1;
+            qp.counters.ack_timeouts += 1;
             let from = qp.req.una;
             force_retry(qp, ctx, now, from);
         }

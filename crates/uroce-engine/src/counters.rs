@@ -70,3 +70,31 @@ pub struct Counters {
     /// UC answers nothing, so the rest of its message goes too.
     pub drop_uc_invalid: u64,
 }
+
+/// One queue pair's counters: what `rdma statistic qp` shows per QP on Linux, for finding which
+/// QP of many retransmits or drops.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpCounters {
+    /// Packets this QP put on the wire (requests and responses).
+    pub sent_pkts: u64,
+    /// Their bytes (BTH through ICRC).
+    pub sent_bytes: u64,
+    /// Packets accepted for this QP.
+    pub rcvd_pkts: u64,
+    /// Their bytes.
+    pub rcvd_bytes: u64,
+    /// Packets sent again by go-back-N.
+    pub retransmitted_pkts: u64,
+    /// ACK timeouts with packets outstanding.
+    pub ack_timeouts: u64,
+    /// Sequence NAKs received.
+    pub seq_naks_rcvd: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_rcvd: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// Requests that arrived ahead of the expected PSN.
+    pub rcv_seq_err: u64,
+    /// Duplicate requests.
+    pub dup_req: u64,
+}

@@ -769,6 +769,11 @@ impl<M: MemoryAccess> Device<M> {
         ))
     }
 
+    /// A QP's counters.
+    pub fn qp_counters(&self, qpn: Qpn) -> Option<crate::counters::QpCounters> {
+        self.qps.get(&qpn.get()).map(|q| q.counters)
+    }
+
     /// The state of a QP.
     pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
         self.qps.get(&qpn.get()).map(|q| q.state)
@@ -949,6 +954,8 @@ impl<M: MemoryAccess> Device<M> {
             }
             c.rcvd_pkts += 1;
             c.rcvd_bytes += payload.len() as u64;
+            qp.counters.rcvd_pkts += 1;
+            qp.counters.rcvd_bytes += payload.len() as u64;
             // IBA 11.6.3: the first packet received in RTR establishes communication.
             if qp.state == QpState::Rtr && !qp.comm_established {
                 qp.comm_established = true;
@@ -962,6 +969,8 @@ impl<M: MemoryAccess> Device<M> {
             }
             c.rcvd_pkts += 1;
             c.rcvd_bytes += payload.len() as u64;
+            qp.counters.rcvd_pkts += 1;
+            qp.counters.rcvd_bytes += payload.len() as u64;
             completer::on_response(qp, &mut self.ctx, now, &packet);
         }
     }
@@ -1003,6 +1012,8 @@ impl<M: MemoryAccess> Device<M> {
             let tx = responder::poll(qp, &mut self.ctx, buf)
                 .or_else(|| requester::poll(qp, &mut self.ctx, now, buf));
             if let Some(tx) = tx {
+                qp.counters.sent_pkts += 1;
+                qp.counters.sent_bytes += buf.len() as u64;
                 self.ctx.schedule(qp);
                 return Some(tx);
             }
@@ -1086,6 +1097,8 @@ fn deliver_ud<M: MemoryAccess>(
         c.drop_bad_state += 1;
         return false;
     }
+    qp.counters.rcvd_pkts += 1;
+    qp.counters.rcvd_bytes += udp_payload_len as u64;
     responder::ud_request(qp, ctx, packet, &rx.grh(udp_payload_len));
     true
 }

@@ -29,7 +29,7 @@ mod srq;
 pub mod time;
 pub mod types;
 
-pub use counters::Counters;
+pub use counters::{Counters, QpCounters};
 pub use device::{
     AsyncEvent, CreateError, DEVICE_ATTR, Device, DeviceAttr, DeviceConfig, McastError, RxInfo,
     Transmit,

@@ -353,6 +353,7 @@ pub(crate) struct Qp {
     pub(crate) scheduled: bool,
     /// The communication-established event was raised.
     pub(crate) comm_established: bool,
+    pub(crate) counters: crate::counters::QpCounters,
 }
 
 /// Largest READ and atomic depth a uroce device supports (`max_qp_rd_atom`).
@@ -385,6 +386,7 @@ impl Qp {
             qkey: QKey(0),
             scheduled: false,
             comm_established: false,
+            counters: crate::counters::QpCounters::default(),
         }
     }
 

@@ -163,6 +163,7 @@ pub(crate) fn poll<M: MemoryAccess>(
     }
     if psn.is_before(qp.req.high_psn) {
         ctx.counters.retransmitted_pkts += 1;
+        qp.counters.retransmitted_pkts += 1;
     }
     if qp.req.next_psn.is_after(qp.req.high_psn) {
         qp.req.high_psn = qp.req.next_psn;

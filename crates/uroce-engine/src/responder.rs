@@ -39,6 +39,7 @@ pub(crate) fn on_request<M: MemoryAccess>(
             ctx.counters.drop_out_of_sequence += 1;
         } else {
             ctx.counters.rcv_seq_err += 1;
+            qp.counters.rcv_seq_err += 1;
             qp.resp.nak_sent = true;
             let (epsn, msn) = (qp.resp.epsn, qp.resp.msn);
             queue(
@@ -75,10 +76,12 @@ fn uc_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRep
     if psn.is_before(qp.resp.epsn) {
         // A duplicate (the network copied a packet): already seen, never delivered twice.
         ctx.counters.dup_req += 1;
+        qp.counters.dup_req += 1;
         return;
     }
     if psn != qp.resp.epsn {
         ctx.counters.rcv_seq_err += 1;
+        qp.counters.rcv_seq_err += 1;
         abandon(qp, ctx);
         qp.resp.uc_dropping = true;
     }
@@ -175,6 +178,7 @@ fn nak(code: NakCode) -> Syndrome {
 /// A request behind the expected PSN: already executed, so never executed again.
 fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>) {
     ctx.counters.dup_req += 1;
+    qp.counters.dup_req += 1;
     let psn = packet.bth.psn;
     let op = packet.bth.opcode;
     let msn = qp.resp.msn;
@@ -387,6 +391,7 @@ fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) -> Option<RecvWqe> {
         qp.resp.uc_dropping = true;
     } else if wqe.is_none() {
         ctx.counters.rnr_naks_sent += 1;
+        qp.counters.rnr_naks_sent += 1;
         ctx.counters.drop_rnr += 1;
         qp.resp.nak_sent = true;
         let msn = qp.resp.msn;

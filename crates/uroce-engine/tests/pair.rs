@@ -1093,3 +1093,27 @@ fn qps_share_a_receive_queue_with_its_limit_rnr_and_last_wqe_events() {
     assert_eq!(h.dev.poll_async_event(), Some(AsyncEvent::LastWqeReached(b1)));
     assert_eq!(h.dev.srq_len(srq), 1, "not flushed");
 }
+
+#[test]
+fn per_qp_counters_add_up_to_the_device_counters() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mut n = 0;
+    p.filter = Box::new(move |from, _| {
+        n += 1;
+        !(from == A && n == 3)
+    });
+    p.post_recv(B, 1, 0, 8192);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 5000)]));
+    p.run(Duration::from_millis(100));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    for i in [A, B] {
+        let d = &p.hosts[i].dev;
+        let (q, c) = (d.qp_counters(p.hosts[i].qp).unwrap(), d.counters());
+        assert_eq!((q.sent_pkts, q.sent_bytes), (c.sent_pkts, c.sent_bytes));
+        assert_eq!((q.rcvd_pkts, q.rcvd_bytes), (c.rcvd_pkts, c.rcvd_bytes));
+        assert_eq!(q.retransmitted_pkts, c.retransmitted_pkts);
+        assert_eq!(q.rcv_seq_err, c.rcv_seq_err);
+    }
+    let qa = p.hosts[A].dev.qp_counters(p.hosts[A].qp).unwrap();
+    assert!(qa.retransmitted_pkts > 0 && qa.seq_naks_rcvd == 1, "{qa:?}");
+}

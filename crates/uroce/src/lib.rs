@@ -64,15 +64,15 @@ use std::sync::Arc;
 
 pub use uroce_engine::{
     Access, AsyncEvent, Counters, CreateError, McastError, ModifyError, Mtu, PostError, Psn, QKey,
-    QpState, QpType, Qpn, RKey, RemoteAddr, SendFlags, Sge, WcOpcode, WcStatus, WorkCompletion,
-    WrOpcode,
+    QpCounters, QpState, QpType, Qpn, RKey, RemoteAddr, SendFlags, Sge, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
 };
 use uroce_engine::{
     AhAttr, AhHandle, CqHandle, MemoryRegion, PdHandle, QpAttr, QpCap, QpInitAttr, RecvWr, SendWr,
     SrqHandle, UdDest,
 };
 use uroce_net::{Channel, NetDevice, RawRegion};
-pub use uroce_net::{Faults, NetCounters, OpenError, Options};
+pub use uroce_net::{Faults, NetCounters, OpenError, Options, process_cpu_time};
 
 /// Everything that can go wrong, each naming the rule broken.
 #[derive(Debug)]
@@ -395,36 +395,53 @@ impl Cq {
     /// arms the CQ and sleeps on its completion channel, as `ibv_req_notify_cq` plus
     /// `ibv_get_cq_event` do. Returns what is there (empty after a timeout).
     pub fn wait(&self, timeout: Option<Duration>) -> Result<Vec<WorkCompletion>> {
-        let mut out = Vec::new();
-        if self.poll(&mut out) > 0 {
-            return Ok(out);
-        }
-        self.ctx.dev.with(|s| s.engine().req_notify_cq(self.handle, false));
-        // A completion may have landed between the poll and the arming.
-        if self.poll(&mut out) > 0 {
-            return Ok(out);
-        }
-        self.channel.get(timeout)?;
-        self.poll(&mut out);
-        Ok(out)
+        self.wait_for(usize::MAX, timeout)
     }
 
-    /// Waits for one completion and returns it (the rest stay queued).
+    /// Waits for one completion and returns it (the rest stay queued); a timeout is an error
+    /// of kind `TimedOut`.
     pub fn wait_one(&self, timeout: Option<Duration>) -> Result<WorkCompletion> {
-        loop {
-            let mut out = Vec::new();
+        self.wait_for(1, timeout)?
+            .pop()
+            .ok_or_else(|| Error::Io(io::Error::new(io::ErrorKind::TimedOut, "no completion")))
+    }
+
+    /// Up to `max` completions, sleeping on the completion channel until there is one or the
+    /// timeout passes.
+    fn wait_for(&self, max: usize, timeout: Option<Duration>) -> Result<Vec<WorkCompletion>> {
+        #[expect(clippy::disallowed_methods, reason = "a blocking wait reads the clock")]
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        let mut out = Vec::new();
+        let take = |out: &mut Vec<WorkCompletion>| {
             self.ctx.dev.progress();
-            if self.ctx.dev.with(|s| s.engine().poll_cq(self.handle, 1, &mut out)) == 1 {
-                return Ok(out[0]);
+            self.ctx.dev.with(|s| s.engine().poll_cq(self.handle, max, out))
+        };
+        loop {
+            if take(&mut out) > 0 {
+                return Ok(out);
             }
             self.ctx.dev.with(|s| s.engine().req_notify_cq(self.handle, false));
-            self.ctx.dev.progress();
-            if self.ctx.dev.with(|s| s.engine().cq_len(self.handle)) > 0 {
-                continue;
+            // A completion may have landed between the poll and the arming.
+            if take(&mut out) > 0 {
+                return Ok(out);
             }
-            if self.channel.get(timeout)?.is_none() {
-                return Err(Error::Io(io::Error::new(io::ErrorKind::TimedOut, "no completion")));
-            }
+            let left = match deadline {
+                None => None,
+                Some(d) => {
+                    #[expect(
+                        clippy::disallowed_methods,
+                        reason = "a blocking wait reads the clock"
+                    )]
+                    let left = d.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Ok(out);
+                    }
+                    Some(left)
+                }
+            };
+            // An event left by an earlier arming, whose completions a poll already took, wakes
+            // this too: the loop then polls and sleeps again.
+            self.channel.get(left)?;
         }
     }
 }
@@ -706,6 +723,11 @@ impl Qp {
     /// The QP number.
     pub fn qpn(&self) -> Qpn {
         self.qpn
+    }
+
+    /// This QP's counters.
+    pub fn counters(&self) -> QpCounters {
+        self.ctx.dev.with(|s| s.engine().qp_counters(self.qpn)).unwrap_or_default()
     }
 
     /// The state.
