@@ -528,6 +528,20 @@ impl<M: MemoryAccess> Device<M> {
         self.ctx.mrs.len()
     }
 
+    /// Whether a work request not yet completed names `lkey` in its scatter/gather list: a
+    /// send WQE (not inline), a receive WQE of a QP or an SRQ, or the receive a message in
+    /// progress is landing in. A runtime defers deregistering such a region, so the memory an
+    /// outstanding work request uses stays alive until its completion.
+    pub fn lkey_in_use(&self, lkey: LKey) -> bool {
+        let names = |sges: &[crate::types::Sge]| sges.iter().any(|s| s.lkey == lkey);
+        let recv_uses = |w: &RecvWqe| names(&w.wr.sg_list);
+        self.qps.values().any(|qp| {
+            qp.req.sq.iter().any(|w| w.wr.inline_data.is_none() && names(&w.wr.sg_list))
+                || qp.rq.iter().any(recv_uses)
+                || matches!(&qp.resp.current, Some(crate::qp::InMessage::Send { wqe, .. }) if recv_uses(wqe))
+        }) || self.ctx.srqs.values().any(|s| s.wqes.iter().any(recv_uses))
+    }
+
     /// Creates a completion queue that holds `capacity` completions.
     pub fn create_cq(&mut self, capacity: usize) -> Result<CqHandle, CreateError> {
         within("max_cqe", capacity as u64, u64::from(DEVICE_ATTR.max_cqe))?;

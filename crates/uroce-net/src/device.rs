@@ -200,6 +200,8 @@ pub struct State {
     channels: HashMap<CqHandle, Arc<Channel>>,
     async_events: VecDeque<AsyncEvent>,
     counters: NetCounters,
+    /// Regions whose owner let go while work requests still named them.
+    deferred_deregs: Vec<LKey>,
 }
 
 impl State {
@@ -226,11 +228,33 @@ impl State {
         Ok(mr)
     }
 
-    /// Deregisters: the keys stop working at once, and the engine can no longer reach the
-    /// memory (work requests that still name it complete with a protection error).
+    /// Deregisters a region, or, while a work request not yet completed names it, defers
+    /// that until the last such one completes: an outstanding work request keeps its memory
+    /// alive (the registry holds the region). Then the keys stop working and the engine can no
+    /// longer reach the memory.
     pub fn deregister(&mut self, lkey: LKey) {
+        if self.engine.lkey_in_use(lkey) {
+            self.deferred_deregs.push(lkey);
+            return;
+        }
         if let Some(mr) = self.engine.dereg_mr(lkey) {
             self.engine.memory_mut().remove(mr.addr);
+        }
+    }
+
+    /// Regions still registered (deferred deregistrations included).
+    pub fn registered_regions(&self) -> usize {
+        self.engine.mr_count()
+    }
+
+    /// Completes the deferred deregistrations whose work requests have all completed.
+    fn retry_deregs(&mut self) {
+        if self.deferred_deregs.is_empty() {
+            return;
+        }
+        let pending = core::mem::take(&mut self.deferred_deregs);
+        for lkey in pending {
+            self.deregister(lkey);
         }
     }
 
@@ -370,6 +394,7 @@ impl State {
         while let Some(e) = self.engine.poll_async_event() {
             self.async_events.push_back(e);
         }
+        self.retry_deregs();
     }
 
     /// Applies the send faults and queues the packet.
@@ -527,6 +552,7 @@ impl NetDevice {
             channels: HashMap::new(),
             async_events: VecDeque::new(),
             counters: NetCounters::default(),
+            deferred_deregs: Vec::new(),
         };
         let wake = EventFd::new().map_err(|e| OpenError::Io(local, e))?;
         let shared = Arc::new(Shared {

@@ -49,10 +49,11 @@
 //! transport takes too, so a peer's RDMA WRITE and the application never race in Rust's memory
 //! model. [`Mr::as_slice`] gives a zero-copy view, `unsafe`, with its contract written down.
 //!
-//! Freeing a registered buffer while the transport may still touch it cannot corrupt memory:
-//! dropping an [`Mr`] deregisters it first, under the device lock, and from then on its keys
-//! are refused — a work request still naming it completes with `LOC_PROT_ERR` (or the peer's
-//! with `REM_ACCESS_ERR`), the error a real RNIC gives after `ibv_dereg_mr`.
+//! Freeing a registered buffer while the transport may still touch it cannot corrupt memory.
+//! Dropping an [`Mr`] hands its memory to the device: while a posted work request (a send
+//! gathering from it, a receive or READ landing in it) has not completed, the region stays
+//! registered and alive; once none remains it is deregistered, its keys refused from then on,
+//! and freed. A peer's RDMA to a dropped region fails with `REM_ACCESS_ERR` after that.
 #![deny(unsafe_code)]
 
 use core::fmt;
@@ -173,6 +174,11 @@ impl Context {
             Ok::<_, CreateError>(cq)
         })?;
         Ok(Cq { ctx: self.clone(), handle, channel })
+    }
+
+    /// Registered regions, counting those kept alive for outstanding work requests.
+    pub fn registered_regions(&self) -> usize {
+        self.dev.with(|s| s.registered_regions())
     }
 
     /// The transport's counters and the runtime's.
@@ -369,7 +375,8 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // Deregistered before the memory goes: from here on the transport cannot reach it.
+        // The device keeps the region (its registry holds it) until no outstanding work
+        // request names it; then deregisters it, and the memory goes with the last reference.
         let lkey = self.mr.lkey;
         self.ctx.dev.with(|s| s.deregister(lkey));
     }

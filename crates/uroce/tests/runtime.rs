@@ -50,9 +50,16 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 
 struct Side {
     ctx: Context,
+    pd: uroce::Pd,
     cq: Cq,
     qp: Qp,
     mr: Mr,
+}
+
+impl Side {
+    fn qp_pd_register(&self, len: usize) -> Mr {
+        self.pd.register(len, Access::LOCAL_WRITE).unwrap()
+    }
 }
 
 /// Two connected QPs of `qp_type` on `a` and `b`, each with a 4 MiB region.
@@ -67,7 +74,7 @@ fn pair(a: &str, b: &str, qp_type: QpType, options: [Options; 2]) -> [Side; 2] {
             let qp = pd.qp(qp_type, &cq).mtu(Mtu::Mtu1024).retries(10, 7, 7).build().unwrap();
             let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
             let mr = pd.register(4 << 20, all).unwrap();
-            Side { ctx, cq, qp, mr }
+            Side { ctx, pd, cq, qp, mr }
         })
         .collect();
     let e = [sides[0].qp.endpoint(), sides[1].qp.endpoint()];
@@ -312,4 +319,41 @@ fn ud_multicast_reaches_every_attached_qp_over_loopback() {
         }
     }
     assert_eq!(total, 15, "five datagrams to each of three QPs");
+}
+
+/// Dropping a region while work requests still use it is safe: the device keeps it registered
+/// and alive until they complete (a posted receive still takes its message, a posted WRITE
+/// still sends its bytes), then deregisters it.
+#[test]
+fn an_outstanding_work_request_keeps_its_region_alive_until_completion() {
+    let [a, b] =
+        pair("127.0.10.2", "127.0.10.3", QpType::Rc, [Options::default(), Options::default()]);
+    // B posts a receive into a region, then drops the region.
+    let before = b.ctx.registered_regions();
+    let inbox = b.qp_pd_register(64);
+    b.qp.post_recv(1, &inbox, 0..64).unwrap();
+    drop(inbox);
+    assert_eq!(b.ctx.registered_regions(), before + 1, "kept for the posted receive");
+    // A writes from a region it drops right after posting.
+    let src = a.qp_pd_register(64);
+    src.write(0, b"still here").unwrap();
+    a.qp.write(2, &src, 0..10, b.mr.remote()).unwrap();
+    a.qp.send(3, &src, 0..10).unwrap();
+    drop(src);
+    let sent: Vec<_> = (0..2).map(|_| wait_ok(&a.cq).wr_id).collect();
+    assert_eq!(sent, [2, 3]);
+    assert_eq!(
+        b.mr.to_vec(0..10).unwrap(),
+        b"still here",
+        "the WRITE's bytes came from the dropped region"
+    );
+    let wc = wait_ok(&b.cq);
+    assert_eq!(
+        (wc.wr_id, wc.byte_len),
+        (1, 10),
+        "the receive posted into the dropped region completed"
+    );
+    // Now nothing uses either: both are deregistered.
+    assert_eq!(b.ctx.registered_regions(), before);
+    assert_eq!(a.ctx.registered_regions(), 1, "A's dropped source region is gone too");
 }
