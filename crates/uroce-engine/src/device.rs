@@ -149,7 +149,14 @@ pub struct Transmit {
     pub dst: SocketAddr,
     /// UDP source port (per-QP flow entropy).
     pub src_port: u16,
+    /// From [`Device::poll_transmit_gather`] only: `Some(h)` when the payload stayed in
+    /// registered memory. The datagram is then the buffer's first `h` bytes (headers), the
+    /// memory pieces, and the rest of the buffer (pad and ICRC). `None`: the buffer holds it all.
+    pub payload_at: Option<usize>,
 }
+
+/// A piece of a packet's payload in registered memory: address and length.
+pub type Piece = (u64, u32);
 
 /// A received datagram's addressing and the IP header fields a UD receive reports in its GRH
 /// area; a runtime gets the last three from `IP_RECVTOS`/`IP_RECVTTL` (or the IPv6
@@ -277,6 +284,14 @@ pub(crate) struct Ctx<M> {
     pub(crate) async_events: VecDeque<AsyncEvent>,
     /// Address handles.
     pub(crate) ahs: BTreeMap<u32, Ah>,
+    /// The caller of `poll_transmit_gather` takes payloads as memory pieces.
+    pub(crate) gather: bool,
+    /// The memory pieces of the packet just built in gather mode.
+    pub(crate) tx_pieces: Vec<Piece>,
+    /// Payload pieces being assembled by a protocol step.
+    pub(crate) pieces: Vec<Piece>,
+    /// Payload copied out of memory when it cannot stay there.
+    copy_buf: Vec<u8>,
 }
 
 /// An asynchronous event (`ibv_get_async_event`; IBA 11.6.3).
@@ -356,16 +371,20 @@ impl<M> Ctx<M> {
     pub(crate) fn qp_fatal(&mut self, qpn: Qpn) {
         self.async_events.push_back(AsyncEvent::QpFatal(qpn));
     }
+}
 
-    /// Builds `repr` into `buf` for connected `qp`, counting it.
+impl<M: MemoryAccess> Ctx<M> {
+    /// Builds `repr` into `buf` for connected `qp`, counting it; its payload is its own or,
+    /// when `pieces` is not empty, those pieces of registered memory.
     pub(crate) fn emit(
         &mut self,
         qp: &Qp,
         repr: &PacketRepr<'_>,
+        pieces: &[Piece],
         buf: &mut Vec<u8>,
     ) -> Option<Transmit> {
         let (pseudo, av) = (qp.tx_pseudo?, qp.av?);
-        self.emit_to(&pseudo, av.dest, qp.src_port, repr, buf)
+        self.emit_to(&pseudo, av.dest, qp.src_port, repr, pieces, buf)
     }
 
     /// Builds UD packet `repr` into `buf` for the destination of address handle `ah`, from
@@ -375,6 +394,7 @@ impl<M> Ctx<M> {
         ah: AhHandle,
         qp_port: u16,
         repr: &PacketRepr<'_>,
+        pieces: &[Piece],
         buf: &mut Vec<u8>,
     ) -> Option<Transmit> {
         let local = self.config.addr;
@@ -390,24 +410,62 @@ impl<M> Ctx<M> {
             }
         };
         let dest = h.attr.dest;
-        self.emit_to(&pseudo, dest, port, repr, buf)
+        self.emit_to(&pseudo, dest, port, repr, pieces, buf)
     }
 
+    /// Builds the packet: `repr`'s own payload, or (when `pieces` is not empty) the payload
+    /// in those pieces of registered memory — left in place in gather mode when the memory
+    /// lends them, else copied once into the packet.
     fn emit_to(
         &mut self,
         pseudo: &PseudoHeader,
         dest: IpAddr,
         src_port: u16,
         repr: &PacketRepr<'_>,
+        pieces: &[Piece],
         buf: &mut Vec<u8>,
     ) -> Option<Transmit> {
-        let len = repr.buffer_len().ok()?;
-        buf.clear();
-        buf.resize(len, 0);
-        repr.emit(pseudo, buf).ok()?;
+        let mut payload_at = None;
+        let len = if pieces.is_empty() {
+            let len = repr.buffer_len().ok()?;
+            buf.clear();
+            buf.resize(len, 0);
+            repr.emit(pseudo, buf).ok()?
+        } else {
+            let lent: Option<Vec<&[u8]>> = if self.gather {
+                pieces.iter().map(|&(a, l)| self.mem.slice(a, l as usize)).collect()
+            } else {
+                None
+            };
+            if let Some(parts) = lent {
+                let h = repr.emit_gathered(pseudo, &parts, buf).ok()?;
+                let payload: usize = parts.iter().map(|p| p.len()).sum();
+                self.tx_pieces.clear();
+                self.tx_pieces.extend_from_slice(pieces);
+                payload_at = Some(h);
+                buf.len() + payload
+            } else {
+                let mut data = core::mem::take(&mut self.copy_buf);
+                data.clear();
+                for &(a, l) in pieces {
+                    let at = data.len();
+                    data.resize(at + l as usize, 0);
+                    self.mem.read(a, &mut data[at..]);
+                }
+                let full = PacketRepr::new(repr.bth, repr.ext, &data);
+                let len = full.buffer_len().ok();
+                if let Some(len) = len {
+                    buf.clear();
+                    buf.resize(len, 0);
+                }
+                let emitted = len.and_then(|_| full.emit(pseudo, buf).ok());
+                self.copy_buf = data;
+                emitted?
+            }
+        };
         self.counters.sent_pkts += 1;
         self.counters.sent_bytes += len as u64;
-        Some(Transmit { dst: SocketAddr::new(dest, ROCE_V2_PORT), src_port })
+        Some(Transmit { dst: SocketAddr::new(dest, ROCE_V2_PORT), src_port, payload_at })
     }
 }
 
@@ -451,6 +509,10 @@ impl<M: MemoryAccess> Device<M> {
                 cq_events: VecDeque::new(),
                 async_events: VecDeque::new(),
                 ahs: BTreeMap::new(),
+                gather: false,
+                tx_pieces: Vec::new(),
+                pieces: Vec::new(),
+                copy_buf: Vec::new(),
             },
             qps: BTreeMap::new(),
             mcast: BTreeMap::new(),
@@ -1012,6 +1074,28 @@ impl<M: MemoryAccess> Device<M> {
         if let Some(slot) = self.mcast.get_mut(&rx.dst) {
             *slot = members;
         }
+    }
+
+    /// As [`Device::poll_transmit`], but a payload in registered memory stays there, for a
+    /// runtime that sends with scatter/gather I/O: when [`Transmit::payload_at`] is `Some(h)`,
+    /// the datagram is `buf[..h]`, then the memory `pieces` (address, length) in order, then
+    /// `buf[h..]`; the ICRC already covers them. Payloads that are not in registered memory
+    /// (inline data) and packets without payload come whole in `buf`. The pieces must go out
+    /// before any other input reaches the device, which may change that memory.
+    pub fn poll_transmit_gather(
+        &mut self,
+        now: Instant,
+        buf: &mut Vec<u8>,
+        pieces: &mut Vec<Piece>,
+    ) -> Option<Transmit> {
+        self.ctx.gather = true;
+        let tx = self.poll_transmit(now, buf);
+        self.ctx.gather = false;
+        pieces.clear();
+        if tx.is_some_and(|t| t.payload_at.is_some()) {
+            core::mem::swap(pieces, &mut self.ctx.tx_pieces);
+        }
+        tx
     }
 
     /// Writes the next packet to send into `buf` (replacing its contents) and says where it

@@ -20,6 +20,14 @@ pub trait MemoryAccess {
     fn compare_and_swap(&mut self, addr: u64, compare: u64, swap: u64) -> u64;
     /// Atomically adds `add` (wrapping) to the 8 bytes at `addr`. Returns the value before.
     fn fetch_and_add(&mut self, addr: u64, add: u64) -> u64;
+
+    /// The `len` bytes at `addr` in place, if the implementation can lend them (one region
+    /// holds them). Lets a runtime send payloads straight from registered memory
+    /// ([`crate::Device::poll_transmit_gather`]); `None` (the default) means "copy instead".
+    fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let _ = (addr, len);
+        None
+    }
 }
 
 /// Memory made of separate `Vec<u8>` buffers, each at a chosen virtual address: what tests
@@ -85,6 +93,12 @@ impl MemoryAccess for VecMemory {
         let (base, off) = self.locate(addr, src.len());
         let buf = self.buffers.get_mut(&base).unwrap_or_else(|| unreachable!());
         buf[off..off + src.len()].copy_from_slice(src);
+    }
+
+    fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let (&base, buf) = self.buffers.range(..=addr).next_back()?;
+        let off = usize::try_from(addr - base).ok()?;
+        buf.get(off..off.checked_add(len)?)
     }
 
     fn compare_and_swap(&mut self, addr: u64, compare: u64, swap: u64) -> u64 {

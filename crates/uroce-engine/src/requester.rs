@@ -109,12 +109,13 @@ pub(crate) fn poll<M: MemoryAccess>(
     let payload_len =
         if op.is_read_or_atomic() { 0 } else { w.len.saturating_sub(k * mtu).min(mtu) };
     ctx.scratch.clear();
+    ctx.pieces.clear();
     if payload_len > 0 {
         let offset = k * mtu;
         if let Some(data) = &w.wr.inline_data {
             let start = offset as usize;
             ctx.scratch.extend_from_slice(data.get(start..start + payload_len as usize)?);
-        } else if gather(ctx, qp.init.pd, &w.wr.sg_list, offset, payload_len).is_err() {
+        } else if pieces(ctx, qp.init.pd, &w.wr.sg_list, offset, payload_len).is_err() {
             // The region went away under an in-flight WQE (IBA 10.6: local protection).
             fail_at_start(qp, ctx, idx, WcStatus::LOC_PROT_ERR);
             return None;
@@ -142,13 +143,14 @@ pub(crate) fn poll<M: MemoryAccess>(
     let mut b = bth::Repr::new(opcode, dest_qpn, psn);
     b.ack_req = ack_req && reliable;
     b.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED) && !op.is_read_or_atomic();
-    let scratch = core::mem::take(&mut ctx.scratch);
+    // The payload is inline data in `scratch`, or pieces of registered memory.
+    let (scratch, pieces) = (core::mem::take(&mut ctx.scratch), core::mem::take(&mut ctx.pieces));
     let repr = PacketRepr::new(b, ext, &scratch);
     let tx = match ud {
-        Some(ud) => ctx.emit_ud(ud.ah, qp.src_port, &repr, buf),
-        None => ctx.emit(qp, &repr, buf),
+        Some(ud) => ctx.emit_ud(ud.ah, qp.src_port, &repr, &pieces, buf),
+        None => ctx.emit(qp, &repr, &pieces, buf),
     };
-    ctx.scratch = scratch;
+    (ctx.scratch, ctx.pieces) = (scratch, pieces);
     let tx = tx?;
 
     // Advance. A READ's request is one packet but its responses use `npkts` PSNs.
@@ -225,9 +227,10 @@ fn fail_at_start<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, sta
     completer::drain(qp, ctx);
 }
 
-/// Copies `len` bytes starting `offset` bytes into the message described by `sges` into
-/// `ctx.scratch`, checking each element's key for a QP of `pd`.
-fn gather<M: MemoryAccess>(
+/// Finds the registered memory that holds bytes `offset..offset + len` of the message
+/// described by `sges`, checking each element's key for a QP of `pd`, and lists it in
+/// `ctx.pieces` (address, length).
+fn pieces<M: MemoryAccess>(
     ctx: &mut Ctx<M>,
     pd: crate::types::PdHandle,
     sges: &[Sge],
@@ -248,10 +251,8 @@ fn gather<M: MemoryAccess>(
         let take = (sl - skip).min(want);
         let addr = s.addr + skip;
         ctx.mrs.check_local(s.lkey, pd, addr, take, false)?;
-        let start = ctx.scratch.len();
         // `take` is at most one MTU.
-        ctx.scratch.resize(start + usize::try_from(take).unwrap_or(0), 0);
-        ctx.mem.read(addr, &mut ctx.scratch[start..]);
+        ctx.pieces.push((addr, u32::try_from(take).unwrap_or(u32::MAX)));
         want -= take;
         skip = 0;
     }

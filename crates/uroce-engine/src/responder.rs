@@ -646,9 +646,10 @@ pub(crate) fn poll<M: MemoryAccess>(
                 fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
                 return poll(qp, ctx, buf);
             }
-            ctx.scratch.clear();
-            ctx.scratch.resize(chunk as usize, 0);
-            ctx.mem.read(addr, &mut ctx.scratch);
+            ctx.pieces.clear();
+            if chunk > 0 {
+                ctx.pieces.push((addr, chunk));
+            }
             if last {
                 qp.resp.out.pop_front();
             } else if let Some(Response::Read { next, .. }) = qp.resp.out.front_mut() {
@@ -658,10 +659,13 @@ pub(crate) fn poll<M: MemoryAccess>(
         }
     };
     let b = bth::Repr::new(opcode, qp.dest_qpn, psn);
-    let payload = core::mem::take(&mut ctx.scratch);
+    // A READ response's payload is a piece of registered memory; nothing else carries one.
     let is_read = matches!(response, Response::Read { .. });
-    let repr = PacketRepr::new(b, ext, if is_read { &payload } else { &[] });
-    let tx = ctx.emit(qp, &repr, buf);
-    ctx.scratch = payload;
+    let pieces = if is_read { core::mem::take(&mut ctx.pieces) } else { Vec::new() };
+    let repr = PacketRepr::new(b, ext, &[]);
+    let tx = ctx.emit(qp, &repr, &pieces, buf);
+    if is_read {
+        ctx.pieces = pieces;
+    }
     tx
 }

@@ -13,9 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
+use uroce_engine::device::Piece;
 use uroce_engine::{
-    Access, AsyncEvent, CqHandle, CreateError, Device, DeviceConfig, Instant, LKey, MemoryRegion,
-    Mtu, PdHandle, RxInfo,
+    Access, AsyncEvent, CqHandle, CreateError, Device, DeviceConfig, Instant, LKey, MemoryAccess,
+    MemoryRegion, Mtu, PdHandle, RxInfo,
 };
 use uroce_wire::ROCE_V2_PORT;
 use uroce_wire::pcap::PcapWriter;
@@ -95,6 +96,10 @@ pub struct NetCounters {
     pub tx_batches: u64,
     /// Datagrams the kernel refused (full socket buffer, no route): lost, as on a wire.
     pub tx_errors: u64,
+    /// Datagrams whose payload the kernel took straight from registered memory.
+    pub tx_zero_copy: u64,
+    /// Their payload bytes.
+    pub tx_zero_copy_bytes: u64,
     /// Datagrams read from the sockets.
     pub rx_datagrams: u64,
     /// `recvmmsg` calls that returned data.
@@ -170,11 +175,30 @@ impl AsRawFd for Channel {
     }
 }
 
-/// A packet ready to go: its source port, destination and bytes.
+/// A packet ready to go: its source port, destination and bytes — all of them, or (when
+/// `payload_at` is set) the headers and trailer around payload pieces of registered memory.
 struct Outgoing {
     port: u16,
     dst: SocketAddr,
     bytes: Vec<u8>,
+    payload_at: Option<usize>,
+    pieces: Vec<Piece>,
+}
+
+impl Outgoing {
+    /// The whole packet in `bytes` (for capture and fault injection, which need it in one
+    /// piece): copies the payload in from registered memory.
+    fn materialize(&mut self, mem: &Registry) {
+        let Some(h) = self.payload_at.take() else { return };
+        let trailer = self.bytes.split_off(h);
+        for &(addr, len) in &self.pieces {
+            let at = self.bytes.len();
+            self.bytes.resize(at + len as usize, 0);
+            mem.read(addr, &mut self.bytes[at..]);
+        }
+        self.bytes.extend_from_slice(&trailer);
+        self.pieces.clear();
+    }
 }
 
 /// Everything behind the device lock.
@@ -197,6 +221,7 @@ pub struct State {
     recv: RecvBatch,
     out: Vec<Outgoing>,
     pool: Vec<Vec<u8>>,
+    piece_pool: Vec<Vec<Piece>>,
     channels: HashMap<CqHandle, Arc<Channel>>,
     async_events: VecDeque<AsyncEvent>,
     counters: NetCounters,
@@ -264,8 +289,8 @@ impl State {
     }
 
     /// Copies bytes into a registered region; `false` if out of range.
-    pub fn write_region(&self, region: &RawRegion, offset: usize, src: &[u8]) -> bool {
-        self.engine.memory().copy_in(region, offset, src)
+    pub fn write_region(&mut self, region: &RawRegion, offset: usize, src: &[u8]) -> bool {
+        self.engine.memory_mut().copy_in(region, offset, src)
     }
 
     /// Routes `cq`'s notifications to `channel` (`ibv_create_cq` with a channel).
@@ -373,11 +398,23 @@ impl State {
     fn flush(&mut self, now: Instant) {
         loop {
             let mut buf = self.pool_buf();
-            let Some(tx) = self.engine.poll_transmit(now, &mut buf) else {
+            let mut pieces = self.piece_pool.pop().unwrap_or_default();
+            let Some(tx) = self.engine.poll_transmit_gather(now, &mut buf, &mut pieces) else {
                 self.pool.push(buf);
+                self.piece_pool.push(pieces);
                 break;
             };
-            self.stage(Outgoing { port: tx.src_port, dst: tx.dst, bytes: buf });
+            let mut o = Outgoing {
+                port: tx.src_port,
+                dst: tx.dst,
+                bytes: buf,
+                payload_at: tx.payload_at,
+                pieces,
+            };
+            if self.pcap.is_some() || self.faults.any() {
+                o.materialize(self.engine.memory());
+            }
+            self.stage(o);
             if self.out.len() >= 64 {
                 self.send_out();
             }
@@ -415,7 +452,8 @@ impl State {
         }
         if fate.dup {
             self.counters.fault_dups += 1;
-            self.out.push(Outgoing { port: o.port, dst: o.dst, bytes: o.bytes.clone() });
+            let copy = Outgoing { bytes: o.bytes.clone(), pieces: Vec::new(), ..o };
+            self.out.push(copy);
         }
         if fate.hold && self.held_tx.is_none() {
             self.counters.fault_reorders += 1;
@@ -443,14 +481,36 @@ impl State {
                     let _ = w.write_roce(ts, SocketAddr::new(self.addr, port), o.dst, &o.bytes);
                 }
             }
-            let sent = match self.send_sock(port) {
-                Some(sock) => {
-                    let list: Vec<(SocketAddr, &[u8])> =
-                        run.iter().map(|o| (o.dst, &o.bytes[..])).collect();
-                    sys::send_batch(sock, &list).unwrap_or(0)
-                }
-                None => 0,
+            let sent = if self.send_sock(port).is_some() {
+                let (mem, sock) = (self.engine.memory(), &self.send_socks[&port]);
+                // Headers, the payload where it lies in registered memory, the trailer.
+                let list: Vec<(SocketAddr, Vec<&[u8]>)> = run
+                    .iter()
+                    .map(|o| {
+                        let parts = match o.payload_at {
+                            None => vec![&o.bytes[..]],
+                            Some(h) => {
+                                let mut p = Vec::with_capacity(o.pieces.len() + 2);
+                                p.push(&o.bytes[..h]);
+                                p.extend(
+                                    o.pieces.iter().filter_map(|&(a, l)| mem.slice(a, l as usize)),
+                                );
+                                p.push(&o.bytes[h..]);
+                                p
+                            }
+                        };
+                        (o.dst, parts)
+                    })
+                    .collect();
+                sys::send_batch(sock, &list).unwrap_or(0)
+            } else {
+                0
             };
+            for o in run.iter().take(sent).filter(|o| o.payload_at.is_some()) {
+                self.counters.tx_zero_copy += 1;
+                self.counters.tx_zero_copy_bytes +=
+                    o.pieces.iter().map(|&(_, l)| u64::from(l)).sum::<u64>();
+            }
             self.counters.tx_batches += 1;
             self.counters.tx_datagrams += sent as u64;
             self.counters.tx_errors += (run.len() - sent) as u64;
@@ -461,6 +521,7 @@ impl State {
         }
         for o in out {
             self.pool.push(o.bytes);
+            self.piece_pool.push(o.pieces);
         }
     }
 
@@ -549,6 +610,7 @@ impl NetDevice {
             recv: RecvBatch::new(RECV_BATCH),
             out: Vec::with_capacity(64),
             pool: Vec::new(),
+            piece_pool: Vec::new(),
             channels: HashMap::new(),
             async_events: VecDeque::new(),
             counters: NetCounters::default(),

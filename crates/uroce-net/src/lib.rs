@@ -23,16 +23,19 @@
 //!
 //! Copies, per payload byte, counting the kernel's own:
 //! - TCP: two per message, application → kernel on send, kernel → application on receive.
-//! - uroce send: registered memory → the engine's staging buffer (gathering the scatter/gather
-//!   list, one packet at a time) → the packet buffer (headers and payload built in one pass,
-//!   ICRC computed over it) → the kernel (`sendmmsg`): three.
-//! - uroce receive: kernel → receive buffer (`recvmmsg`) → registered memory (scatter, after
-//!   every check passed): two.
+//! - uroce send (SEND, WRITE, READ responses): one. The engine builds headers and trailer only
+//!   ([`uroce_engine::Device::poll_transmit_gather`]); the ICRC is computed reading the payload
+//!   where it lies, and `sendmmsg` gets iovecs for headers, the payload's pieces of registered
+//!   memory, and trailer, so the kernel's copy into its socket buffer is the only one
+//!   ([`NetCounters::tx_zero_copy`] counts these packets). Inline data is copied at post time,
+//!   as verbs define it, and into the packet; with capture or fault injection on, each packet is
+//!   assembled in one buffer first (one more copy).
+//! - uroce receive: two. Kernel → receive buffer (`recvmmsg`), then → registered memory (the
+//!   scatter, once every check has passed: where bytes go is known only after the headers are
+//!   parsed and checked, and nothing may be written before that).
 //!
-//! The two user-space copies on the send side are the next thing to remove: the wire crate can
-//! already emit headers and trailer separately (`PacketRepr::emit_headers` and `trailer`) so
-//! that `sendmmsg` could take an iovec pointing straight into registered memory; the engine's
-//! requester does not use that path yet.
+//! So a message costs uroce three copies to TCP's two; the receive-side staging copy is the one
+//! left to remove (reading headers first, then the payload straight into its destination).
 //!
 //! # Progress
 //!

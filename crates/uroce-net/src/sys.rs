@@ -319,15 +319,28 @@ fn parse_cmsgs(hdr: &libc::msghdr, meta: &mut RecvMeta) {
 
 /// Sends `packets` (destination, bytes) from `sock` with as few `sendmmsg` calls as possible.
 /// Returns how many the kernel took; a full socket buffer (`EAGAIN`) ends the batch early.
-pub(crate) fn send_batch(sock: &UdpSocket, packets: &[(SocketAddr, &[u8])]) -> io::Result<usize> {
+/// Each packet is a list of parts the kernel gathers (headers, payload straight from registered
+/// memory, trailer: no copy in user space).
+pub(crate) fn send_batch(
+    sock: &UdpSocket,
+    packets: &[(SocketAddr, Vec<&[u8]>)],
+) -> io::Result<usize> {
     let mut sent = 0;
     while sent < packets.len() {
         let chunk = &packets[sent..packets.len().min(sent + 64)];
         let names: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
             chunk.iter().map(|(d, _)| sockaddr_of(*d)).collect();
-        let mut iovs: Vec<libc::iovec> = chunk
+        let mut iovs: Vec<Vec<libc::iovec>> = chunk
             .iter()
-            .map(|(_, b)| libc::iovec { iov_base: b.as_ptr().cast_mut().cast(), iov_len: b.len() })
+            .map(|(_, parts)| {
+                parts
+                    .iter()
+                    .map(|b| libc::iovec {
+                        iov_base: b.as_ptr().cast_mut().cast(),
+                        iov_len: b.len(),
+                    })
+                    .collect()
+            })
             .collect();
         // SAFETY: mmsghdr is plain old data; all zeroes is a valid value.
         let mut msgs: Vec<libc::mmsghdr> =
@@ -335,11 +348,11 @@ pub(crate) fn send_batch(sock: &UdpSocket, packets: &[(SocketAddr, &[u8])]) -> i
         for (i, m) in msgs.iter_mut().enumerate() {
             m.msg_hdr.msg_name = (&raw const names[i].0).cast_mut().cast();
             m.msg_hdr.msg_namelen = names[i].1;
-            m.msg_hdr.msg_iov = &raw mut iovs[i];
-            m.msg_hdr.msg_iovlen = 1;
+            m.msg_hdr.msg_iov = iovs[i].as_mut_ptr();
+            m.msg_hdr.msg_iovlen = iovs[i].len();
         }
-        // SAFETY: every header points at a live sockaddr of its stated length and one iovec
-        // into a live buffer the kernel only reads.
+        // SAFETY: every header points at a live sockaddr of its stated length and at its
+        // iovecs, each into a live buffer the kernel only reads.
         let ret = unsafe {
             libc::sendmmsg(
                 sock.as_raw_fd(),
@@ -508,6 +521,23 @@ impl RawRegion {
         let to = unsafe { self.ptr.as_ptr().add(offset) };
         // SAFETY: in range; exclusive (the caller's contract); `src` is separate.
         unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), to, src.len()) };
+    }
+
+    /// Bytes `offset..offset + len` in place. Panics if out of range.
+    ///
+    /// # Safety
+    ///
+    /// Nothing may write those bytes while the slice lives.
+    pub(crate) unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "region slice out of range"
+        );
+        // SAFETY: in range (checked above), so the offset pointer stays in the allocation.
+        let at = unsafe { self.ptr.as_ptr().add(offset) };
+        // SAFETY: `len` bytes from `at` are inside a live allocation; no writer (the caller's
+        // contract).
+        unsafe { core::slice::from_raw_parts(at, len) }
     }
 
     /// A shared slice over the whole region.

@@ -12,12 +12,23 @@ pub struct DeviceNode<M> {
     /// The device; tests post work and poll completions through it between steps.
     pub dev: Device<M>,
     buf: Vec<u8>,
+    /// Take packets as a scatter/gather runtime does ([`Device::poll_transmit_gather`]).
+    gather: bool,
+    pieces: Vec<uroce_engine::device::Piece>,
 }
 
 impl<M: MemoryAccess> DeviceNode<M> {
     /// Wraps a device.
     pub fn new(dev: Device<M>) -> Self {
-        Self { dev, buf: Vec::with_capacity(4200) }
+        Self { dev, buf: Vec::with_capacity(4200), gather: false, pieces: Vec::new() }
+    }
+
+    /// Takes packets with their payload left in memory, as the socket runtime does, and
+    /// assembles each datagram from headers, memory and trailer.
+    #[must_use]
+    pub fn gathering(mut self, on: bool) -> Self {
+        self.gather = on;
+        self
     }
 }
 
@@ -35,9 +46,26 @@ impl<M: MemoryAccess> Node for DeviceNode<M> {
     }
 
     fn poll_transmit(&mut self, now: Instant) -> Option<Datagram> {
-        let tx = self.dev.poll_transmit(now, &mut self.buf)?;
-        let src = SocketAddr::new(self.dev.addr(), tx.src_port);
-        Some(Datagram { src, dst: tx.dst, payload: self.buf.clone() })
+        let src_ip = self.dev.addr();
+        if !self.gather {
+            let tx = self.dev.poll_transmit(now, &mut self.buf)?;
+            let src = SocketAddr::new(src_ip, tx.src_port);
+            return Some(Datagram { src, dst: tx.dst, payload: self.buf.clone() });
+        }
+        let tx = self.dev.poll_transmit_gather(now, &mut self.buf, &mut self.pieces)?;
+        let payload = match tx.payload_at {
+            None => self.buf.clone(),
+            Some(h) => {
+                let mut p = self.buf[..h].to_vec();
+                for &(addr, len) in &self.pieces {
+                    // The engine lent these pieces, so the memory has them.
+                    p.extend_from_slice(self.dev.memory().slice(addr, len as usize)?);
+                }
+                p.extend_from_slice(&self.buf[h..]);
+                p
+            }
+        };
+        Some(Datagram { src: SocketAddr::new(src_ip, tx.src_port), dst: tx.dst, payload })
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

@@ -85,7 +85,8 @@ fn ud_host(net: &mut Net, addr: &str, port_mtu: Mtu, qkeys: &[QKey], with_srq: b
         ud_up(&mut dev, qp, qkey);
         qps.push(qp);
     }
-    let node = net.add_node(DeviceNode::new(dev));
+    // Odd seeds send the way the socket runtime does: payloads left in memory.
+    let node = net.add_node(DeviceNode::new(dev).gathering(net.seed() % 2 == 1));
     UdHost { node, addr, pd, cq, mr, qps, srq }
 }
 

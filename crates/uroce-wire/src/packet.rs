@@ -264,16 +264,21 @@ impl<'a> PacketRepr<'a> {
     /// returning their length. With [`PacketRepr::trailer`] this lets a sender put the payload
     /// in between without copying it (scatter/gather).
     pub fn emit_headers(&self, buf: &mut [u8]) -> Result<usize> {
+        self.emit_headers_for(self.payload.len(), buf)
+    }
+
+    /// [`PacketRepr::emit_headers`] for a payload of `payload_len` bytes held elsewhere.
+    fn emit_headers_for(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
         let info = self.info()?;
         if !self.ext.matches(info) {
             return Err(Error::HeaderMismatch(self.bth.opcode));
         }
-        if !info.has(OpFlags::PAYLOAD) && !self.payload.is_empty() {
+        if !info.has(OpFlags::PAYLOAD) && payload_len != 0 {
             return Err(Error::UnexpectedPayload);
         }
         let out = buf.get_mut(..info.header_len).ok_or(Error::BufferTooSmall)?;
         let mut bth = self.bth;
-        bth.pad_count = pad_count_for(self.payload.len());
+        bth.pad_count = pad_count_for(payload_len);
         bth.emit(&mut bth::Packet::new_unchecked(&mut out[..bth::HEADER_LEN]))?;
         self.ext.emit(info, &mut out[bth::HEADER_LEN..]);
         Ok(info.header_len)
@@ -288,6 +293,36 @@ impl<'a> PacketRepr<'a> {
         let mut t = [0u8; 7];
         t[pad..pad + ICRC_LEN].copy_from_slice(&icrc::to_wire(crc));
         Ok((t, pad + ICRC_LEN))
+    }
+
+    /// Writes the headers into `buf` (replacing its contents) and appends pad and ICRC, for a
+    /// payload that stays where it is: `parts`, in order, go between headers and trailer (a
+    /// scatter/gather send straight from registered memory). Returns the header length `h`:
+    /// the datagram is `buf[..h]`, then the parts, then `buf[h..]`. The packet's own payload
+    /// must be empty; the parts are its payload.
+    pub fn emit_gathered(
+        &self,
+        pseudo: &PseudoHeader,
+        parts: &[&[u8]],
+        buf: &mut Vec<u8>,
+    ) -> Result<usize> {
+        if !self.payload.is_empty() {
+            return Err(Error::UnexpectedPayload);
+        }
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        buf.clear();
+        buf.resize(self.header_len()?, 0);
+        let hlen = self.emit_headers_for(total, buf)?;
+        let zeros = [0u8; 3];
+        let pad = &zeros[..pad_for(total)];
+        let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 2);
+        all.push(&buf[..hlen]);
+        all.extend_from_slice(parts);
+        all.push(pad);
+        let crc = icrc::compute_parts(pseudo, &all)?;
+        buf.extend_from_slice(pad);
+        buf.extend_from_slice(&icrc::to_wire(crc));
+        Ok(hlen)
     }
 
     /// Writes the whole packet into `buf` in one pass and returns its length.
@@ -352,6 +387,24 @@ mod tests {
             parsed.repr.to_string(),
             "RC_RDMA_WRITE_FIRST dqp=0x000011 psn=16777215 reth(va=0x1000 rkey=0x00000abc len=4096) len=5 pad=3"
         );
+    }
+
+    #[test]
+    fn gathered_emit_of_any_split_matches_one_pass() {
+        let payload: Vec<u8> = (0..23).collect();
+        let repr = write_first(&payload);
+        let mut one = [0u8; 96];
+        let n = repr.emit(&pseudo(), &mut one).unwrap();
+        let bare = write_first(&[]);
+        for cut in 0..=payload.len() {
+            let (a, b) = payload.split_at(cut);
+            let mut buf = Vec::new();
+            let h = bare.emit_gathered(&pseudo(), &[a, b], &mut buf).unwrap();
+            let wire: Vec<u8> = [&buf[..h], a, b, &buf[h..]].concat();
+            assert_eq!(wire, one[..n], "split at {cut}");
+        }
+        // The packet's own payload must be empty: the parts are the payload.
+        assert!(repr.emit_gathered(&pseudo(), &[], &mut Vec::new()).is_err());
     }
 
     #[test]

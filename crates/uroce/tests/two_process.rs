@@ -296,5 +296,7 @@ fn rc_uc_ud_between_two_processes() {
     assert!(uc_got > 0 && ud_got > 0, "loopback delivered nothing");
     let (c, n) = ctx.counters();
     eprintln!("client counters: {c:?} {n:?}");
+    // The client's WRITE and SEND payloads went to the kernel straight from registered memory.
+    assert!(n.tx_zero_copy > 0 && n.tx_zero_copy_bytes >= 2 * (BIG as u64), "{n:?}");
     assert!(child.wait().unwrap().success(), "server failed");
 }

@@ -47,7 +47,7 @@ impl Registry {
     }
 
     /// Copies into a region for the application. `false` if out of range.
-    pub(crate) fn copy_in(&self, region: &RawRegion, offset: usize, src: &[u8]) -> bool {
+    pub(crate) fn copy_in(&mut self, region: &RawRegion, offset: usize, src: &[u8]) -> bool {
         if offset.checked_add(src.len()).is_none_or(|end| end > region.len()) {
             return false;
         }
@@ -66,6 +66,14 @@ impl Registry {
 }
 
 impl MemoryAccess for Registry {
+    fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let (r, off) = self.find(addr, len)?;
+        // SAFETY: every write to registered memory goes through `&mut Registry` (the engine's
+        // `write`, atomics and `copy_in`), so none can happen while this shared borrow of the
+        // registry, which the slice lives no longer than, exists.
+        Some(unsafe { r.slice(off, len) })
+    }
+
     fn read(&self, addr: u64, dst: &mut [u8]) {
         match self.find(addr, dst.len()) {
             // SAFETY: the engine calls this under the device lock; range checked by `find`.
