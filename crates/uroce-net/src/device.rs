@@ -39,6 +39,9 @@ pub struct Options {
     pub no_progress_thread: bool,
     /// The port MTU; default 4096 (1024 would suit a 1500-byte Ethernet path).
     pub port_mtu: Option<Mtu>,
+    /// Copy every payload into its packet instead of sending it from registered memory (for
+    /// measuring what zero copy buys).
+    pub copy_payloads: bool,
 }
 
 impl Options {
@@ -227,6 +230,7 @@ pub struct State {
     counters: NetCounters,
     /// Regions whose owner let go while work requests still named them.
     deferred_deregs: Vec<LKey>,
+    copy_payloads: bool,
 }
 
 impl State {
@@ -399,7 +403,13 @@ impl State {
         loop {
             let mut buf = self.pool_buf();
             let mut pieces = self.piece_pool.pop().unwrap_or_default();
-            let Some(tx) = self.engine.poll_transmit_gather(now, &mut buf, &mut pieces) else {
+            let tx = if self.copy_payloads {
+                pieces.clear();
+                self.engine.poll_transmit(now, &mut buf)
+            } else {
+                self.engine.poll_transmit_gather(now, &mut buf, &mut pieces)
+            };
+            let Some(tx) = tx else {
                 self.pool.push(buf);
                 self.piece_pool.push(pieces);
                 break;
@@ -615,6 +625,7 @@ impl NetDevice {
             async_events: VecDeque::new(),
             counters: NetCounters::default(),
             deferred_deregs: Vec::new(),
+            copy_payloads: options.copy_payloads,
         };
         let wake = EventFd::new().map_err(|e| OpenError::Io(local, e))?;
         let shared = Arc::new(Shared {
