@@ -7,12 +7,13 @@
 //!   malformed packet.
 //!
 //! Needs root, `ip` and `nft`; without them it prints why it skips, and under `CI=true` fails.
-//! The test re-runs its own executable inside each namespace for the two roles.
+//! The 1 % run is repeated over IPv6. The test re-runs its own executable inside each namespace
+//! for the two roles.
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 #![allow(clippy::cast_possible_truncation, reason = "test sizes are small")]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -22,6 +23,15 @@ use uroce::{Access, Context, Endpoint, Mtu, QKey, QpType, WcOpcode, WcStatus, Wo
 const ROLE: &str = "UROCE_NETNS_ROLE";
 const SERVER: &str = "10.199.0.2";
 const CLIENT: &str = "10.199.0.1";
+const SERVER6: &str = "fd77::2";
+const CLIENT6: &str = "fd77::1";
+
+/// The roles' addresses: IPv6 when the orchestrator sets `UROCE_NETNS_V6`.
+fn addrs() -> (IpAddr, IpAddr) {
+    let v6 = std::env::var_os("UROCE_NETNS_V6").is_some();
+    let (s, c) = if v6 { (SERVER6, CLIENT6) } else { (SERVER, CLIENT) };
+    (s.parse().unwrap(), c.parse().unwrap())
+}
 const RC_MESSAGES: u32 = 10_000;
 const UC_MESSAGES: u32 = 1_000;
 const UD_DATAGRAMS: u32 = 1_000;
@@ -77,8 +87,9 @@ impl Namespaces {
                 &ns.b,
             ],
         );
-        for (n, v, addr) in [(&ns.a, &va, CLIENT), (&ns.b, &vb, SERVER)] {
+        for (n, v, addr, addr6) in [(&ns.a, &va, CLIENT, CLIENT6), (&ns.b, &vb, SERVER, SERVER6)] {
             run("ip", &["-n", n, "addr", "add", &format!("{addr}/24"), "dev", v]);
+            run("ip", &["-n", n, "addr", "add", &format!("{addr6}/64"), "dev", v, "nodad"]);
             run("ip", &["-n", n, "link", "set", v, "up"]);
             run("ip", &["-n", n, "link", "set", "lo", "up"]);
         }
@@ -191,13 +202,14 @@ fn netns_server_role() {
     if std::env::var(ROLE).as_deref() != Ok("server") {
         return;
     }
-    let listener = TcpListener::bind((SERVER, 0)).unwrap();
+    let (server, _) = addrs();
+    let listener = TcpListener::bind((server, 0)).unwrap();
     println!("port {}", listener.local_addr().unwrap().port());
     std::io::stdout().flush().unwrap();
     let (tcp, _) = listener.accept().unwrap();
     let mut rd = BufReader::new(tcp.try_clone().unwrap());
     let mut tcp = tcp;
-    let ctx = Context::open(SERVER.parse().unwrap()).unwrap();
+    let ctx = Context::open(server).unwrap();
     let (pd, cq) = qps(&ctx);
     let rc =
         pd.qp(QpType::Rc, &cq).mtu(Mtu::Mtu1024).retries(10, 7, 7).depth(512, 512).build().unwrap();
@@ -303,10 +315,11 @@ fn netns_client_role() {
         return;
     }
     let port: u16 = std::env::var("UROCE_NETNS_PORT").unwrap().parse().unwrap();
-    let tcp = TcpStream::connect((SERVER, port)).unwrap();
+    let (server, client) = addrs();
+    let tcp = TcpStream::connect((server, port)).unwrap();
     let mut rd = BufReader::new(tcp.try_clone().unwrap());
     let mut tcp = tcp;
-    let ctx = Context::open(CLIENT.parse().unwrap()).unwrap();
+    let ctx = Context::open(client).unwrap();
     let (pd, cq) = qps(&ctx);
     let rc =
         pd.qp(QpType::Rc, &cq).mtu(Mtu::Mtu1024).retries(10, 7, 7).depth(512, 512).build().unwrap();
@@ -320,7 +333,7 @@ fn netns_client_role() {
     // Staging: one slot per outstanding message.
     const OUTSTANDING: u32 = 32;
     let src = pd.register(OUTSTANDING as usize * SLOT, Access::LOCAL_WRITE).unwrap();
-    let ah = pd.create_ah(SERVER.parse().unwrap()).unwrap();
+    let ah = pd.create_ah(server).unwrap();
     let mut inflight = 0;
     let mut completed = 0;
     let post = |k: u32, kind: u8| {
@@ -400,9 +413,11 @@ fn spawn_role(ns: &str, role: &str, env: &[(&str, String)]) -> std::process::Chi
     cmd.spawn().unwrap()
 }
 
-fn run_at_loss(ns: &Namespaces, percent: u32, pcap: Option<&PathBuf>) -> String {
+fn run_at_loss(ns: &Namespaces, percent: u32, pcap: Option<&PathBuf>, v6: bool) -> String {
     ns.set_loss(percent);
-    let mut server = spawn_role(&ns.b, "server", &[]);
+    let family: Vec<(&str, String)> =
+        if v6 { vec![("UROCE_NETNS_V6", "1".to_string())] } else { Vec::new() };
+    let mut server = spawn_role(&ns.b, "server", &family);
     let mut out = BufReader::new(server.stdout.take().unwrap());
     let port = loop {
         let l = line(&mut out);
@@ -412,7 +427,8 @@ fn run_at_loss(ns: &Namespaces, percent: u32, pcap: Option<&PathBuf>) -> String 
         }
         assert!(!l.is_empty() || server.try_wait().unwrap().is_none(), "server ended early");
     };
-    let mut env = vec![("UROCE_NETNS_PORT", port)];
+    let mut env = family;
+    env.push(("UROCE_NETNS_PORT", port));
     if let Some(p) = pcap {
         env.push(("UROCE_PCAP", p.display().to_string()));
     }
@@ -432,7 +448,8 @@ fn run_at_loss(ns: &Namespaces, percent: u32, pcap: Option<&PathBuf>) -> String 
         .filter_map(|l| l.find("result ").map(|i| &l[i..]).or(l.starts_with("net ").then_some(l)))
         .collect::<Vec<_>>()
         .join("\n");
-    eprintln!("{percent} % loss ({} packets dropped by nftables): {summary}", ns.dropped());
+    let ip = if v6 { "IPv6" } else { "IPv4" };
+    eprintln!("{ip}, {percent} % loss ({} packets dropped by nftables): {summary}", ns.dropped());
     assert!(ns.dropped() > 0, "nftables dropped nothing");
     summary
 }
@@ -446,10 +463,13 @@ fn rc_uc_ud_across_namespaces_with_random_loss() {
     let dir = std::env::temp_dir().join(format!("uroce-netns-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("loss-1.pcap");
-    let one = run_at_loss(&ns, 1, Some(&pcap));
+    let one = run_at_loss(&ns, 1, Some(&pcap), false);
     assert!(one.contains(&format!("rc {RC_MESSAGES} ")), "{one}");
-    let five = run_at_loss(&ns, 5, None);
+    let five = run_at_loss(&ns, 5, None, false);
     assert!(five.contains(&format!("rc {RC_MESSAGES} ")), "{five}");
+    // The same over IPv6 (the ICRC's other pseudo-header, the GRH an IPv6 header).
+    let six = run_at_loss(&ns, 1, None, true);
+    assert!(six.contains(&format!("rc {RC_MESSAGES} ")), "{six}");
     // The capture of the 1 % run: every ICRC verifies (what the client sent, and what reached
     // it), and tshark finds nothing malformed.
     let decode =

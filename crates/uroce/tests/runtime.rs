@@ -357,3 +357,44 @@ fn an_outstanding_work_request_keeps_its_region_alive_until_completion() {
     assert_eq!(b.ctx.registered_regions(), before);
     assert_eq!(a.ctx.registered_regions(), 1, "A's dropped source region is gone too");
 }
+
+/// Two RC QPs of one device take their receives from one shared receive queue.
+#[test]
+fn two_qps_share_a_receive_queue_over_sockets() {
+    let a = Context::open_with(ip("127.0.11.2"), Options::default()).unwrap();
+    let b = Context::open_with(ip("127.0.11.3"), Options::default()).unwrap();
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let srq = pb.create_srq(16).unwrap();
+    let inbox = pb.register(16 * 256, Access::LOCAL_WRITE).unwrap();
+    for r in 0..16 {
+        srq.post_recv(r, &inbox, r as usize * 256..(r as usize + 1) * 256).unwrap();
+    }
+    let src = pa.register(256, Access::LOCAL_WRITE).unwrap();
+    let mut pairs = Vec::new();
+    for _ in 0..2 {
+        let qa = pa.qp(QpType::Rc, &ca).build().unwrap();
+        let qb = pb.qp(QpType::Rc, &cb).srq(&srq).build().unwrap();
+        qa.connect(&qb.endpoint()).unwrap();
+        qb.connect(&qa.endpoint()).unwrap();
+        pairs.push((qa, qb));
+    }
+    for k in 0..6u32 {
+        src.write(0, &k.to_be_bytes()).unwrap();
+        pairs[k as usize % 2].0.send_with_imm(u64::from(k), &src, 0..4, k).unwrap();
+        wait_ok(&ca);
+    }
+    let mut got = Vec::new();
+    while got.len() < 6 {
+        let wcs = cb.wait(WAIT).unwrap();
+        assert!(wcs.iter().all(|w| w.status == WcStatus::SUCCESS), "{wcs:?}");
+        got.extend(wcs);
+    }
+    for (i, wc) in got.iter().enumerate() {
+        let k = u32::from_be_bytes(wc.imm.unwrap());
+        assert_eq!((wc.wr_id, k), (i as u64, i as u32), "receives taken from the SRQ in order");
+        assert_eq!(wc.qp_num, pairs[k as usize % 2].1.qpn());
+        let at = wc.wr_id as usize * 256;
+        assert_eq!(inbox.to_vec(at..at + 4).unwrap(), k.to_be_bytes());
+    }
+}
