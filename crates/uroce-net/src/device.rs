@@ -554,8 +554,23 @@ struct Shared {
     stop: AtomicBool,
     /// When the progress thread will wake on its own (device nanoseconds; `u64::MAX`: never).
     sleeping_until: AtomicU64,
+    /// When an application thread last busy-polled (device nanoseconds).
+    last_busy_poll: AtomicU64,
+    /// The device clock's origin (the same instant as `State::origin`).
+    origin: std::time::Instant,
     addr: IpAddr,
 }
+
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// While an application thread busy-polls, it receives everything itself; the progress thread
+/// then leaves the sockets to it (a second reader would only steal packets and, on a small
+/// machine, the CPU) and looks in this often for timers, or to take over once polling stops.
+const BUSY_POLL_GRACE_NS: u64 = 1_000_000;
 
 /// A uroce device bound to one address, with its progress thread.
 pub struct NetDevice {
@@ -633,6 +648,8 @@ impl NetDevice {
             wake,
             stop: AtomicBool::new(false),
             sleeping_until: AtomicU64::new(u64::MAX),
+            last_busy_poll: AtomicU64::new(0),
+            origin,
             addr,
         });
         let thread = if options.no_progress_thread {
@@ -677,6 +694,13 @@ impl NetDevice {
     pub fn progress(&self) {
         self.with(State::progress);
     }
+
+    /// [`NetDevice::progress`] for a thread that busy-polls: while it keeps doing so, the
+    /// progress thread stays off the sockets (see [`BUSY_POLL_GRACE_NS`]).
+    pub fn progress_busy(&self) {
+        self.shared.last_busy_poll.store(self.shared.now_ns().max(1), Ordering::Release);
+        self.progress();
+    }
 }
 
 impl Drop for NetDevice {
@@ -698,10 +722,19 @@ fn progress_thread(shared: &Shared) {
             let mut s = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
             s.counters.progress_wakeups += 1;
             s.progress();
-            let mut fds = vec![shared.wake.as_raw_fd(), s.main.as_raw_fd()];
-            fds.extend(s.mcast_socks.values().map(|m| m.as_raw_fd()));
             let now = s.now();
-            let deadline = s.engine.poll_timeout();
+            let last = shared.last_busy_poll.load(Ordering::Acquire);
+            let busy = last != 0 && now.as_nanos().saturating_sub(last) < BUSY_POLL_GRACE_NS;
+            let mut fds = vec![shared.wake.as_raw_fd()];
+            if !busy {
+                fds.push(s.main.as_raw_fd());
+                fds.extend(s.mcast_socks.values().map(|m| m.as_raw_fd()));
+            }
+            let mut deadline = s.engine.poll_timeout();
+            if busy {
+                let look_again = now + uroce_engine::Duration::from_nanos(BUSY_POLL_GRACE_NS);
+                deadline = Some(deadline.map_or(look_again, |d| d.min(look_again)));
+            }
             shared
                 .sleeping_until
                 .store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);
