@@ -359,7 +359,7 @@ impl State {
     fn receive(&mut self, i: usize) {
         let meta = self.recv.meta[i];
         let now = self.now();
-        let mut payload = core::mem::take(&mut self.pool_buf());
+        let mut payload = self.pool_buf();
         payload.clear();
         payload.extend_from_slice(self.recv.payload(i));
         let dst = meta.dst.unwrap_or(self.addr);

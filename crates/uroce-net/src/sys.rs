@@ -252,19 +252,16 @@ impl RecvBatch {
         }
         let got = ret as usize;
         for (i, m) in msgs.iter().enumerate().take(got) {
-            let Some(src) = socketaddr_from(&self.names[i]) else { continue };
-            let mut meta =
-                RecvMeta { src, dst: None, tclass: 0, hop_limit: 64, len: m.msg_len as usize };
-            if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
-                meta.len = 0; // truncated: too long for RoCE, dropped as malformed
-            }
+            // One entry per buffer, so indices stay aligned. A datagram with no usable source
+            // or cut short (too long for RoCE) is handed on empty: the engine counts it as
+            // malformed.
+            let src = socketaddr_from(&self.names[i]);
+            let whole = m.msg_hdr.msg_flags & libc::MSG_TRUNC == 0 && src.is_some();
+            let len = if whole { m.msg_len as usize } else { 0 };
+            let src = src.unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
+            let mut meta = RecvMeta { src, dst: None, tclass: 0, hop_limit: 64, len };
             parse_cmsgs(&m.msg_hdr, &mut meta);
             self.meta.push(meta);
-            if self.meta.len() != i + 1 {
-                // Keep indices aligned with buffers.
-                self.meta.truncate(i);
-                break;
-            }
         }
         Ok(self.meta.len())
     }
