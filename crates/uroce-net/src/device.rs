@@ -695,11 +695,15 @@ impl NetDevice {
         self.with(State::progress);
     }
 
-    /// [`NetDevice::progress`] for a thread that busy-polls: while it keeps doing so, the
-    /// progress thread stays off the sockets (see [`BUSY_POLL_GRACE_NS`]).
-    pub fn progress_busy(&self) {
+    /// For a thread that busy-polls: a round of progress, then `f`, under one acquisition of
+    /// the lock. While such a thread keeps polling, the progress thread stays off the sockets
+    /// (it looks in every millisecond for timers, and takes over when polling stops).
+    pub fn poll_with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         self.shared.last_busy_poll.store(self.shared.now_ns().max(1), Ordering::Release);
-        self.progress();
+        self.with(|s| {
+            s.progress();
+            f(s)
+        })
     }
 }
 

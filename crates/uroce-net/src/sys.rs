@@ -190,22 +190,33 @@ pub(crate) struct RecvMeta {
 /// Room for the control messages asked for: pktinfo, TOS and TTL (or their IPv6 twins).
 const CMSG_SPACE: usize = 128;
 
-/// Receive buffers for one `recvmmsg` call of up to `n` datagrams.
+/// Receive buffers for one `recvmmsg` call of up to `n` datagrams, with the headers that point
+/// at them kept from call to call (no allocation per call).
 pub(crate) struct RecvBatch {
     bufs: Vec<Vec<u8>>,
     names: Vec<libc::sockaddr_storage>,
     controls: Vec<[u64; CMSG_SPACE / 8]>,
+    iovs: Vec<libc::iovec>,
+    msgs: Vec<libc::mmsghdr>,
     pub(crate) meta: Vec<RecvMeta>,
 }
+
+// SAFETY: the raw pointers in `iovs` and `msgs` point only into this batch's own heap buffers
+// (which never move or shrink), and are only used by `recv`, which takes `&mut self`.
+unsafe impl Send for RecvBatch {}
 
 impl RecvBatch {
     pub(crate) fn new(n: usize) -> Self {
         // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
         let zero: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
+        let iov = libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 };
         Self {
             bufs: (0..n).map(|_| vec![0; MAX_DATAGRAM]).collect(),
             names: vec![zero; n],
             controls: vec![[0; CMSG_SPACE / 8]; n],
+            iovs: vec![iov; n],
+            // SAFETY: mmsghdr is plain old data; all zeroes is a valid value.
+            msgs: (0..n).map(|_| unsafe { core::mem::zeroed() }).collect(),
             meta: Vec::with_capacity(n),
         }
     }
@@ -219,21 +230,20 @@ impl RecvBatch {
     pub(crate) fn recv(&mut self, sock: &UdpSocket) -> io::Result<usize> {
         self.meta.clear();
         let n = self.bufs.len();
-        let mut iovs: Vec<libc::iovec> = self
-            .bufs
-            .iter_mut()
-            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
-            .collect();
-        // SAFETY: mmsghdr is plain old data; all zeroes is a valid value.
-        let mut msgs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { core::mem::zeroed() }).collect();
-        for (i, m) in msgs.iter_mut().enumerate() {
+        for (iov, b) in self.iovs.iter_mut().zip(&mut self.bufs) {
+            *iov = libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() };
+        }
+        for (i, m) in self.msgs.iter_mut().enumerate() {
             m.msg_hdr.msg_name = (&raw mut self.names[i]).cast();
             m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            m.msg_hdr.msg_iov = &raw mut iovs[i];
+            m.msg_hdr.msg_iov = &raw mut self.iovs[i];
             m.msg_hdr.msg_iovlen = 1;
             m.msg_hdr.msg_control = self.controls[i].as_mut_ptr().cast();
             m.msg_hdr.msg_controllen = CMSG_SPACE;
+            m.msg_hdr.msg_flags = 0;
+            m.msg_len = 0;
         }
+        let msgs = &mut self.msgs;
         let flags = libc::MSG_DONTWAIT;
         // SAFETY: every mmsghdr points at a live name, iovec (into a live buffer of its stated
         // length) and control buffer of its stated length; `n` is the number of headers.

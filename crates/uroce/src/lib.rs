@@ -394,8 +394,7 @@ impl Cq {
     /// Makes progress, then takes every completion waiting, appending them to `out`; returns
     /// how many (busy polling: `ibv_poll_cq`).
     pub fn poll(&self, out: &mut Vec<WorkCompletion>) -> usize {
-        self.ctx.dev.progress_busy();
-        self.ctx.dev.with(|s| s.engine().poll_cq(self.handle, usize::MAX, out))
+        self.ctx.dev.poll_with(|s| s.engine().poll_cq(self.handle, usize::MAX, out))
     }
 
     /// Blocks until at least one completion is there (or `timeout` passes), without spinning:
