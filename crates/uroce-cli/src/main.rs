@@ -5,14 +5,38 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 mod decode;
+mod perf;
 
 const USAGE: &str = "\
 uroce: RoCEv2 RDMA in user space
 
 Usage:
-  uroce decode FILE...    Decode RoCEv2 packets and verify their ICRC
-  uroce help              Show this help
-  uroce --version         Show the version
+  uroce decode FILE...           Decode RoCEv2 packets and verify their ICRC
+  uroce list                     List the tests, one line each
+  uroce server [OPTIONS]         Wait for clients and answer their tests
+  uroce client SERVER TEST... [OPTIONS]
+                                 Run tests against a server, print each result
+  uroce help                     Show this help
+  uroce --version                Show the version
+
+server options:
+  --addr ADDR      this side's address: TCP control and RDMA device (default 127.0.0.3)
+  --port P         control port (default 19765)
+
+client options:
+  --local ADDR     this side's RDMA device (default 127.0.0.2)
+  --port P         the server's control port (default 19765)
+  -s SIZE          message size, with K/M/G suffixes (default 64)
+  -a               every power of two from 1 B to 4 MiB
+  --sizes LIST     comma-separated sizes
+  -n ITERS         measured iterations (default 10000)
+  -D SECONDS       run each test for this long instead
+  --warmup N       unmeasured iterations first (default 100)
+  --json           one JSON object per result instead of the table
+  --mtu M          RDMA path MTU: 256, 512, 1024, 2048 or 4096 (default 4096)
+  --depth N        RDMA messages in flight for streaming tests (default 32)
+  --events         RDMA: sleep on completion events instead of busy polling
+  --no-nodelay     TCP: leave Nagle's algorithm on
 
 decode reads pcap/pcapng captures (Ethernet, raw IP, Linux cooked, loopback) or text files with
 one packet per line in hex, from the first byte of the IP header through the ICRC, optionally
@@ -59,6 +83,17 @@ fn run(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             let code = decode::run(&files, &mut stdout.lock(), &mut io::stderr());
             Ok(ExitCode::from(code))
         }
+        Value(cmd) if cmd == "list" => {
+            if let Some(arg) = parser.next()? {
+                return Err(arg.unexpected());
+            }
+            for t in &perf::TESTS {
+                println!("{:<24}{}", t.name, t.about);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Value(cmd) if cmd == "server" => server(parser),
+        Value(cmd) if cmd == "client" => client(parser),
         Value(cmd) if cmd == "help" => {
             print!("{USAGE}");
             Ok(ExitCode::SUCCESS)
@@ -74,4 +109,101 @@ fn run(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
         Value(cmd) => Err(format!("unknown command '{}'", cmd.to_string_lossy()).into()),
         _ => Err(arg.unexpected()),
     }
+}
+
+fn parse_addr(v: &std::ffi::OsStr, what: &str) -> Result<std::net::IpAddr, lexopt::Error> {
+    v.to_string_lossy()
+        .parse()
+        .map_err(|_| format!("{what}: '{}' is not an IP address", v.to_string_lossy()).into())
+}
+
+fn server(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
+    use lexopt::prelude::*;
+    let mut addr: std::net::IpAddr = std::net::Ipv4Addr::new(127, 0, 0, 3).into();
+    let mut port = perf::DEFAULT_PORT;
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("addr") => addr = parse_addr(&parser.value()?, "--addr")?,
+            Long("port") => port = parser.value()?.parse()?,
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    perf::server::serve(addr, port)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
+    use lexopt::prelude::*;
+    let mut server = None;
+    let mut tests = Vec::new();
+    let mut local: std::net::IpAddr = std::net::Ipv4Addr::new(127, 0, 0, 2).into();
+    let mut port = perf::DEFAULT_PORT;
+    let mut sizes: Option<Vec<usize>> = None;
+    let mut params = perf::Params::default();
+    let mut json = false;
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Value(v) if server.is_none() => server = Some(parse_addr(&v, "SERVER")?),
+            Value(v) => {
+                let name = v.to_string_lossy().to_string();
+                let t = perf::find(&name)
+                    .ok_or_else(|| format!("unknown test '{name}' ('uroce list' shows them)"))?;
+                tests.push(t);
+            }
+            Long("local") => local = parse_addr(&parser.value()?, "--local")?,
+            Long("port") => port = parser.value()?.parse()?,
+            Short('s') => {
+                let v = parser.value()?;
+                sizes = Some(vec![perf::parse_size(&v.to_string_lossy())?]);
+            }
+            Short('a') => sizes = Some((0..=22).map(|k| 1usize << k).collect()),
+            Long("sizes") => {
+                let v = parser.value()?.to_string_lossy().to_string();
+                let list: Result<Vec<usize>, String> = v.split(',').map(perf::parse_size).collect();
+                sizes = Some(list?);
+            }
+            Short('n') => {
+                params.iters = parser.value()?.parse()?;
+                if params.iters == 0 {
+                    return Err("-n must be at least 1".into());
+                }
+            }
+            Short('D') => {
+                let secs: f64 = parser.value()?.parse()?;
+                if !(secs > 0.0 && secs <= 3600.0) {
+                    return Err("-D must be between 0 and 3600 seconds".into());
+                }
+                params.duration = Some(core::time::Duration::from_secs_f64(secs));
+            }
+            Long("warmup") => params.warmup = parser.value()?.parse()?,
+            Long("json") => json = true,
+            Long("mtu") => {
+                let m: u32 = parser.value()?.parse()?;
+                params.mtu = uroce::Mtu::ALL
+                    .into_iter()
+                    .find(|x| x.bytes() == m)
+                    .ok_or("--mtu must be 256, 512, 1024, 2048 or 4096")?;
+            }
+            Long("depth") => params.depth = parser.value()?.parse()?,
+            Long("events") => params.events = true,
+            Long("no-nodelay") => params.nodelay = false,
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    let server = server.ok_or("client needs a SERVER address and at least one TEST")?;
+    if tests.is_empty() {
+        return Err("client needs at least one TEST ('uroce list' shows them)".into());
+    }
+    let plan = perf::client::Plan {
+        server,
+        port,
+        local,
+        tests,
+        sizes: sizes.unwrap_or(vec![params.size]),
+        params,
+        json,
+    };
+    let stdout = io::stdout();
+    perf::client::run(&plan, &mut stdout.lock())?;
+    Ok(ExitCode::SUCCESS)
 }

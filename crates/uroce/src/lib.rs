@@ -813,6 +813,22 @@ impl Qp {
         self.post_send(wr)
     }
 
+    /// RDMA WRITE with immediate data to an exact remote address: the peer's receive WQE
+    /// completes with the immediate.
+    pub fn write_with_imm(
+        &self,
+        wr_id: u64,
+        mr: &Mr,
+        range: Range<usize>,
+        remote: RemoteAddr,
+        imm: u32,
+    ) -> Result<()> {
+        let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWriteWithImm, vec![mr.sge(range)?]);
+        wr.remote = Some(remote);
+        wr.imm = Some(imm.to_be_bytes());
+        self.post_send(wr)
+    }
+
     /// RDMA WRITE of `range` of `mr` to `remote` (from its start).
     pub fn write(&self, wr_id: u64, mr: &Mr, range: Range<usize>, remote: RemoteMr) -> Result<()> {
         self.write_at(wr_id, mr, range, remote.at(0))

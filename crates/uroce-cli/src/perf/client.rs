@@ -1,0 +1,167 @@
+//! `uroce client`: runs tests against a `uroce server` and reports each result as it finishes.
+
+use core::time::Duration;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+
+use uroce::{Context, Endpoint};
+
+use super::control::{Control, hex, unhex};
+use super::rdma::{self, Measured, Side};
+use super::{
+    Cpu, Latency, Op, Outcome, PROTOCOL_VERSION, Params, Pattern, TABLE_HEADER, TestDef, sockets,
+    system_busy,
+};
+
+/// What the client was asked to do.
+pub(crate) struct Plan {
+    pub(crate) server: IpAddr,
+    pub(crate) port: u16,
+    /// This side's RDMA device.
+    pub(crate) local: IpAddr,
+    pub(crate) tests: Vec<&'static TestDef>,
+    /// Sizes to run each test at (atomics always move 8 bytes).
+    pub(crate) sizes: Vec<usize>,
+    pub(crate) params: Params,
+    pub(crate) json: bool,
+}
+
+impl Plan {
+    /// Every (test, size) pair, each checked before anything runs.
+    pub(crate) fn runs(&self) -> Result<Vec<(&'static TestDef, Params)>, String> {
+        let mut out = Vec::new();
+        for &test in &self.tests {
+            let atomic = matches!(test.op, Op::CompareSwap | Op::FetchAdd);
+            let sizes: &[usize] = if atomic { &[8] } else { &self.sizes };
+            for &size in sizes {
+                let p = Params { size, ..self.params.clone() };
+                p.check(test)?;
+                out.push((test, p));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Runs the plan, printing each result (a table row, or a JSON object per line).
+pub(crate) fn run(plan: &Plan, out: &mut dyn Write) -> Result<Vec<Outcome>, String> {
+    let runs = plan.runs()?;
+    let to = SocketAddr::new(plan.server, plan.port);
+    let stream = TcpStream::connect_timeout(&to, Duration::from_secs(5))
+        .map_err(|e| format!("cannot reach a uroce server at {to}: {e}"))?;
+    let mut ctl = Control::new(stream).map_err(|e| e.to_string())?;
+    ctl.send(&format!("uroce-perf {PROTOCOL_VERSION}")).map_err(|e| e.to_string())?;
+    let hello = ctl.recv().map_err(|e| format!("{to}: {e}"))?;
+    if let Some(why) = hello.strip_prefix("error ") {
+        return Err(format!("the server at {to} refused: {why}"));
+    }
+    if hello != format!("uroce-perf {PROTOCOL_VERSION}") {
+        return Err(format!("{to} is not a uroce server speaking protocol {PROTOCOL_VERSION}"));
+    }
+    let needs_rdma = runs.iter().any(|(t, _)| t.transport.is_some());
+    let ctx = if needs_rdma {
+        Some(Context::open(plan.local).map_err(|e| format!("cannot open the RDMA device: {e}"))?)
+    } else {
+        None
+    };
+    if !plan.json {
+        let _ = writeln!(out, "{TABLE_HEADER}");
+    }
+    let mut results = Vec::new();
+    for (test, p) in runs {
+        let outcome = one(&mut ctl, ctx.as_ref(), plan.server, test, &p)
+            .map_err(|e| format!("{} at {} bytes: {e}", test.name, p.size))?;
+        let line = if plan.json { outcome.to_json() } else { outcome.to_string() };
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+        results.push(outcome);
+    }
+    Ok(results)
+}
+
+fn reply(ctl: &mut Control, want: &str) -> Result<String, String> {
+    let line = ctl.recv().map_err(|e| e.to_string())?;
+    if let Some(why) = line.strip_prefix("error ") {
+        return Err(format!("the server says: {why}"));
+    }
+    let rest = line.strip_prefix(want).ok_or_else(|| format!("expected `{want}`, got `{line}`"))?;
+    Ok(rest.trim_start().to_string())
+}
+
+/// One test at one size.
+fn one(
+    ctl: &mut Control,
+    ctx: Option<&Context>,
+    server: IpAddr,
+    test: &'static TestDef,
+    p: &Params,
+) -> Result<Outcome, String> {
+    let e = |e: std::io::Error| e.to_string();
+    ctl.send(&format!("run {} {}", test.name, p.to_words())).map_err(e)?;
+    let ready = reply(ctl, "ready")?;
+    let sys0 = system_busy();
+    let cpu0 = Cpu::now();
+    let measured: Measured = match (test.transport, ctx) {
+        (None, _) => {
+            let port: u16 = ready.parse().map_err(|_| format!("bad port `{ready}`"))?;
+            ctl.send("peer -").map_err(e)?;
+            reply(ctl, "go")?;
+            sockets::client(SocketAddr::new(server, port), test, p)?
+        }
+        (Some(_), Some(ctx)) => {
+            let bytes = unhex(&ready).ok_or("the server's endpoint is not hex")?;
+            let peer = Endpoint::from_bytes(&bytes).map_err(|e| e.to_string())?;
+            let (mut side, mine) = Side::new(ctx, test, p)?;
+            side.connect(&peer)?;
+            ctl.send(&format!("peer {}", hex(&mine.to_bytes()))).map_err(e)?;
+            reply(ctl, "go")?;
+            rdma::client(&mut side, test, p)?
+        }
+        (Some(_), None) => return Err("no RDMA device".into()),
+    };
+    let client_cpu = Cpu::now().since(cpu0);
+    // Datagrams still in flight arrive before the server counts them.
+    let lossy = test.pattern == Pattern::Stream
+        && (test.op == Op::Udp
+            || (test.op == Op::Send && test.transport != Some(uroce::QpType::Rc)));
+    if lossy {
+        #[expect(clippy::disallowed_methods, reason = "the client, not protocol code, waits")]
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ctl.send("stop").map_err(e)?;
+    let done = reply(ctl, "done")?;
+    let long_enough = measured.seconds >= 0.5;
+    let system_cpu = sys0.zip(system_busy()).map(|(a, b)| b - a).filter(|_| long_enough);
+    let field = |k: &str| -> Result<f64, String> {
+        done.split(' ')
+            .find_map(|w| w.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("the server's report lacks {k}"))
+    };
+    let server_cpu = Cpu { user: field("user")?, sys: field("sys")? };
+    let mut m = measured;
+    if lossy && m.total_posted > 0 {
+        // What arrived, scaled to the measured share of what was sent (the server counted the
+        // warm-up too).
+        let arrived = field("bytes")?;
+        #[expect(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a share of a count"
+        )]
+        let share = (arrived * m.msgs as f64 / m.total_posted as f64) as u64;
+        m.bytes = share.min(m.bytes);
+    }
+    Ok(Outcome {
+        test: test.name,
+        size: p.size,
+        iters: m.msgs,
+        seconds: m.seconds.max(1e-9),
+        bytes: m.bytes,
+        latency: Latency::of(&mut m.samples),
+        client_cpu,
+        server_cpu,
+        system_cpu,
+    })
+}

@@ -1,0 +1,519 @@
+//! qperf-style tests: a server that waits for clients, a client that runs named tests against it
+//! over a TCP control connection, and the statistics both report.
+//!
+//! Test names follow qperf's so its users feel at home; `uroce list` prints them.
+
+pub(crate) mod client;
+mod control;
+mod rdma;
+pub(crate) mod server;
+mod sockets;
+
+use core::fmt;
+use core::time::Duration;
+
+/// The control protocol's version; both sides must speak the same one.
+pub(crate) const PROTOCOL_VERSION: u32 = 1;
+/// Default TCP port of the control connection (qperf's).
+pub(crate) const DEFAULT_PORT: u16 = 19765;
+
+/// What a test does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pattern {
+    /// Ping-pong of messages: latency is half the round trip.
+    PingPong,
+    /// A stream of messages one way: bandwidth and message rate.
+    Stream,
+    /// Streams both ways at once.
+    BiStream,
+    /// One-sided operations the client waits for, one at a time: latency is the round trip.
+    RoundTrip,
+}
+
+/// The operation a test moves data with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Tcp,
+    Udp,
+    Send,
+    /// RDMA WRITE with immediate data (the peer sees a completion).
+    WriteImm,
+    /// RDMA WRITE, the peer polling its memory for the last byte.
+    WritePoll,
+    /// RDMA WRITE, the peer doing nothing.
+    Write,
+    Read,
+    CompareSwap,
+    FetchAdd,
+}
+
+/// One test of the catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TestDef {
+    pub(crate) name: &'static str,
+    pub(crate) about: &'static str,
+    pub(crate) transport: Option<uroce::QpType>,
+    pub(crate) op: Op,
+    pub(crate) pattern: Pattern,
+}
+
+use uroce::QpType::{Rc, Uc, Ud};
+
+const fn t(
+    name: &'static str,
+    about: &'static str,
+    transport: Option<uroce::QpType>,
+    op: Op,
+    pattern: Pattern,
+) -> TestDef {
+    TestDef { name, about, transport, op, pattern }
+}
+
+/// Every test, in qperf's order and naming.
+pub(crate) const TESTS: [TestDef; 20] = [
+    t("tcp_lat", "TCP ping-pong latency", None, Op::Tcp, Pattern::PingPong),
+    t("tcp_bw", "TCP streaming bandwidth", None, Op::Tcp, Pattern::Stream),
+    t("udp_lat", "UDP ping-pong latency", None, Op::Udp, Pattern::PingPong),
+    t("udp_bw", "UDP streaming bandwidth (what arrives)", None, Op::Udp, Pattern::Stream),
+    t("rc_lat", "RC SEND ping-pong latency", Some(Rc), Op::Send, Pattern::PingPong),
+    t("rc_bw", "RC SEND streaming bandwidth", Some(Rc), Op::Send, Pattern::Stream),
+    t("rc_bi_bw", "RC SEND bandwidth, both ways at once", Some(Rc), Op::Send, Pattern::BiStream),
+    t(
+        "rc_rdma_write_lat",
+        "RC RDMA WRITE ping-pong latency (with immediate)",
+        Some(Rc),
+        Op::WriteImm,
+        Pattern::PingPong,
+    ),
+    t("rc_rdma_write_bw", "RC RDMA WRITE bandwidth", Some(Rc), Op::Write, Pattern::Stream),
+    t(
+        "rc_rdma_write_poll_lat",
+        "RC RDMA WRITE ping-pong latency, polling memory",
+        Some(Rc),
+        Op::WritePoll,
+        Pattern::PingPong,
+    ),
+    t("rc_rdma_read_lat", "RC RDMA READ latency", Some(Rc), Op::Read, Pattern::RoundTrip),
+    t("rc_rdma_read_bw", "RC RDMA READ bandwidth", Some(Rc), Op::Read, Pattern::Stream),
+    t(
+        "rc_compare_swap_mr",
+        "RC atomic compare-and-swap message rate",
+        Some(Rc),
+        Op::CompareSwap,
+        Pattern::Stream,
+    ),
+    t(
+        "rc_fetch_add_mr",
+        "RC atomic fetch-and-add message rate",
+        Some(Rc),
+        Op::FetchAdd,
+        Pattern::Stream,
+    ),
+    t("uc_lat", "UC SEND ping-pong latency", Some(Uc), Op::Send, Pattern::PingPong),
+    t("uc_bw", "UC SEND streaming bandwidth (what arrives)", Some(Uc), Op::Send, Pattern::Stream),
+    t(
+        "uc_rdma_write_lat",
+        "UC RDMA WRITE ping-pong latency (with immediate)",
+        Some(Uc),
+        Op::WriteImm,
+        Pattern::PingPong,
+    ),
+    t("uc_rdma_write_bw", "UC RDMA WRITE bandwidth", Some(Uc), Op::Write, Pattern::Stream),
+    t("ud_lat", "UD SEND ping-pong latency", Some(Ud), Op::Send, Pattern::PingPong),
+    t("ud_bw", "UD SEND streaming bandwidth (what arrives)", Some(Ud), Op::Send, Pattern::Stream),
+];
+
+/// The test called `name`.
+pub(crate) fn find(name: &str) -> Option<&'static TestDef> {
+    TESTS.iter().find(|t| t.name == name)
+}
+
+/// How a test runs: what the client asks and the server follows.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Params {
+    /// Message size in bytes.
+    pub(crate) size: usize,
+    /// Measured iterations (messages or round trips), when not running for a duration.
+    pub(crate) iters: u64,
+    /// Run for this long instead of `iters`.
+    pub(crate) duration: Option<Duration>,
+    /// Unmeasured iterations first.
+    pub(crate) warmup: u64,
+    /// RDMA: path MTU.
+    pub(crate) mtu: uroce::Mtu,
+    /// Messages in flight for streaming tests (send or receive queue depth).
+    pub(crate) depth: u32,
+    /// RDMA: sleep on completion events instead of busy polling.
+    pub(crate) events: bool,
+    /// TCP: disable Nagle's algorithm.
+    pub(crate) nodelay: bool,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Self {
+            size: 64,
+            iters: 10_000,
+            duration: None,
+            warmup: 100,
+            mtu: uroce::Mtu::Mtu4096,
+            depth: 32,
+            events: false,
+            nodelay: true,
+        }
+    }
+}
+
+/// Largest message: 2^31 bytes, as RDMA allows (IBA 9.7).
+pub(crate) const MAX_SIZE: usize = 1 << 31;
+
+impl Params {
+    /// Checks the parameters against the test; the error names the problem.
+    pub(crate) fn check(&self, test: &TestDef) -> Result<(), String> {
+        if self.size == 0 || self.size > MAX_SIZE {
+            return Err(format!("size {} is outside 1..=2^31", self.size));
+        }
+        let datagram = matches!(test.transport, Some(Ud)) || test.op == Op::Udp;
+        let limit = if test.op == Op::Udp { 65_507 } else { self.mtu.bytes() as usize };
+        if datagram && self.size > limit {
+            return Err(format!(
+                "{}: size {} exceeds one datagram ({limit} bytes)",
+                test.name, self.size
+            ));
+        }
+        if matches!(test.op, Op::CompareSwap | Op::FetchAdd) && self.size != 8 {
+            return Err(format!("{}: atomics move 8 bytes; drop -s", test.name));
+        }
+        if self.events && test.transport.is_none() {
+            return Err(format!("{}: --events applies to RDMA tests only", test.name));
+        }
+        if !self.nodelay && test.op != Op::Tcp {
+            return Err(format!("{}: --no-nodelay applies to TCP tests only", test.name));
+        }
+        if self.depth == 0 || self.depth > 4096 {
+            return Err(format!("--depth {} is outside 1..=4096", self.depth));
+        }
+        Ok(())
+    }
+
+    /// The control protocol's form: `key=value` words.
+    pub(crate) fn to_words(&self) -> String {
+        format!(
+            "size={} iters={} secs={} warmup={} mtu={} depth={} events={} nodelay={}",
+            self.size,
+            self.iters,
+            self.duration.map_or(0.0, |d| d.as_secs_f64()),
+            self.warmup,
+            self.mtu.bytes(),
+            self.depth,
+            u8::from(self.events),
+            u8::from(self.nodelay),
+        )
+    }
+
+    /// Parses [`Params::to_words`].
+    pub(crate) fn from_words<'a>(words: impl Iterator<Item = &'a str>) -> Result<Self, String> {
+        let mut p = Self::default();
+        for w in words {
+            let (k, v) = w.split_once('=').ok_or_else(|| format!("bad parameter `{w}`"))?;
+            let num = |v: &str| v.parse::<u64>().map_err(|_| format!("bad number in `{w}`"));
+            match k {
+                "size" => p.size = usize::try_from(num(v)?).map_err(|e| e.to_string())?,
+                "iters" => p.iters = num(v)?,
+                "secs" => {
+                    let s: f64 = v.parse().map_err(|_| format!("bad number in `{w}`"))?;
+                    p.duration = (s > 0.0).then(|| Duration::from_secs_f64(s));
+                }
+                "warmup" => p.warmup = num(v)?,
+                "mtu" => {
+                    let m = num(v)?;
+                    p.mtu = uroce::Mtu::ALL
+                        .into_iter()
+                        .find(|x| u64::from(x.bytes()) == m)
+                        .ok_or_else(|| format!("MTU {m} is not 256, 512, 1024, 2048 or 4096"))?;
+                }
+                "depth" => p.depth = u32::try_from(num(v)?).map_err(|e| e.to_string())?,
+                "events" => p.events = num(v)? != 0,
+                "nodelay" => p.nodelay = num(v)? != 0,
+                _ => return Err(format!("unknown parameter `{k}`")),
+            }
+        }
+        Ok(p)
+    }
+}
+
+/// Latency statistics over samples in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Latency {
+    pub(crate) min: f64,
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
+    pub(crate) p999: f64,
+    pub(crate) max: f64,
+    pub(crate) mean: f64,
+}
+
+impl Latency {
+    /// From samples in nanoseconds (sorted here); `None` without samples.
+    pub(crate) fn of(samples: &mut [u64]) -> Option<Self> {
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort_unstable();
+        // Nearest rank: the smallest sample with at least q of them at or below it.
+        let rank = |q: f64| {
+            #[expect(clippy::cast_precision_loss, reason = "a rank among at most 2^53 samples")]
+            let n = samples.len() as f64;
+            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "in 1..=n")]
+            let r = ((q * n).ceil() as usize).clamp(1, samples.len());
+            ns_to_us(samples[r - 1])
+        };
+        #[expect(clippy::cast_precision_loss, reason = "a mean to a tenth of a microsecond")]
+        let mean = samples.iter().map(|&s| s as f64).sum::<f64>() / samples.len() as f64 / 1e3;
+        Some(Self {
+            min: ns_to_us(samples[0]),
+            p50: rank(0.50),
+            p99: rank(0.99),
+            p999: rank(0.999),
+            max: ns_to_us(samples[samples.len() - 1]),
+            mean,
+        })
+    }
+}
+
+#[expect(clippy::cast_precision_loss, reason = "microseconds to a tenth")]
+fn ns_to_us(ns: u64) -> f64 {
+    ns as f64 / 1e3
+}
+
+/// CPU time used: user and system, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Cpu {
+    pub(crate) user: f64,
+    pub(crate) sys: f64,
+}
+
+impl Cpu {
+    pub(crate) fn now() -> Self {
+        let (u, s) = uroce::process_cpu_time();
+        Self { user: u.as_secs_f64(), sys: s.as_secs_f64() }
+    }
+
+    pub(crate) fn since(self, start: Self) -> Self {
+        Self { user: self.user - start.user, sys: self.sys - start.sys }
+    }
+
+    pub(crate) fn total(self) -> f64 {
+        self.user + self.sys
+    }
+}
+
+/// System-wide busy CPU time from `/proc/stat` (all cores, in seconds), for the share of the
+/// machine a test took including kernel work done on no process's behalf (softirq).
+pub(crate) fn system_busy() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().next()?;
+    let fields: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal …: busy is all but idle and iowait.
+    let busy: u64 =
+        fields.iter().enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, v)| v).sum();
+    #[expect(clippy::cast_precision_loss, reason = "clock ticks to seconds")]
+    Some(busy as f64 / 100.0)
+}
+
+/// One measured result: a test at one size.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Outcome {
+    pub(crate) test: &'static str,
+    pub(crate) size: usize,
+    /// Measured iterations (messages, or round trips for latency tests).
+    pub(crate) iters: u64,
+    pub(crate) seconds: f64,
+    /// Payload bytes moved (that arrived, for UDP/UC/UD streams).
+    pub(crate) bytes: u64,
+    pub(crate) latency: Option<Latency>,
+    pub(crate) client_cpu: Cpu,
+    pub(crate) server_cpu: Cpu,
+    /// System-wide busy CPU over the run, in core-seconds, if `/proc/stat` was readable and
+    /// the run long enough for its 10 ms ticks to mean something (half a second).
+    pub(crate) system_cpu: Option<f64>,
+}
+
+impl Outcome {
+    pub(crate) fn gbits(&self) -> f64 {
+        #[expect(clippy::cast_precision_loss, reason = "a rate")]
+        let b = self.bytes as f64;
+        b * 8.0 / self.seconds / 1e9
+    }
+
+    pub(crate) fn mib_s(&self) -> f64 {
+        #[expect(clippy::cast_precision_loss, reason = "a rate")]
+        let b = self.bytes as f64;
+        b / self.seconds / f64::from(1 << 20)
+    }
+
+    pub(crate) fn msg_rate(&self) -> f64 {
+        #[expect(clippy::cast_precision_loss, reason = "a rate")]
+        let n = self.iters as f64;
+        n / self.seconds
+    }
+
+    /// Both sides' CPU per GB moved, in seconds.
+    pub(crate) fn cpu_per_gb(&self) -> f64 {
+        #[expect(clippy::cast_precision_loss, reason = "a rate")]
+        let gb = self.bytes as f64 / 1e9;
+        (self.client_cpu.total() + self.server_cpu.total()) / gb
+    }
+
+    /// Both sides' CPU per message, in microseconds.
+    pub(crate) fn cpu_per_msg_us(&self) -> f64 {
+        #[expect(clippy::cast_precision_loss, reason = "a rate")]
+        let n = self.iters as f64;
+        (self.client_cpu.total() + self.server_cpu.total()) / n * 1e6
+    }
+
+    /// One JSON object, stable keys.
+    pub(crate) fn to_json(&self) -> String {
+        let lat = self.latency.map_or_else(
+            || "null".to_string(),
+            |l| {
+                format!(
+                    "{{\"min_us\":{:.3},\"p50_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"max_us\":{:.3},\"mean_us\":{:.3}}}",
+                    l.min, l.p50, l.p99, l.p999, l.max, l.mean
+                )
+            },
+        );
+        let sys = self
+            .system_cpu
+            .map_or_else(|| "null".to_string(), |s| format!("{:.4}", s / self.seconds));
+        format!(
+            "{{\"test\":\"{}\",\"size\":{},\"iterations\":{},\"seconds\":{:.6},\"bytes\":{},\
+             \"latency\":{lat},\"gbit_s\":{:.4},\"mib_s\":{:.2},\"msg_per_s\":{:.1},\
+             \"client_cpu\":{{\"user_s\":{:.4},\"sys_s\":{:.4},\"cores\":{:.4}}},\
+             \"server_cpu\":{{\"user_s\":{:.4},\"sys_s\":{:.4},\"cores\":{:.4}}},\
+             \"system_cores\":{sys},\"cpu_s_per_gb\":{:.4},\"cpu_us_per_msg\":{:.3}}}",
+            self.test,
+            self.size,
+            self.iters,
+            self.seconds,
+            self.bytes,
+            self.gbits(),
+            self.mib_s(),
+            self.msg_rate(),
+            self.client_cpu.user,
+            self.client_cpu.sys,
+            self.client_cpu.total() / self.seconds,
+            self.server_cpu.user,
+            self.server_cpu.sys,
+            self.server_cpu.total() / self.seconds,
+            self.cpu_per_gb(),
+            self.cpu_per_msg_us(),
+        )
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lat = self.latency.map_or_else(
+            || "-".to_string(),
+            |l| format!("{:.1}/{:.1}/{:.1}", l.p50, l.p99, l.p999),
+        );
+        let sys = self
+            .system_cpu
+            .map_or_else(|| "-".to_string(), |s| format!("{:.0}%", s / self.seconds * 100.0));
+        write!(
+            f,
+            "{:<24}{:>9}{:>9}{:>22}{:>10.2}{:>11.0}{:>12.0}{:>7.0}%{:>7.0}%{:>7}{:>9.2}",
+            self.test,
+            human_size(self.size),
+            self.iters,
+            lat,
+            self.gbits(),
+            self.mib_s(),
+            self.msg_rate(),
+            self.client_cpu.total() / self.seconds * 100.0,
+            self.server_cpu.total() / self.seconds * 100.0,
+            sys,
+            self.cpu_per_gb(),
+        )
+    }
+}
+
+/// The table's header, matching [`Outcome`]'s `Display`.
+pub(crate) const TABLE_HEADER: &str = "test                         size    iters   lat p50/p99/p99.9 us    Gbit/s      MiB/s       msg/s   cli%   srv%   sys%  cpu s/GB";
+
+/// 64, 4K, 1M… for sizes that are multiples of a power of 1024.
+pub(crate) fn human_size(n: usize) -> String {
+    for (unit, shift) in [("G", 30), ("M", 20), ("K", 10)] {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
+/// Parses 64, 4K, 4k, 1M, 2G (powers of 1024).
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, shift) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("bad size `{s}`"))?;
+    let bytes = n
+        .checked_shl(shift)
+        .filter(|b| b >> shift == n)
+        .ok_or(format!("size `{s}` is too large"))?;
+    if bytes == 0 || bytes > MAX_SIZE as u64 {
+        return Err(format!("size {s} is outside 1..=2^31"));
+    }
+    usize::try_from(bytes).map_err(|_| format!("size `{s}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let mut s: Vec<u64> = (1..=1000).map(|i| i * 1000).collect();
+        let l = Latency::of(&mut s).unwrap();
+        assert_eq!((l.min, l.p50, l.p99, l.p999, l.max), (1.0, 500.0, 990.0, 999.0, 1000.0));
+        assert!((l.mean - 500.5).abs() < 1e-9);
+        assert!(Latency::of(&mut []).is_none());
+    }
+
+    #[test]
+    fn sizes_parse_and_print() {
+        assert_eq!(parse_size("64").unwrap(), 64);
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("1m").unwrap(), 1 << 20);
+        assert_eq!(parse_size("2G").unwrap(), 1 << 31);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("3G").is_err());
+        assert!(parse_size("x").is_err());
+        assert_eq!(human_size(4096), "4K");
+        assert_eq!(human_size(100), "100");
+    }
+
+    #[test]
+    fn params_round_trip_and_check_what_applies() {
+        let p = Params { size: 4096, iters: 7, depth: 3, events: true, ..Params::default() };
+        assert_eq!(Params::from_words(p.to_words().split(' ')).unwrap(), p);
+        let ud = find("ud_bw").unwrap();
+        assert!(
+            Params { size: 8192, ..Params::default() }.check(ud).unwrap_err().contains("datagram")
+        );
+        let tcp = find("tcp_lat").unwrap();
+        assert!(
+            Params { events: true, ..Params::default() }.check(tcp).unwrap_err().contains("RDMA")
+        );
+        assert!(
+            Params { size: 16, ..Params::default() }
+                .check(find("rc_fetch_add_mr").unwrap())
+                .is_err()
+        );
+        assert_eq!(TESTS.iter().filter(|t| find(t.name) == Some(t)).count(), 20, "names unique");
+    }
+}

@@ -1,0 +1,444 @@
+//! The RDMA tests, both roles: a QP of the test's transport on each side, buffers, and the
+//! loops that move data and time it.
+
+use core::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use uroce::{
+    Access, Ah, Context, Cq, Endpoint, Mr, Pd, QKey, Qp, QpType, Qpn, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+
+use super::{Op, Params, Pattern, TestDef};
+
+/// Q_Key of the UD tests.
+const QKEY: QKey = QKey(0x5045_5246);
+/// The GRH area in front of every UD receive.
+const GRH: usize = 40;
+/// How long a side waits for one completion before it calls the test failed.
+const STALL: Duration = Duration::from_secs(10);
+
+/// One side's QP and buffers for a test.
+pub(crate) struct Side {
+    pd: Pd,
+    qp_type: QpType,
+    cq: Cq,
+    qp: Qp,
+    /// Source of SENDs and WRITEs, landing place of READs and atomic results.
+    buf: Mr,
+    /// The region offered to the peer: target of its WRITEs, source of its READs, home of the
+    /// word its atomics work on; the write-poll test polls its last byte.
+    target: Mr,
+    /// Receive slots: `slots` of `slot` bytes.
+    recv: Mr,
+    slot: usize,
+    slots: usize,
+    /// UD: the peer's address handle and QP.
+    ud: Option<(Ah, Qpn)>,
+    /// The peer's buffer, for one-sided operations.
+    remote: Option<uroce::RemoteMr>,
+    events: bool,
+    /// Completions taken but not yet consumed.
+    pending: Vec<WorkCompletion>,
+}
+
+impl Side {
+    /// Creates this side's QP and buffers; returns the endpoint to send to the peer.
+    pub(crate) fn new(
+        ctx: &Context,
+        test: &TestDef,
+        p: &Params,
+    ) -> Result<(Self, Endpoint), String> {
+        let qp_type = test.transport.ok_or("not an RDMA test")?;
+        let e = |e: uroce::Error| e.to_string();
+        let pd = ctx.alloc_pd();
+        let depth = p.depth.max(1);
+        let cq = ctx.create_cq(depth as usize * 4 + 64).map_err(e)?;
+        let qp = pd
+            .qp(qp_type, &cq)
+            .mtu(p.mtu)
+            .depth(depth * 2 + 8, depth * 2 + 8)
+            .qkey(QKEY)
+            .build()
+            .map_err(e)?;
+        let all = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        // Atomics target an 8-byte word; everything else a message-sized buffer.
+        let buf = pd.register(p.size.max(8), Access::LOCAL_WRITE).map_err(e)?;
+        let target = pd.register(p.size.max(8), all).map_err(e)?;
+        let slot = if qp_type == QpType::Ud { p.size + GRH } else { p.size };
+        // Enough receives for a window in flight, within 256 MiB.
+        let slots = (depth as usize * 2).min((256 << 20) / slot.max(1)).max(2);
+        let recv = pd.register(slot * slots, Access::LOCAL_WRITE).map_err(e)?;
+        let endpoint = qp.endpoint().with_region(target.remote());
+        let side = Self {
+            pd,
+            qp_type,
+            cq,
+            qp,
+            buf,
+            target,
+            recv,
+            slot,
+            slots,
+            ud: None,
+            remote: None,
+            events: p.events,
+            pending: Vec::new(),
+        };
+        Ok((side, endpoint))
+    }
+
+    /// Connects to the peer's endpoint (UD: an address handle to it).
+    pub(crate) fn connect(&mut self, peer: &Endpoint) -> Result<(), String> {
+        self.qp.connect(peer).map_err(|e| e.to_string())?;
+        self.remote = peer.regions.first().copied();
+        if self.qp_type == QpType::Ud {
+            let ah = self.pd.create_ah(peer.gid).map_err(|e| e.to_string())?;
+            self.ud = Some((ah, peer.qpn));
+        }
+        Ok(())
+    }
+
+    /// Posts the receive of slot `k` (modulo the slots).
+    fn post_recv(&self, k: u64) -> Result<(), String> {
+        let s = usize::try_from(k % self.slots as u64).unwrap_or(0);
+        self.qp
+            .post_recv(s as u64, &self.recv, s * self.slot..(s + 1) * self.slot)
+            .map_err(|e| e.to_string())
+    }
+
+    fn send(&self, wr_id: u64, len: usize) -> Result<(), String> {
+        let r = match &self.ud {
+            Some((ah, qpn)) => self.qp.send_to(wr_id, &self.buf, 0..len, ah, *qpn, QKEY),
+            None => self.qp.send(wr_id, &self.buf, 0..len),
+        };
+        r.map_err(|e| e.to_string())
+    }
+
+    fn remote(&self) -> Result<uroce::RemoteMr, String> {
+        self.remote.ok_or_else(|| "the peer offered no region".to_string())
+    }
+
+    /// The next completion, busy polling or sleeping on events; fails on an error status or a
+    /// stall.
+    fn next(&mut self) -> Result<WorkCompletion, String> {
+        if self.pending.is_empty() {
+            #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
+            let start = Instant::now();
+            while self.pending.is_empty() {
+                if self.events {
+                    let got = self.cq.wait(Some(STALL)).map_err(|e| e.to_string())?;
+                    self.pending.extend(got);
+                } else {
+                    self.cq.poll(&mut self.pending);
+                }
+                if self.pending.is_empty() && start.elapsed() > STALL {
+                    return Err(format!("no completion for {STALL:?}"));
+                }
+            }
+            self.pending.reverse();
+        }
+        let wc = self.pending.pop().ok_or("no completion")?;
+        if wc.status != WcStatus::SUCCESS {
+            return Err(format!("{:?} completed with {}", wc.opcode, wc.status));
+        }
+        Ok(wc)
+    }
+
+    /// Takes whatever completions are ready, without waiting.
+    fn ready(&mut self) -> Result<Vec<WorkCompletion>, String> {
+        let mut out = core::mem::take(&mut self.pending);
+        out.reverse();
+        self.cq.poll(&mut out);
+        if let Some(bad) = out.iter().find(|w| w.status != WcStatus::SUCCESS) {
+            return Err(format!("{:?} completed with {}", bad.opcode, bad.status));
+        }
+        Ok(out)
+    }
+}
+
+/// What a run measured on one side.
+#[derive(Debug, Default)]
+pub(crate) struct Measured {
+    /// Latency samples in nanoseconds (client, latency tests).
+    pub(crate) samples: Vec<u64>,
+    /// Messages (or operations) completed in the measured phase.
+    pub(crate) msgs: u64,
+    /// Payload bytes moved in the measured phase (received, where arrival is what counts).
+    pub(crate) bytes: u64,
+    pub(crate) seconds: f64,
+    /// Streams: every operation posted, warm-up included (to scale what the server counted).
+    pub(crate) total_posted: u64,
+}
+
+/// Whether the measured phase is over.
+struct Clock {
+    start: Instant,
+    limit: Option<Duration>,
+    iters: u64,
+}
+
+impl Clock {
+    fn new(p: &Params) -> Self {
+        #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
+        let start = Instant::now();
+        Self { start, limit: p.duration, iters: p.iters }
+    }
+    fn done(&self, n: u64) -> bool {
+        match self.limit {
+            Some(d) => self.start.elapsed() >= d,
+            None => n >= self.iters,
+        }
+    }
+}
+
+fn now() -> Instant {
+    #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
+    Instant::now()
+}
+
+/// The client's loop. Warm-up iterations come first and are not measured.
+pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Measured, String> {
+    let size = p.size;
+    let mut m = Measured::default();
+    match (test.pattern, test.op) {
+        (Pattern::PingPong, Op::Send | Op::WriteImm | Op::WritePoll) => {
+            for k in 0..u64::from(p.depth) {
+                side.post_recv(k)?;
+            }
+            let mut seq: u64 = 0;
+            let round = |side: &mut Side, seq: u64| -> Result<(), String> {
+                match test.op {
+                    Op::Send => side.send(seq, size)?,
+                    Op::WriteImm => {
+                        let r = side.remote()?;
+                        side.qp
+                            .write_with_imm(seq, &side.buf, 0..size, r.at(0), 0)
+                            .map_err(|e| e.to_string())?;
+                    }
+                    _ => {
+                        let mark = mark(seq);
+                        side.buf.write(size - 1, &[mark]).map_err(|e| e.to_string())?;
+                        let r = side.remote()?;
+                        side.qp.write(seq, &side.buf, 0..size, r).map_err(|e| e.to_string())?;
+                    }
+                }
+                wait_answer(side, test.op, size, mark(seq))
+            };
+            for _ in 0..p.warmup {
+                round(side, seq)?;
+                seq += 1;
+            }
+            let clock = Clock::new(p);
+            while !clock.done(m.msgs) {
+                let t0 = now();
+                round(side, seq)?;
+                m.samples.push(u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX));
+                seq += 1;
+                m.msgs += 1;
+            }
+            m.seconds = clock.start.elapsed().as_secs_f64();
+            m.bytes = m.msgs * size as u64;
+        }
+        (Pattern::RoundTrip, Op::Read) => {
+            let r = side.remote()?;
+            for k in 0..p.warmup {
+                side.qp.read(k, &side.buf, 0..size, r.at(0)).map_err(|e| e.to_string())?;
+                side.next()?;
+            }
+            let clock = Clock::new(p);
+            while !clock.done(m.msgs) {
+                let t0 = now();
+                side.qp.read(m.msgs, &side.buf, 0..size, r.at(0)).map_err(|e| e.to_string())?;
+                side.next()?;
+                m.samples.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
+                m.msgs += 1;
+            }
+            m.seconds = clock.start.elapsed().as_secs_f64();
+            m.bytes = m.msgs * size as u64;
+        }
+        (Pattern::Stream | Pattern::BiStream, _) => {
+            let bi = test.pattern == Pattern::BiStream;
+            if bi {
+                for k in 0..side.slots as u64 {
+                    side.post_recv(k)?;
+                }
+            }
+            let window = u64::from(p.depth);
+            // Counted in completions: warm-up first, then the measured phase.
+            let (mut posted, mut done, mut received) = (0u64, 0u64, 0u64);
+            let mut phase: Option<(Clock, u64, u64)> = None;
+            loop {
+                if phase.is_none() && done >= p.warmup {
+                    phase = Some((Clock::new(p), done, received));
+                }
+                if let Some((clock, from, _)) = &phase
+                    && clock.done(done - from)
+                {
+                    break;
+                }
+                while posted - done < window {
+                    post_stream(side, test.op, size, posted)?;
+                    posted += 1;
+                }
+                let wc = side.next()?;
+                if wc.opcode == WcOpcode::Recv {
+                    received += 1;
+                    side.post_recv(wc.wr_id)?;
+                } else {
+                    done += 1;
+                }
+            }
+            let (clock, from, received_from) = phase.ok_or("no measured phase")?;
+            m.seconds = clock.start.elapsed().as_secs_f64();
+            m.msgs = done - from;
+            m.bytes = (m.msgs + received - received_from) * size as u64;
+            m.total_posted = posted;
+            // Let the window drain so the next test starts clean.
+            while done < posted {
+                let wc = side.next()?;
+                if wc.opcode == WcOpcode::Recv {
+                    side.post_recv(wc.wr_id)?;
+                } else {
+                    done += 1;
+                }
+            }
+        }
+        _ => return Err(format!("{}: no such pattern", test.name)),
+    }
+    Ok(m)
+}
+
+/// Posts streaming operation `k`.
+fn post_stream(side: &Side, op: Op, size: usize, k: u64) -> Result<(), String> {
+    let e = |e: uroce::Error| e.to_string();
+    match op {
+        Op::Send => side.send(k, size),
+        Op::Write => side.qp.write(k, &side.buf, 0..size, side.remote()?).map_err(e),
+        Op::Read => side.qp.read(k, &side.buf, 0..size, side.remote()?.at(0)).map_err(e),
+        Op::FetchAdd => side.qp.fetch_add(k, &side.buf, 0, side.remote()?.at(0), 1).map_err(e),
+        Op::CompareSwap => {
+            side.qp.compare_swap(k, &side.buf, 0, side.remote()?.at(0), k, k + 1).map_err(e)
+        }
+        _ => Err("not a streaming operation".into()),
+    }
+}
+
+/// The byte the write-poll test puts last in the buffer for round `seq` (never 0).
+fn mark(seq: u64) -> u8 {
+    u8::try_from(seq % 255).unwrap_or(0) + 1
+}
+
+/// Waits for the peer's answer to a round: a receive (SEND), a receive with immediate (WRITE
+/// with immediate), or the last byte of our buffer changing to `mark` (WRITE, polled).
+fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<(), String> {
+    if op == Op::WritePoll {
+        let start = now();
+        let mut last = [0u8];
+        loop {
+            // Polling the CQ drives progress (and reaps the WRITE's own completion).
+            let _ = side.ready()?;
+            side.target.read(size - 1, &mut last).map_err(|e| e.to_string())?;
+            if last[0] == mark {
+                return Ok(());
+            }
+            if start.elapsed() > STALL {
+                return Err("the peer's WRITE never landed".into());
+            }
+        }
+    }
+    loop {
+        let wc = side.next()?;
+        if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+            return side.post_recv(wc.wr_id);
+        }
+    }
+}
+
+/// The server's loop: answers the client until `stop` is set. Returns the messages and bytes
+/// it received.
+pub(crate) fn server(
+    side: &mut Side,
+    test: &TestDef,
+    p: &Params,
+    stop: &AtomicBool,
+) -> Result<(u64, u64), String> {
+    let size = p.size;
+    let (mut msgs, mut bytes) = (0u64, 0u64);
+    let receives = matches!(test.op, Op::Send | Op::WriteImm) || test.pattern == Pattern::BiStream;
+    if receives {
+        for k in 0..side.slots as u64 {
+            side.post_recv(k)?;
+        }
+    }
+    let mut seq = 0u64;
+    let mut posted = 0u64;
+    let mut done = 0u64;
+    let window = u64::from(p.depth);
+    while !stop.load(Ordering::Acquire) {
+        // The write-poll server answers each WRITE it sees land in its buffer.
+        if test.op == Op::WritePoll {
+            let _ = side.ready()?;
+            let mut last = [0u8];
+            side.target.read(size - 1, &mut last).map_err(|e| e.to_string())?;
+            if last[0] == mark(seq) {
+                side.buf.write(size - 1, &[mark(seq)]).map_err(|e| e.to_string())?;
+                let r = side.remote()?;
+                side.qp.write(seq, &side.buf, 0..size, r).map_err(|e| e.to_string())?;
+                seq += 1;
+                msgs += 1;
+                bytes += size as u64;
+            }
+            continue;
+        }
+        if test.pattern == Pattern::BiStream {
+            while posted - done < window {
+                side.send(posted, size)?;
+                posted += 1;
+            }
+        }
+        let wcs = if side.events {
+            let mut got =
+                side.cq.wait(Some(Duration::from_millis(20))).map_err(|e| e.to_string())?;
+            got.append(&mut side.pending);
+            got
+        } else {
+            side.ready()?
+        };
+        for wc in wcs {
+            if wc.status != WcStatus::SUCCESS {
+                return Err(format!("{:?} completed with {}", wc.opcode, wc.status));
+            }
+            match wc.opcode {
+                WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
+                    msgs += 1;
+                    let got =
+                        if wc.grh { wc.byte_len as usize - GRH } else { wc.byte_len as usize };
+                    bytes += if wc.opcode == WcOpcode::RecvRdmaWithImm {
+                        size as u64
+                    } else {
+                        got as u64
+                    };
+                    side.post_recv(wc.wr_id)?;
+                    if test.pattern == Pattern::PingPong {
+                        if test.op == Op::WriteImm {
+                            let r = side.remote()?;
+                            side.qp
+                                .write_with_imm(seq, &side.buf, 0..size, r.at(0), 0)
+                                .map_err(|e| e.to_string())?;
+                        } else {
+                            side.send(seq, size)?;
+                        }
+                        seq += 1;
+                    }
+                }
+                _ => done += 1,
+            }
+        }
+    }
+    Ok((msgs, bytes))
+}

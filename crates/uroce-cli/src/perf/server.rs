@@ -1,0 +1,139 @@
+//! `uroce server`: waits for clients and answers their tests, one client at a time.
+
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use uroce::{Context, Endpoint};
+
+use super::control::{Control, hex, unhex};
+use super::rdma::{self, Side};
+use super::sockets::{self, Listener};
+use super::{Cpu, PROTOCOL_VERSION, Params, TestDef, find};
+
+/// Listens on `addr:port` for control connections; the RDMA device is `addr` too.
+pub(crate) fn serve(addr: IpAddr, port: u16) -> Result<(), String> {
+    let listener = TcpListener::bind((addr, port))
+        .map_err(|e| format!("cannot listen on {addr}:{port}: {e}"))?;
+    let ctx = Context::open(addr).map_err(|e| format!("cannot open the RDMA device: {e}"))?;
+    eprintln!("uroce server: control on {addr}:{port}, RDMA device {addr}; waiting for clients");
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("uroce server: accept: {e}");
+                continue;
+            }
+        };
+        let peer = stream.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
+        match handle(&ctx, addr, stream) {
+            Ok(()) => eprintln!("uroce server: client {peer} done"),
+            Err(e) => eprintln!("uroce server: client {peer}: {e}"),
+        }
+    }
+    Ok(())
+}
+
+fn handle(ctx: &Context, addr: IpAddr, stream: TcpStream) -> Result<(), String> {
+    let mut ctl = Control::new(stream).map_err(|e| e.to_string())?;
+    let hello = ctl.recv().map_err(|e| e.to_string())?;
+    let version = hello.strip_prefix("uroce-perf ").and_then(|v| v.parse::<u32>().ok());
+    if version != Some(PROTOCOL_VERSION) {
+        let why = match version {
+            Some(v) => format!("version mismatch: server speaks {PROTOCOL_VERSION}, client {v}"),
+            None => "not a uroce client".to_string(),
+        };
+        let _ = ctl.send(&format!("error {why}"));
+        return Err(why);
+    }
+    ctl.send(&format!("uroce-perf {PROTOCOL_VERSION}")).map_err(|e| e.to_string())?;
+    loop {
+        let Ok(line) = ctl.recv() else { return Ok(()) };
+        let mut words = line.split(' ');
+        if words.next() != Some("run") {
+            let _ = ctl.send("error expected `run`");
+            return Err(format!("unexpected `{line}`"));
+        }
+        let name = words.next().unwrap_or("");
+        let Some(test) = find(name) else {
+            ctl.send(&format!("error unknown test '{name}'")).map_err(|e| e.to_string())?;
+            continue;
+        };
+        let params = Params::from_words(words).and_then(|p| p.check(test).map(|()| p));
+        let p = match params {
+            Ok(p) => p,
+            Err(e) => {
+                ctl.send(&format!("error {e}")).map_err(|e| e.to_string())?;
+                continue;
+            }
+        };
+        if let Err(e) = run(ctx, addr, &mut ctl, test, &p) {
+            let _ = ctl.send(&format!("error {e}"));
+            return Err(format!("{}: {e}", test.name));
+        }
+    }
+}
+
+/// One test: set up, say `ready`, take the client's `peer`, say `go`, serve until `stop`,
+/// report `done` with this side's CPU and what arrived.
+fn run(
+    ctx: &Context,
+    addr: IpAddr,
+    ctl: &mut Control,
+    test: &TestDef,
+    p: &Params,
+) -> Result<(), String> {
+    let e = |e: std::io::Error| e.to_string();
+    let stop = AtomicBool::new(false);
+    let cpu0 = Cpu::now();
+    let (msgs, bytes) = if test.transport.is_none() {
+        let listener = Listener::bind(addr, test).map_err(e)?;
+        ctl.send(&format!("ready {}", listener.port().map_err(e)?)).map_err(e)?;
+        expect_peer(ctl)?;
+        ctl.send("go").map_err(e)?;
+        serve_until_stop(ctl, &stop, || sockets::server(listener, test, p, &stop))?
+    } else {
+        let (mut side, mine) = Side::new(ctx, test, p)?;
+        ctl.send(&format!("ready {}", hex(&mine.to_bytes()))).map_err(e)?;
+        let peer = expect_peer(ctl)?.ok_or("the client sent no endpoint")?;
+        side.connect(&peer)?;
+        ctl.send("go").map_err(e)?;
+        serve_until_stop(ctl, &stop, || rdma::server(&mut side, test, p, &stop))?
+    };
+    let cpu = Cpu::now().since(cpu0);
+    ctl.send(&format!("done user={:.6} sys={:.6} msgs={msgs} bytes={bytes}", cpu.user, cpu.sys))
+        .map_err(e)
+}
+
+/// `peer -` (sockets) or `peer <endpoint hex>` (RDMA).
+fn expect_peer(ctl: &mut Control) -> Result<Option<Endpoint>, String> {
+    let line = ctl.recv().map_err(|e| e.to_string())?;
+    let rest =
+        line.strip_prefix("peer ").ok_or_else(|| format!("expected `peer`, got `{line}`"))?;
+    if rest == "-" {
+        return Ok(None);
+    }
+    let bytes = unhex(rest).ok_or("the client's endpoint is not hex")?;
+    Endpoint::from_bytes(&bytes).map(Some).map_err(|e| e.to_string())
+}
+
+/// Runs `serve` while a second thread waits for the client's `stop` line and raises `stop`.
+fn serve_until_stop(
+    ctl: &mut Control,
+    stop: &AtomicBool,
+    serve: impl FnOnce() -> Result<(u64, u64), String>,
+) -> Result<(u64, u64), String> {
+    std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let line = ctl.recv();
+            stop.store(true, Ordering::Release);
+            line
+        });
+        let result = serve();
+        let line = watcher.join().map_err(|_| "the control thread panicked".to_string())?;
+        match line {
+            Ok(l) if l == "stop" => result,
+            Ok(l) => Err(format!("expected `stop`, got `{l}`")),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+}

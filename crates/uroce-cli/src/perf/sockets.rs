@@ -1,0 +1,188 @@
+//! The kernel TCP and UDP tests, both roles: what RDMA is compared with.
+
+use core::time::Duration;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use super::rdma::Measured;
+use super::{Op, Params, Pattern, TestDef};
+
+/// The server's data socket, bound before it answers `ready`.
+pub(crate) enum Listener {
+    Tcp(TcpListener),
+    Udp(UdpSocket),
+}
+
+impl Listener {
+    pub(crate) fn bind(addr: IpAddr, test: &TestDef) -> std::io::Result<Self> {
+        Ok(match test.op {
+            Op::Tcp => Self::Tcp(TcpListener::bind((addr, 0))?),
+            _ => Self::Udp(UdpSocket::bind((addr, 0))?),
+        })
+    }
+
+    pub(crate) fn port(&self) -> std::io::Result<u16> {
+        Ok(match self {
+            Self::Tcp(l) => l.local_addr()?.port(),
+            Self::Udp(s) => s.local_addr()?.port(),
+        })
+    }
+}
+
+fn now() -> Instant {
+    #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
+    Instant::now()
+}
+
+fn err(e: std::io::Error) -> String {
+    e.to_string()
+}
+
+/// The server's side: echoes (ping-pong) or sinks (stream) until the client is done. Returns
+/// the messages and bytes it received.
+pub(crate) fn server(
+    listener: Listener,
+    test: &TestDef,
+    p: &Params,
+    stop: &AtomicBool,
+) -> Result<(u64, u64), String> {
+    let mut buf = vec![0u8; p.size.max(65_536)];
+    let (mut msgs, mut bytes) = (0u64, 0u64);
+    match listener {
+        Listener::Tcp(l) => {
+            let (mut s, _) = l.accept().map_err(err)?;
+            s.set_nodelay(p.nodelay).map_err(err)?;
+            loop {
+                if test.pattern == Pattern::PingPong {
+                    match s.read_exact(&mut buf[..p.size]) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == ErrorKind::UnexpectedEof => break,
+                        Err(e) => return Err(err(e)),
+                    }
+                    s.write_all(&buf[..p.size]).map_err(err)?;
+                    msgs += 1;
+                    bytes += p.size as u64;
+                } else {
+                    let n = s.read(&mut buf).map_err(err)?;
+                    if n == 0 {
+                        break;
+                    }
+                    bytes += n as u64;
+                    msgs = bytes / p.size as u64;
+                }
+            }
+        }
+        Listener::Udp(s) => {
+            s.set_read_timeout(Some(Duration::from_millis(20))).map_err(err)?;
+            while !stop.load(Ordering::Acquire) {
+                match s.recv_from(&mut buf) {
+                    Ok((n, from)) => {
+                        msgs += 1;
+                        bytes += n as u64;
+                        if test.pattern == Pattern::PingPong {
+                            s.send_to(&buf[..n], from).map_err(err)?;
+                        }
+                    }
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                    Err(e) => return Err(err(e)),
+                }
+            }
+        }
+    }
+    Ok((msgs, bytes))
+}
+
+/// The client's side against the server's data port.
+pub(crate) fn client(server: SocketAddr, test: &TestDef, p: &Params) -> Result<Measured, String> {
+    let mut m = Measured::default();
+    let size = p.size;
+    let data = vec![0x5a_u8; size];
+    let mut back = vec![0u8; size];
+    let total_warm = p.warmup;
+    let measure =
+        |m: &mut Measured, mut round: Box<dyn FnMut() -> Result<Option<u64>, String> + '_>| {
+            for _ in 0..total_warm {
+                round()?;
+            }
+            let start = now();
+            while !match p.duration {
+                Some(d) => start.elapsed() >= d,
+                None => m.msgs >= p.iters,
+            } {
+                if let Some(sample) = round()? {
+                    m.samples.push(sample);
+                }
+                m.msgs += 1;
+            }
+            m.seconds = start.elapsed().as_secs_f64();
+            Ok::<(), String>(())
+        };
+    match (test.op, test.pattern) {
+        (Op::Tcp, pattern) => {
+            let mut s = TcpStream::connect(server).map_err(err)?;
+            s.set_nodelay(p.nodelay).map_err(err)?;
+            let ping = pattern == Pattern::PingPong;
+            measure(
+                &mut m,
+                Box::new(|| {
+                    let t0 = now();
+                    s.write_all(&data).map_err(err)?;
+                    if ping {
+                        s.read_exact(&mut back).map_err(err)?;
+                        return Ok(Some(
+                            u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX),
+                        ));
+                    }
+                    Ok(None)
+                }),
+            )?;
+            m.bytes = m.msgs * size as u64;
+            m.total_posted = m.msgs + total_warm;
+        }
+        (Op::Udp, pattern) => {
+            let s = UdpSocket::bind((server.ip(), 0))
+                .or_else(|_| UdpSocket::bind(("0.0.0.0", 0)))
+                .map_err(err)?;
+            s.connect(server).map_err(err)?;
+            s.set_read_timeout(Some(Duration::from_secs(1))).map_err(err)?;
+            let ping = pattern == Pattern::PingPong;
+            measure(
+                &mut m,
+                Box::new(|| {
+                    let t0 = now();
+                    match s.send(&data) {
+                        Ok(_) => {}
+                        // A full buffer loses the datagram, as the network would.
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                        Err(e) => return Err(err(e)),
+                    }
+                    if ping {
+                        match s.recv(&mut back) {
+                            Ok(_) => {
+                                return Ok(Some(
+                                    u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX),
+                                ));
+                            }
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    ErrorKind::WouldBlock | ErrorKind::TimedOut
+                                ) =>
+                            {
+                                return Ok(None);
+                            }
+                            Err(e) => return Err(err(e)),
+                        }
+                    }
+                    Ok(None)
+                }),
+            )?;
+            m.bytes = m.msgs * size as u64;
+            m.total_posted = m.msgs + total_warm;
+        }
+        _ => return Err(format!("{} is not a socket test", test.name)),
+    }
+    Ok(m)
+}

@@ -1,0 +1,172 @@
+//! `uroce list`, `uroce server` and `uroce client` as a user runs them: a real server process,
+//! every test once at a small size, and the bad inputs that must end in one line and status 2.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+const ALL: [&str; 20] = [
+    "tcp_lat",
+    "tcp_bw",
+    "udp_lat",
+    "udp_bw",
+    "rc_lat",
+    "rc_bw",
+    "rc_bi_bw",
+    "rc_rdma_write_lat",
+    "rc_rdma_write_bw",
+    "rc_rdma_write_poll_lat",
+    "rc_rdma_read_lat",
+    "rc_rdma_read_bw",
+    "rc_compare_swap_mr",
+    "rc_fetch_add_mr",
+    "uc_lat",
+    "uc_bw",
+    "uc_rdma_write_lat",
+    "uc_rdma_write_bw",
+    "ud_lat",
+    "ud_bw",
+];
+
+fn uroce(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_uroce")).args(args).output().unwrap()
+}
+
+/// A server on `addr:port`, killed on drop.
+struct Server(Child);
+
+impl Server {
+    fn start(addr: &str, port: u16) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_uroce"))
+            .args(["server", "--addr", addr, "--port", &port.to_string()])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut server = Self(child);
+        // It says when it listens.
+        let mut err = BufReader::new(server.0.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        assert!(line.contains("waiting for clients"), "{line}");
+        std::thread::spawn(move || for _ in err.lines() {});
+        server
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn list_names_every_test_once() {
+    let out = uroce(&["list"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let names: Vec<&str> = text.lines().map(|l| l.split_whitespace().next().unwrap()).collect();
+    assert_eq!(names, ALL);
+}
+
+#[test]
+fn every_test_runs_once_against_a_server() {
+    let _server = Server::start("127.0.0.23", 19801);
+    let mut args = vec!["client", "127.0.0.23", "--port", "19801", "--local", "127.0.0.22"];
+    args.extend(ALL);
+    args.extend(["-s", "256", "-n", "300", "--warmup", "20", "--json"]);
+    let out = uroce(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 20, "{text}");
+    for (line, name) in lines.iter().zip(ALL) {
+        assert!(line.starts_with(&format!("{{\"test\":\"{name}\"")), "{line}");
+        let size = if name.contains("_mr") { 8 } else { 256 };
+        assert!(line.contains(&format!("\"size\":{size},")), "{line}");
+        assert!(line.contains("\"iterations\":300,"), "{line}");
+        let latency = name.ends_with("_lat");
+        assert_eq!(!line.contains("\"latency\":null"), latency, "{line}");
+        assert!(
+            !line.contains("\"gbit_s\":0.0000")
+                || name.starts_with("udp_bw")
+                || name.starts_with("u"),
+            "{line}"
+        );
+    }
+    // The table form has a header and a row per result.
+    let out = uroce(&[
+        "client",
+        "127.0.0.23",
+        "--port",
+        "19801",
+        "--local",
+        "127.0.0.22",
+        "rc_lat",
+        "tcp_lat",
+        "-n",
+        "100",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.lines().next().unwrap().starts_with("test"));
+    assert_eq!(text.lines().count(), 3, "{text}");
+}
+
+/// One line on stderr naming the problem, status 2, nothing left running.
+fn fails_with(args: &[&str], needle: &str) {
+    let out = uroce(args);
+    assert_eq!(out.status.code(), Some(2), "{args:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.lines().next().unwrap().contains(needle), "{args:?}: {err}");
+    assert!(out.stdout.is_empty() || String::from_utf8_lossy(&out.stdout).lines().count() <= 1);
+}
+
+#[test]
+fn bad_input_is_one_line_and_status_2() {
+    fails_with(&["client", "127.0.0.33", "rc_lat", "nosuch_test"], "unknown test 'nosuch_test'");
+    fails_with(
+        &["client", "127.0.0.33", "--port", "1", "rc_lat", "-n", "10"],
+        "cannot reach a uroce server at 127.0.0.33:1",
+    );
+    fails_with(&["client", "127.0.0.33", "rc_lat", "-s", "0"], "size 0");
+    fails_with(&["client", "127.0.0.33", "rc_lat", "-s", "4G"], "2^31");
+    fails_with(
+        &["client", "127.0.0.33", "tcp_lat", "--events"],
+        "--events applies to RDMA tests only",
+    );
+    fails_with(&["client", "127.0.0.33", "ud_lat", "-s", "8K"], "exceeds one datagram");
+    fails_with(
+        &["client", "127.0.0.33", "rc_fetch_add_mr", "rc_lat", "--no-nodelay"],
+        "--no-nodelay applies to TCP tests only",
+    );
+    fails_with(&["client", "not-an-address", "rc_lat"], "not an IP address");
+    fails_with(&["client"], "SERVER");
+    fails_with(&["server", "--addr", "192.0.2.1", "--port", "19802"], "192.0.2.1");
+}
+
+#[test]
+fn a_version_mismatch_is_refused_on_both_sides() {
+    // A client speaking another version: the server says why.
+    let _server = Server::start("127.0.0.43", 19803);
+    let mut s = TcpStream::connect(("127.0.0.43", 19803)).unwrap();
+    s.write_all(b"uroce-perf 99\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    assert!(line.contains("version mismatch: server speaks 1, client 99"), "{line}");
+    // A server speaking another version: the client says so and exits 2.
+    let fake = TcpListener::bind(("127.0.0.44", 0)).unwrap();
+    let port = fake.local_addr().unwrap().port().to_string();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = fake.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut hello = String::new();
+        BufReader::new(s.try_clone().unwrap()).read_line(&mut hello).unwrap();
+        s.write_all(b"error version mismatch: server speaks 99, client 1\n").unwrap();
+    });
+    fails_with(&["client", "127.0.0.44", "--port", &port, "rc_lat"], "server speaks 99, client 1");
+    t.join().unwrap();
+}
