@@ -69,8 +69,11 @@ pub(crate) fn run(plan: &Plan, out: &mut dyn Write) -> Result<Vec<Outcome>, Stri
     }
     let mut results = Vec::new();
     for (test, p) in runs {
-        let outcome = one(&mut ctl, ctx.as_ref(), plan.server, test, &p)
-            .map_err(|e| format!("{} at {} bytes: {e}", test.name, p.size))?;
+        let outcome = one(&mut ctl, ctx.as_ref(), plan.server, test, &p).map_err(|e| {
+            let counters =
+                ctx.as_ref().map(|c| format!("\n  this device's counters: {:?}", c.counters()));
+            format!("{} at {} bytes: {e}{}", test.name, p.size, counters.unwrap_or_default())
+        })?;
         let line = if plan.json { outcome.to_json() } else { outcome.to_string() };
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
@@ -160,6 +163,7 @@ fn one(
         seconds: m.seconds.max(1e-9),
         bytes: m.bytes,
         latency: Latency::of(&mut m.samples),
+        lost: m.lost,
         client_cpu,
         server_cpu,
         system_cpu,

@@ -332,6 +332,8 @@ pub(crate) struct Outcome {
     /// Payload bytes moved (that arrived, for UDP/UC/UD streams).
     pub(crate) bytes: u64,
     pub(crate) latency: Option<Latency>,
+    /// UC/UD ping-pong rounds lost (not in `iters` nor in the latency).
+    pub(crate) lost: u64,
     pub(crate) client_cpu: Cpu,
     pub(crate) server_cpu: Cpu,
     /// System-wide busy CPU over the run, in core-seconds, if `/proc/stat` was readable and
@@ -388,7 +390,7 @@ impl Outcome {
             .map_or_else(|| "null".to_string(), |s| format!("{:.4}", s / self.seconds));
         format!(
             "{{\"test\":\"{}\",\"size\":{},\"iterations\":{},\"seconds\":{:.6},\"bytes\":{},\
-             \"latency\":{lat},\"gbit_s\":{:.4},\"mib_s\":{:.2},\"msg_per_s\":{:.1},\
+             \"latency\":{lat},\"lost\":{},\"gbit_s\":{:.4},\"mib_s\":{:.2},\"msg_per_s\":{:.1},\
              \"client_cpu\":{{\"user_s\":{:.4},\"sys_s\":{:.4},\"cores\":{:.4}}},\
              \"server_cpu\":{{\"user_s\":{:.4},\"sys_s\":{:.4},\"cores\":{:.4}}},\
              \"system_cores\":{sys},\"cpu_s_per_gb\":{:.4},\"cpu_us_per_msg\":{:.3}}}",
@@ -397,6 +399,7 @@ impl Outcome {
             self.iters,
             self.seconds,
             self.bytes,
+            self.lost,
             self.gbits(),
             self.mib_s(),
             self.msg_rate(),

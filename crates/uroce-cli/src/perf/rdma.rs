@@ -18,6 +18,9 @@ const QKEY: QKey = QKey(0x5045_5246);
 const GRH: usize = 40;
 /// How long a side waits for one completion before it calls the test failed.
 const STALL: Duration = Duration::from_secs(10);
+/// UC and UD may lose a message: a ping-pong round unanswered this long is counted lost and the
+/// next one starts.
+const LOST: Duration = Duration::from_millis(200);
 
 /// One side's QP and buffers for a test.
 pub(crate) struct Side {
@@ -126,18 +129,22 @@ impl Side {
     /// The next completion, busy polling or sleeping on events; fails on an error status or a
     /// stall.
     fn next(&mut self) -> Result<WorkCompletion, String> {
+        self.next_within(STALL)?.ok_or_else(|| format!("no completion for {STALL:?}"))
+    }
+
+    /// The next completion within `limit`, or `None`.
+    fn next_within(&mut self, limit: Duration) -> Result<Option<WorkCompletion>, String> {
         if self.pending.is_empty() {
-            #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
-            let start = Instant::now();
+            let start = now();
             while self.pending.is_empty() {
                 if self.events {
-                    let got = self.cq.wait(Some(STALL)).map_err(|e| e.to_string())?;
+                    let got = self.cq.wait(Some(limit)).map_err(|e| e.to_string())?;
                     self.pending.extend(got);
                 } else {
                     self.cq.poll(&mut self.pending);
                 }
-                if self.pending.is_empty() && start.elapsed() > STALL {
-                    return Err(format!("no completion for {STALL:?}"));
+                if self.pending.is_empty() && start.elapsed() > limit {
+                    return Ok(None);
                 }
             }
             self.pending.reverse();
@@ -146,7 +153,7 @@ impl Side {
         if wc.status != WcStatus::SUCCESS {
             return Err(format!("{:?} completed with {}", wc.opcode, wc.status));
         }
-        Ok(wc)
+        Ok(Some(wc))
     }
 
     /// Takes whatever completions are ready, without waiting.
@@ -173,6 +180,8 @@ pub(crate) struct Measured {
     pub(crate) seconds: f64,
     /// Streams: every operation posted, warm-up included (to scale what the server counted).
     pub(crate) total_posted: u64,
+    /// UC/UD ping-pong rounds that went unanswered (a message lost).
+    pub(crate) lost: u64,
 }
 
 /// Whether the measured phase is over.
@@ -211,7 +220,7 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
                 side.post_recv(k)?;
             }
             let mut seq: u64 = 0;
-            let round = |side: &mut Side, seq: u64| -> Result<(), String> {
+            let round = |side: &mut Side, seq: u64| -> Result<bool, String> {
                 match test.op {
                     Op::Send => side.send(seq, size)?,
                     Op::WriteImm => {
@@ -236,10 +245,13 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
             let clock = Clock::new(p);
             while !clock.done(m.msgs) {
                 let t0 = now();
-                round(side, seq)?;
-                m.samples.push(u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX));
+                if round(side, seq)? {
+                    m.samples.push(u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX));
+                    m.msgs += 1;
+                } else {
+                    m.lost += 1;
+                }
                 seq += 1;
-                m.msgs += 1;
             }
             m.seconds = clock.start.elapsed().as_secs_f64();
             m.bytes = m.msgs * size as u64;
@@ -335,7 +347,8 @@ fn mark(seq: u64) -> u8 {
 
 /// Waits for the peer's answer to a round: a receive (SEND), a receive with immediate (WRITE
 /// with immediate), or the last byte of our buffer changing to `mark` (WRITE, polled).
-fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<(), String> {
+/// Returns `false` when an unreliable transport lost the round (no answer within [`LOST`]).
+fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<bool, String> {
     if op == Op::WritePoll {
         let start = now();
         let mut last = [0u8];
@@ -344,17 +357,24 @@ fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<(), Str
             let _ = side.ready()?;
             side.target.read(size - 1, &mut last).map_err(|e| e.to_string())?;
             if last[0] == mark {
-                return Ok(());
+                return Ok(true);
             }
             if start.elapsed() > STALL {
                 return Err("the peer's WRITE never landed".into());
             }
         }
     }
+    let limit = if side.qp_type == QpType::Rc { STALL } else { LOST };
     loop {
-        let wc = side.next()?;
+        let Some(wc) = side.next_within(limit)? else {
+            if side.qp_type == QpType::Rc {
+                return Err(format!("no answer for {STALL:?}"));
+            }
+            return Ok(false);
+        };
         if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
-            return side.post_recv(wc.wr_id);
+            side.post_recv(wc.wr_id)?;
+            return Ok(true);
         }
     }
 }
