@@ -11,6 +11,7 @@ const USAGE: &str = "\
 uroce: RoCEv2 RDMA in user space
 
 Usage:
+  uroce compare [OPTIONS]        Measure RDMA against TCP on loopback and write a report
   uroce decode FILE...           Decode RoCEv2 packets and verify their ICRC
   uroce list                     List the tests, one line each
   uroce server [OPTIONS]         Wait for clients and answer their tests
@@ -18,6 +19,12 @@ Usage:
                                  Run tests against a server, print each result
   uroce help                     Show this help
   uroce --version                Show the version
+
+compare options:
+  --quick          a reduced matrix (under 30 seconds)
+  --sizes LIST     comma-separated sizes (default 64,1K,16K,256K,4M)
+  --duration SECS  seconds per test and size (default 0.8; quick 0.15)
+  --out DIR        where the report goes (default uroce-report)
 
 server options:
   --addr ADDR      this side's address: TCP control and RDMA device (default 127.0.0.3)
@@ -93,6 +100,7 @@ fn run(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             Ok(ExitCode::SUCCESS)
         }
         Value(cmd) if cmd == "server" => server(parser),
+        Value(cmd) if cmd == "compare" => compare(parser),
         Value(cmd) if cmd == "client" => client(parser),
         Value(cmd) if cmd == "help" => {
             print!("{USAGE}");
@@ -205,5 +213,37 @@ fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
     };
     let stdout = io::stdout();
     perf::client::run(&plan, &mut stdout.lock())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
+    use lexopt::prelude::*;
+    let mut args = perf::compare::CompareArgs {
+        quick: false,
+        sizes: None,
+        duration: None,
+        out: std::path::PathBuf::from("uroce-report"),
+    };
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("quick") => args.quick = true,
+            Long("sizes") => {
+                let v = parser.value()?.to_string_lossy().to_string();
+                let list: Result<Vec<usize>, String> = v.split(',').map(perf::parse_size).collect();
+                args.sizes = Some(list?);
+            }
+            Long("duration") => {
+                let secs: f64 = parser.value()?.parse()?;
+                if !(secs > 0.0 && secs <= 60.0) {
+                    return Err("--duration must be between 0 and 60 seconds".into());
+                }
+                args.duration = Some(core::time::Duration::from_secs_f64(secs));
+            }
+            Long("out") => args.out = parser.value()?.into(),
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    let dir = perf::compare::run(&args)?;
+    println!("report: {}/index.html, report.md, results.json", dir.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -4,8 +4,10 @@
 //! Test names follow qperf's so its users feel at home; `uroce list` prints them.
 
 pub(crate) mod client;
+pub(crate) mod compare;
 mod control;
 mod rdma;
+mod report;
 pub(crate) mod server;
 mod sockets;
 

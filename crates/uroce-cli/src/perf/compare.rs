@@ -1,0 +1,280 @@
+//! `uroce compare`: its own server on loopback, the RDMA-versus-TCP matrix, setup costs, the
+//! crossover points, and the report.
+
+use core::time::Duration;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use uroce::{Access, Context, Options};
+
+use super::client::{self, Plan};
+use super::report;
+use super::{Outcome, Params, find};
+
+/// What `uroce compare` was asked for.
+pub(crate) struct CompareArgs {
+    pub(crate) quick: bool,
+    pub(crate) sizes: Option<Vec<usize>>,
+    pub(crate) duration: Option<Duration>,
+    pub(crate) out: PathBuf,
+}
+
+/// One series of the matrix: a test under a label, with its TCP setting.
+pub(crate) struct Series {
+    pub(crate) label: &'static str,
+    pub(crate) test: &'static str,
+    pub(crate) nodelay: bool,
+}
+
+const SERIES: [Series; 14] = [
+    Series { label: "TCP default (Nagle on)", test: "tcp_lat", nodelay: false },
+    Series { label: "TCP tuned (no Nagle)", test: "tcp_lat", nodelay: true },
+    Series { label: "TCP default (Nagle on)", test: "tcp_bw", nodelay: false },
+    Series { label: "TCP tuned (no Nagle)", test: "tcp_bw", nodelay: true },
+    Series { label: "RDMA RC SEND", test: "rc_lat", nodelay: true },
+    Series { label: "RDMA RC SEND", test: "rc_bw", nodelay: true },
+    Series { label: "RDMA RC WRITE", test: "rc_rdma_write_lat", nodelay: true },
+    Series { label: "RDMA RC WRITE", test: "rc_rdma_write_bw", nodelay: true },
+    Series { label: "RDMA RC READ", test: "rc_rdma_read_lat", nodelay: true },
+    Series { label: "RDMA RC READ", test: "rc_rdma_read_bw", nodelay: true },
+    Series { label: "RDMA UC SEND", test: "uc_lat", nodelay: true },
+    Series { label: "RDMA UC SEND", test: "uc_bw", nodelay: true },
+    Series { label: "RDMA UD SEND", test: "ud_lat", nodelay: true },
+    Series { label: "RDMA UD SEND", test: "ud_bw", nodelay: true },
+];
+
+/// The atomics run at their one size.
+const ATOMIC: Series = Series { label: "RDMA RC atomic", test: "rc_fetch_add_mr", nodelay: true };
+
+/// A measured result with the label of its series.
+pub(crate) struct Row {
+    pub(crate) label: &'static str,
+    pub(crate) outcome: Outcome,
+}
+
+/// Setup costs, medians in microseconds.
+pub(crate) struct Setup {
+    pub(crate) tcp_connect_us: f64,
+    pub(crate) qp_connect_us: f64,
+    /// (region bytes, register + deregister µs, locked register + deregister µs).
+    pub(crate) registration: Vec<(usize, f64, f64)>,
+}
+
+/// After how many messages of a size RDMA's total time (setup + messages) drops below TCP's.
+pub(crate) struct Crossover {
+    pub(crate) size: usize,
+    pub(crate) tcp_us: f64,
+    pub(crate) rdma_us: f64,
+    /// `None`: never (TCP is as fast per message).
+    pub(crate) messages: Option<u64>,
+}
+
+fn now() -> Instant {
+    #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
+    Instant::now()
+}
+
+/// A server process of this binary, killed on drop (nothing is left running).
+struct OwnServer(Child);
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_server(addr: IpAddr) -> Result<(OwnServer, u16), String> {
+    // A free control port on the server's address.
+    let port = TcpListener::bind((addr, 0))
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("cannot bind {addr}: {e}"))?
+        .port();
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args(["server", "--addr", &addr.to_string(), "--port", &port.to_string()])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start a server: {e}"))?;
+    let stderr = child.stderr.take().ok_or("no server stderr")?;
+    let server = OwnServer(child);
+    let mut lines = BufReader::new(stderr);
+    let mut first = String::new();
+    lines.read_line(&mut first).map_err(|e| e.to_string())?;
+    if !first.contains("waiting for clients") {
+        return Err(format!("the server did not start: {}", first.trim()));
+    }
+    // Keep draining its stderr so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines.lines() {});
+    Ok((server, port))
+}
+
+/// Runs the comparison and writes the report; returns the report directory.
+pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
+    let server_addr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+    let local = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let sizes = args.sizes.clone().unwrap_or_else(|| {
+        if args.quick { vec![64, 4096, 65_536] } else { vec![64, 1024, 16_384, 262_144, 4 << 20] }
+    });
+    let secs =
+        args.duration.unwrap_or(Duration::from_secs_f64(if args.quick { 0.15 } else { 0.8 }));
+    let (_server, port) = start_server(server_addr)?;
+    let mut rows = Vec::new();
+    let series: Vec<&Series> = SERIES
+        .iter()
+        .filter(|s| !args.quick || !s.test.starts_with("uc_"))
+        .chain(core::iter::once(&ATOMIC))
+        .collect();
+    // Every (series, size) this matrix runs: each size a test can take (UD: one datagram;
+    // atomics: 8 bytes).
+    let mut runs = Vec::new();
+    for s in series {
+        let test = find(s.test).ok_or("unknown test in the matrix")?;
+        let params = Params {
+            duration: Some(secs),
+            warmup: 50,
+            nodelay: s.nodelay,
+            depth: 16,
+            ..Params::default()
+        };
+        let ok: Vec<usize> = if s.test.ends_with("_mr") {
+            vec![8]
+        } else {
+            sizes
+                .iter()
+                .copied()
+                .filter(|&n| Params { size: n, ..params.clone() }.check(test).is_ok())
+                .collect()
+        };
+        runs.extend(ok.into_iter().map(|size| (s, test, params.clone(), size)));
+    }
+    let total = runs.len();
+    for (step, (s, test, params, size)) in runs.into_iter().enumerate() {
+        let step = step + 1;
+        {
+            eprint!(
+                "\r[{step:>3}/{total}] {:<24}{:<28}{:>8}   ",
+                s.test,
+                s.label,
+                super::human_size(size)
+            );
+            let _ = std::io::stderr().flush();
+            let plan = Plan {
+                server: server_addr,
+                port,
+                local,
+                tests: vec![test],
+                sizes: vec![size],
+                params: params.clone(),
+                json: true,
+            };
+            let mut out = client::run(&plan, &mut std::io::sink())?;
+            if let Some(outcome) = out.pop() {
+                rows.push(Row { label: s.label, outcome });
+            }
+        }
+    }
+    eprintln!("\r{:<80}", "measuring setup costs…");
+    let setup = setup_costs(server_addr, local, args.quick)?;
+    let crossovers = crossovers(&rows, &setup);
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    report::write(&args.out, &rows, &setup, &crossovers)?;
+    print!("{}", report::summary(&rows, &setup, &crossovers));
+    Ok(args.out.clone())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// TCP connect and accept; QP creation and connection; registration by region size.
+fn setup_costs(server: IpAddr, local: IpAddr, quick: bool) -> Result<Setup, String> {
+    let e = |e: std::io::Error| e.to_string();
+    let listener = TcpListener::bind((server, 0)).map_err(e)?;
+    let addr = listener.local_addr().map_err(e)?;
+    let mut tcp = Vec::new();
+    for _ in 0..50 {
+        let t0 = now();
+        let c = TcpStream::connect(addr).map_err(e)?;
+        let (s, _) = listener.accept().map_err(e)?;
+        tcp.push(t0.elapsed().as_secs_f64() * 1e6);
+        drop((c, s));
+    }
+    // Two QPs of one device connected to each other: create both, move both to RTS.
+    let ctx = Context::open_with(local, Options::default()).map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(64).map_err(|e| e.to_string())?;
+    let mut qp = Vec::new();
+    for _ in 0..50 {
+        let t0 = now();
+        let a = pd.qp(uroce::QpType::Rc, &cq).build().map_err(|e| e.to_string())?;
+        let b = pd.qp(uroce::QpType::Rc, &cq).build().map_err(|e| e.to_string())?;
+        a.connect(&b.endpoint()).map_err(|e| e.to_string())?;
+        b.connect(&a.endpoint()).map_err(|e| e.to_string())?;
+        qp.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+    }
+    let top = if quick { 64 << 20 } else { 1 << 30 };
+    let mut registration = Vec::new();
+    let mut len = 4096;
+    while len <= top {
+        let mut plain = Vec::new();
+        let mut locked = Vec::new();
+        for _ in 0..3 {
+            let t0 = now();
+            drop(
+                pd.register(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                    .map_err(|e| e.to_string())?,
+            );
+            plain.push(t0.elapsed().as_secs_f64() * 1e6);
+            let t0 = now();
+            drop(
+                pd.register_locked(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                    .map_err(|e| e.to_string())?,
+            );
+            locked.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        registration.push((len, median(plain), median(locked)));
+        len *= 8;
+    }
+    Ok(Setup { tcp_connect_us: median(tcp), qp_connect_us: median(qp), registration })
+}
+
+/// For each size both `tcp_lat` (tuned) and `rc_lat` ran at: the number of messages after which
+/// RDMA (QP setup + a registration of the message size + n half round trips) costs less time
+/// than TCP (connect + n half round trips).
+fn crossovers(rows: &[Row], setup: &Setup) -> Vec<Crossover> {
+    let p50 = |test: &str, label_has: &str, size: usize| {
+        rows.iter()
+            .find(|r| {
+                r.outcome.test == test && r.label.contains(label_has) && r.outcome.size == size
+            })
+            .and_then(|r| r.outcome.latency.map(|l| l.p50))
+    };
+    let reg = |size: usize| {
+        setup.registration.iter().find(|(len, _, _)| *len >= size).map_or(0.0, |(_, us, _)| *us)
+    };
+    let mut out = Vec::new();
+    for r in rows.iter().filter(|r| r.outcome.test == "rc_lat") {
+        let size = r.outcome.size;
+        let (Some(tcp), Some(rdma)) = (p50("tcp_lat", "tuned", size), p50("rc_lat", "RC", size))
+        else {
+            continue;
+        };
+        let fixed = setup.qp_connect_us + reg(size) - setup.tcp_connect_us;
+        let messages = if rdma < tcp {
+            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a count")]
+            let n = (fixed / (tcp - rdma)).ceil().max(1.0) as u64;
+            Some(n)
+        } else {
+            None
+        };
+        out.push(Crossover { size, tcp_us: tcp, rdma_us: rdma, messages });
+    }
+    out
+}

@@ -1,0 +1,75 @@
+//! `uroce compare --quick` end to end: it starts its own server on loopback, runs the reduced
+//! matrix, writes the three report files, and leaves nothing running.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+
+use std::process::Command;
+
+/// Every element opened is closed in order (the page is written as well-formed XML), and the
+/// void elements of the head close themselves.
+fn well_formed(html: &str) -> Result<(), String> {
+    let body = html.strip_prefix("<!DOCTYPE html>\n").ok_or("no doctype")?;
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = body;
+    while let Some(at) = rest.find('<') {
+        let end = rest[at..].find('>').ok_or("unclosed tag")? + at;
+        let tag = &rest[at + 1..end];
+        rest = &rest[end + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack.pop().ok_or(format!("</{name}> closes nothing"))?;
+            if open != name {
+                return Err(format!("</{name}> closes <{open}>"));
+            }
+        } else if !tag.ends_with('/') {
+            let name = tag.split_whitespace().next().ok_or("empty tag")?;
+            stack.push(name.to_string());
+        }
+    }
+    if stack.is_empty() { Ok(()) } else { Err(format!("unclosed: {stack:?}")) }
+}
+
+#[test]
+fn quick_compare_writes_a_report_whose_plots_all_have_data() {
+    let dir = std::env::temp_dir().join(format!("uroce-compare-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_uroce"))
+        .args(["compare", "--quick", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    // The summary states the crossovers from the data.
+    assert!(stdout.contains("setup: TCP connect"), "{stdout}");
+    assert!(stdout.contains("latency p50"), "{stdout}");
+    let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
+    well_formed(&html).unwrap();
+    let plots: Vec<&str> = html.split("<svg").skip(1).collect();
+    assert_eq!(plots.len(), 5, "latency p50 and p99, bandwidth, CPU per GB, registration");
+    for p in &plots {
+        let points = p.split("points=\"").nth(1).unwrap_or("").split('"').next().unwrap_or("");
+        assert!(
+            points.split(' ').filter(|xy| xy.contains(',')).count() >= 2,
+            "a plot without data"
+        );
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    for section in ["## Results", "## Setup cost", "## Crossover"] {
+        assert!(md.contains(section), "{section}");
+    }
+    let json = std::fs::read_to_string(dir.join("results.json")).unwrap();
+    for test in [
+        "tcp_lat",
+        "tcp_bw",
+        "rc_lat",
+        "rc_rdma_write_bw",
+        "rc_rdma_read_lat",
+        "ud_lat",
+        "rc_fetch_add_mr",
+    ] {
+        assert!(json.contains(&format!("\"test\":\"{test}\"")), "{test} missing");
+    }
+    assert!(json.contains("\"crossover\":[{"), "crossovers computed");
+    // Its server is gone: the server's RDMA address can be opened again.
+    let again = uroce::Context::open_with("127.0.0.3".parse().unwrap(), uroce::Options::default());
+    assert!(again.is_ok(), "a server was left running: {:?}", again.err());
+    let _ = std::fs::remove_dir_all(dir);
+}
