@@ -73,10 +73,12 @@ struct Namespaces {
 }
 
 impl Namespaces {
-    fn new() -> Self {
+    /// Namespaces and interfaces named by `tag` (one letter) and the process id, so tests
+    /// running at once do not collide.
+    fn new(tag: char) -> Self {
         let id = std::process::id();
-        let (a, b) = (format!("uroce-a-{id}"), format!("uroce-b-{id}"));
-        let (va, vb) = (format!("ura{}", id % 100_000), format!("urb{}", id % 100_000));
+        let (a, b) = (format!("uroce-{tag}a-{id}"), format!("uroce-{tag}b-{id}"));
+        let (va, vb) = (format!("u{tag}a{}", id % 100_000), format!("u{tag}b{}", id % 100_000));
         run("ip", &["netns", "add", &a]);
         let ns = Self { a, b };
         run("ip", &["netns", "add", &ns.b]);
@@ -459,7 +461,7 @@ fn rc_uc_ud_across_namespaces_with_random_loss() {
     if std::env::var(ROLE).is_ok() || !tools_present() {
         return;
     }
-    let ns = Namespaces::new();
+    let ns = Namespaces::new('l');
     let dir = std::env::temp_dir().join(format!("uroce-netns-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("loss-1.pcap");
@@ -503,4 +505,46 @@ fn rc_uc_ud_across_namespaces_with_random_loss() {
         eprintln!("SKIPPED the tshark check: tshark not found");
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `uroce server` in one namespace, `uroce client` in the other, across the veth pair.
+#[test]
+fn uroce_server_and_client_across_namespaces() {
+    if std::env::var(ROLE).is_ok() || !tools_present() {
+        return;
+    }
+    let ns = Namespaces::new('p');
+    ns.set_loss(0);
+    let mut server = Command::new("ip")
+        .args(["netns", "exec", &ns.b, env!("CARGO_BIN_EXE_uroce"), "server", "--addr", SERVER])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(server.stderr.take().unwrap());
+    let ready = line(&mut err);
+    assert!(ready.contains("waiting for clients"), "{ready}");
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.a,
+            env!("CARGO_BIN_EXE_uroce"),
+            "client",
+            SERVER,
+            "--local",
+            CLIENT,
+        ])
+        .args(["tcp_lat", "tcp_bw", "rc_lat", "rc_rdma_write_bw", "rc_rdma_read_lat", "ud_lat"])
+        .args(["-s", "1K", "-n", "500", "--json"])
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.lines().count(), 6, "{text}");
+    for l in text.lines() {
+        assert!(l.contains("\"iterations\":500,") && !l.contains("\"bytes\":0,"), "{l}");
+    }
+    eprintln!("across namespaces:\n{text}");
 }
