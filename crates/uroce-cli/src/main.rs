@@ -25,6 +25,7 @@ compare options:
   --sizes LIST     comma-separated sizes (default 64,1K,16K,256K,4M)
   --duration SECS  seconds per test and size (default 0.8; quick 0.15)
   --out DIR        where the report goes (default uroce-report)
+  --with-peers     also run sockperf, qperf and iperf3 (when installed) for the report
 
 server options:
   --addr ADDR      this side's address: TCP control and RDMA device (default 127.0.0.3)
@@ -223,6 +224,7 @@ fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
         sizes: None,
         duration: None,
         out: std::path::PathBuf::from("uroce-report"),
+        with_peers: false,
     };
     while let Some(arg) = parser.next()? {
         match arg {
@@ -240,6 +242,7 @@ fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
                 args.duration = Some(core::time::Duration::from_secs_f64(secs));
             }
             Long("out") => args.out = parser.value()?.into(),
+            Long("with-peers") => args.with_peers = true,
             _ => return Err(arg.unexpected()),
         }
     }

@@ -20,6 +20,8 @@ pub(crate) struct CompareArgs {
     pub(crate) sizes: Option<Vec<usize>>,
     pub(crate) duration: Option<Duration>,
     pub(crate) out: PathBuf,
+    /// Also run sockperf, qperf and iperf3 (when installed) and put them in the report.
+    pub(crate) with_peers: bool,
 }
 
 /// One series of the matrix: a test under a label, with its TCP setting.
@@ -52,6 +54,8 @@ const ATOMIC: Series = Series { label: "RDMA RC atomic", test: "rc_fetch_add_mr"
 /// A measured result with the label of its series.
 pub(crate) struct Row {
     pub(crate) label: &'static str,
+    /// Measured by another tool (latency or bandwidth only, no CPU figures).
+    pub(crate) peer: bool,
     pub(crate) outcome: Outcome,
 }
 
@@ -174,16 +178,23 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
             };
             let mut out = client::run(&plan, &mut std::io::sink())?;
             if let Some(outcome) = out.pop() {
-                rows.push(Row { label: s.label, outcome });
+                rows.push(Row { label: s.label, peer: false, outcome });
             }
         }
     }
     eprintln!("\r{:<80}", "measuring setup costs…");
     let setup = setup_costs(server_addr, local, args.quick)?;
     let crossovers = crossovers(&rows, &setup);
+    let mut notes = Vec::new();
+    if args.with_peers {
+        eprintln!("running sockperf, qperf and iperf3 where installed…");
+        let (peer_rows, peer_notes) = super::peers::run(&sizes, secs.as_secs_f64());
+        rows.extend(peer_rows);
+        notes = peer_notes;
+    }
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    report::write(&args.out, &rows, &setup, &crossovers)?;
+    report::write(&args.out, &rows, &setup, &crossovers, &notes)?;
     print!("{}", report::summary(&rows, &setup, &crossovers));
     Ok(args.out.clone())
 }

@@ -6,6 +6,7 @@
 pub(crate) mod client;
 pub(crate) mod compare;
 mod control;
+mod peers;
 mod rdma;
 mod report;
 pub(crate) mod server;

@@ -18,14 +18,15 @@ pub(crate) fn write(
     rows: &[Row],
     setup: &Setup,
     cross: &[Crossover],
+    notes: &[String],
 ) -> Result<(), String> {
     let put = |name: &str, text: String| {
         std::fs::write(dir.join(name), text)
             .map_err(|e| format!("cannot write {}: {e}", dir.join(name).display()))
     };
     put("results.json", json(rows, setup, cross))?;
-    put("report.md", markdown(rows, setup, cross))?;
-    put("index.html", html(rows, setup, cross))
+    put("report.md", markdown(rows, setup, cross, notes))?;
+    put("index.html", html(rows, setup, cross, notes))
 }
 
 fn json(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
@@ -34,9 +35,10 @@ fn json(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
         let body = r.outcome.to_json();
         let _ = write!(
             s,
-            "{}{{\"series\":\"{}\",{}",
+            "{}{{\"series\":\"{}\",\"peer\":{},{}",
             if i > 0 { "," } else { "" },
             esc(r.label),
+            r.peer,
             &body[1..]
         );
     }
@@ -68,7 +70,7 @@ fn json(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
     s
 }
 
-fn markdown(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
+fn markdown(rows: &[Row], setup: &Setup, cross: &[Crossover], notes: &[String]) -> String {
     let mut s = String::from("# uroce compare: RDMA versus TCP on this machine\n\n## Results\n\n");
     s.push_str("| series | test | size | p50 µs | p99 µs | Gbit/s | msg/s | CPU s/GB |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
@@ -76,15 +78,23 @@ fn markdown(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
         let (p50, p99) = o.latency.map_or(("-".into(), "-".into()), |l| {
             (format!("{:.1}", l.p50), format!("{:.1}", l.p99))
         });
+        // Peers report latency or bandwidth only.
+        let (rate, cpu) = if r.peer {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (format!("{:.0}", o.msg_rate()), format!("{:.2}", o.cpu_per_gb()))
+        };
+        let gbits = if r.peer && o.latency.is_some() {
+            "-".to_string()
+        } else {
+            format!("{:.2}", o.gbits())
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {p50} | {p99} | {:.2} | {:.0} | {:.2} |",
+            "| {} | {} | {} | {p50} | {p99} | {gbits} | {rate} | {cpu} |",
             r.label,
             o.test,
             human_size(o.size),
-            o.gbits(),
-            o.msg_rate(),
-            o.cpu_per_gb()
         );
     }
     let _ = write!(
@@ -101,6 +111,12 @@ fn markdown(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
         let n = c.messages.map_or_else(|| "never".to_string(), |n| n.to_string());
         let _ =
             writeln!(s, "| {} | {:.1} | {:.1} | {n} |", human_size(c.size), c.tcp_us, c.rdma_us);
+    }
+    if !notes.is_empty() {
+        s.push_str("\n## Peers\n\nRows labelled `peer:` were measured by these tools in the same run (latency or bandwidth only; their CPU is not in the tables):\n\n");
+        for n in notes {
+            let _ = writeln!(s, "- {n}");
+        }
     }
     s
 }
@@ -208,11 +224,12 @@ fn by_label(
     m
 }
 
-fn html(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
+fn html(rows: &[Row], setup: &Setup, cross: &[Crossover], notes: &[String]) -> String {
     let p50 = by_label(rows, "_lat", |r| r.outcome.latency.map(|l| l.p50));
-    let p99 = by_label(rows, "_lat", |r| r.outcome.latency.map(|l| l.p99));
+    // Peers report one latency figure: they are in the p50 plot only.
+    let p99 = by_label(rows, "_lat", |r| r.outcome.latency.filter(|_| !r.peer).map(|l| l.p99));
     let bw = by_label(rows, "_bw", |r| Some(r.outcome.gbits()));
-    let cpu = by_label(rows, "_bw", |r| Some(r.outcome.cpu_per_gb()));
+    let cpu = by_label(rows, "_bw", |r| (!r.peer).then(|| r.outcome.cpu_per_gb()));
     let mut reg: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for &(len, us, locked) in &setup.registration {
         #[expect(clippy::cast_precision_loss, reason = "sizes as plot coordinates")]
@@ -220,7 +237,7 @@ fn html(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
         reg.entry("register".into()).or_default().push((l, us));
         reg.entry("register, mlock".into()).or_default().push((l, locked));
     }
-    let md = markdown(rows, setup, cross);
+    let md = markdown(rows, setup, cross, notes);
     let mut s = String::from(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>uroce compare</title>\
          <style>body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:collapse}\
