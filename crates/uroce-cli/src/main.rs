@@ -26,6 +26,8 @@ compare options:
   --duration SECS  seconds per test and size (default 0.8; quick 0.15)
   --out DIR        where the report goes (default uroce-report)
   --with-peers     also run sockperf, qperf and iperf3 (when installed) for the report
+  --local ADDR     the client's device (default 127.0.0.2)
+  --server ADDR    the server's device and control address (default 127.0.0.3)
 
 server options:
   --addr ADDR      this side's address: TCP control and RDMA device (default 127.0.0.3)
@@ -225,6 +227,8 @@ fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
         duration: None,
         out: std::path::PathBuf::from("uroce-report"),
         with_peers: false,
+        local: std::net::Ipv4Addr::new(127, 0, 0, 2).into(),
+        server: std::net::Ipv4Addr::new(127, 0, 0, 3).into(),
     };
     while let Some(arg) = parser.next()? {
         match arg {
@@ -243,6 +247,8 @@ fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             }
             Long("out") => args.out = parser.value()?.into(),
             Long("with-peers") => args.with_peers = true,
+            Long("local") => args.local = parse_addr(&parser.value()?, "--local")?,
+            Long("server") => args.server = parse_addr(&parser.value()?, "--server")?,
             _ => return Err(arg.unexpected()),
         }
     }

@@ -31,7 +31,7 @@ fn well_formed(html: &str) -> Result<(), String> {
 fn quick_compare_writes_a_report_whose_plots_all_have_data() {
     let dir = std::env::temp_dir().join(format!("uroce-compare-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_uroce"))
-        .args(["compare", "--quick", "--out"])
+        .args(["compare", "--quick", "--local", "127.0.0.52", "--server", "127.0.0.53", "--out"])
         .arg(&dir)
         .output()
         .unwrap();
@@ -69,7 +69,7 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
     }
     assert!(json.contains("\"crossover\":[{"), "crossovers computed");
     // Its server is gone: the server's RDMA address can be opened again.
-    let again = uroce::Context::open_with("127.0.0.3".parse().unwrap(), uroce::Options::default());
+    let again = uroce::Context::open_with("127.0.0.53".parse().unwrap(), uroce::Options::default());
     assert!(again.is_ok(), "a server was left running: {:?}", again.err());
     let _ = std::fs::remove_dir_all(dir);
 }

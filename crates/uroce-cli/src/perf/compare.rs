@@ -3,7 +3,7 @@
 
 use core::time::Duration;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
@@ -22,6 +22,9 @@ pub(crate) struct CompareArgs {
     pub(crate) out: PathBuf,
     /// Also run sockperf, qperf and iperf3 (when installed) and put them in the report.
     pub(crate) with_peers: bool,
+    /// The client's device and the server's (default 127.0.0.2 and 127.0.0.3).
+    pub(crate) local: IpAddr,
+    pub(crate) server: IpAddr,
 }
 
 /// One series of the matrix: a test under a label, with its TCP setting.
@@ -119,8 +122,7 @@ fn start_server(addr: IpAddr) -> Result<(OwnServer, u16), String> {
 
 /// Runs the comparison and writes the report; returns the report directory.
 pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
-    let server_addr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
-    let local = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let (server_addr, local) = (args.server, args.local);
     let sizes = args.sizes.clone().unwrap_or_else(|| {
         if args.quick { vec![64, 4096, 65_536] } else { vec![64, 1024, 16_384, 262_144, 4 << 20] }
     });
