@@ -68,12 +68,21 @@ pub(crate) fn run(plan: &Plan, out: &mut dyn Write) -> Result<Vec<Outcome>, Stri
         let _ = writeln!(out, "{TABLE_HEADER}");
     }
     let mut results = Vec::new();
-    for (test, p) in runs {
+    // A progress line on a terminal, for runs of more than one test or size.
+    let progress = runs.len() > 1 && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let total = runs.len();
+    for (k, (test, p)) in runs.into_iter().enumerate() {
+        if progress {
+            eprint!("\r[{:>3}/{total}] {} {}        ", k + 1, test.name, super::human_size(p.size));
+        }
         let outcome = one(&mut ctl, ctx.as_ref(), plan.server, test, &p).map_err(|e| {
             let counters =
                 ctx.as_ref().map(|c| format!("\n  this device's counters: {:?}", c.counters()));
             format!("{} at {} bytes: {e}{}", test.name, p.size, counters.unwrap_or_default())
         })?;
+        if progress {
+            eprint!("\r{:<60}\r", "");
+        }
         let line = if plan.json { outcome.to_json() } else { outcome.to_string() };
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
