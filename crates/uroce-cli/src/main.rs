@@ -47,6 +47,9 @@ client options:
   --depth N        RDMA messages in flight for streaming tests (default 32)
   --events         RDMA: sleep on completion events instead of busy polling
   --no-nodelay     TCP: leave Nagle's algorithm on
+  --busy-poll      TCP/UDP: spin on non-blocking sockets instead of sleeping
+  --sockbuf SIZE   TCP/UDP: send and receive buffer size
+  --pin C,S        pin the client's test thread to CPU C and the server's to CPU S
 
 decode reads pcap/pcapng captures (Ethernet, raw IP, Linux cooked, loopback) or text files with
 one packet per line in hex, from the first byte of the IP header through the ICRC, optionally
@@ -198,6 +201,19 @@ fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             Long("depth") => params.depth = parser.value()?.parse()?,
             Long("events") => params.events = true,
             Long("no-nodelay") => params.nodelay = false,
+            Long("busy-poll") => params.busy_poll = true,
+            Long("sockbuf") => {
+                let v = parser.value()?;
+                params.sockbuf = perf::parse_size(&v.to_string_lossy())?;
+            }
+            Long("pin") => {
+                let v = parser.value()?.to_string_lossy().to_string();
+                let (c, s) = v.split_once(',').ok_or("--pin takes CLIENT_CPU,SERVER_CPU")?;
+                let cpu = |x: &str| {
+                    x.parse::<usize>().map_err(|_| format!("--pin: '{x}' is not a CPU number"))
+                };
+                params.pin = Some((cpu(c)?, cpu(s)?));
+            }
             _ => return Err(arg.unexpected()),
         }
     }

@@ -97,6 +97,23 @@ fn every_test_runs_once_against_a_server() {
             "{line}"
         );
     }
+    // Tuned sockets: busy-polling, bigger buffers, both test threads pinned.
+    let tuned = ["--busy-poll", "--sockbuf", "1M", "--pin", "0,1", "-n", "200", "--json"];
+    let mut args = vec![
+        "client",
+        "127.0.0.23",
+        "--port",
+        "19801",
+        "--local",
+        "127.0.0.22",
+        "tcp_lat",
+        "udp_lat",
+        "tcp_bw",
+    ];
+    args.extend(tuned);
+    let out = uroce(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 3);
     // The table form has a header and a row per result.
     let out = uroce(&[
         "client",
@@ -144,6 +161,14 @@ fn bad_input_is_one_line_and_status_2() {
         "--no-nodelay applies to TCP tests only",
     );
     fails_with(&["client", "not-an-address", "rc_lat"], "not an IP address");
+    fails_with(
+        &["client", "127.0.0.33", "rc_lat", "--busy-poll"],
+        "apply to TCP and UDP tests only",
+    );
+    fails_with(
+        &["client", "127.0.0.33", "tcp_lat", "--pin", "0"],
+        "--pin takes CLIENT_CPU,SERVER_CPU",
+    );
     fails_with(&["client"], "SERVER");
     fails_with(&["server", "--addr", "192.0.2.1", "--port", "19802"], "192.0.2.1");
 }

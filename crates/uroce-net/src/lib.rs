@@ -65,4 +65,4 @@ mod sys;
 pub use device::{Channel, NetCounters, NetDevice, OpenError, Options, State};
 pub use faults::{Faults, FaultsError};
 pub use sys::memory::Registry;
-pub use sys::{EventFd, RawRegion, process_cpu_time};
+pub use sys::{EventFd, RawRegion, pin_current_thread, process_cpu_time, set_socket_buffers};

@@ -583,3 +583,32 @@ pub fn process_cpu_time() -> (core::time::Duration, core::time::Duration) {
         |t: libc::timeval| core::time::Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
     (tv(ru.ru_utime), tv(ru.ru_stime))
 }
+
+/// Sets a socket's send and receive buffers to `bytes`. The kernel caps the plain request at
+/// `net.core.wmem_max`/`rmem_max`; with `CAP_NET_ADMIN` the FORCE variants go beyond.
+pub fn set_socket_buffers(sock: &impl AsRawFd, bytes: usize) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    for (force, plain) in
+        [(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF), (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF)]
+    {
+        if setsockopt_int(fd, libc::SOL_SOCKET, force, v).is_err() {
+            setsockopt_int(fd, libc::SOL_SOCKET, plain, v)?;
+        }
+    }
+    Ok(())
+}
+
+/// Pins the calling thread to CPU `cpu` (`sched_setaffinity(2)`).
+pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no such CPU"));
+    }
+    // SAFETY: cpu_set_t is plain old data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (checked above) and the set is live.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: reads `size_of::<cpu_set_t>()` bytes of the live set; pid 0 is this thread.
+    check(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) })
+        .map(drop)
+}

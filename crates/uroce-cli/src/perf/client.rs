@@ -118,7 +118,8 @@ fn one(
             let port: u16 = ready.parse().map_err(|_| format!("bad port `{ready}`"))?;
             ctl.send("peer -").map_err(e)?;
             reply(ctl, "go")?;
-            sockets::client(SocketAddr::new(server, port), test, p)?
+            let to = SocketAddr::new(server, port);
+            super::on_cpu(p.pin.map(|c| c.0), || sockets::client(to, test, p))?
         }
         (Some(_), Some(ctx)) => {
             let bytes = unhex(&ready).ok_or("the server's endpoint is not hex")?;
@@ -127,7 +128,7 @@ fn one(
             side.connect(&peer)?;
             ctl.send(&format!("peer {}", hex(&mine.to_bytes()))).map_err(e)?;
             reply(ctl, "go")?;
-            rdma::client(&mut side, test, p)?
+            super::on_cpu(p.pin.map(|c| c.0), || rdma::client(&mut side, test, p))?
         }
         (Some(_), None) => return Err("no RDMA device".into()),
     };

@@ -126,6 +126,24 @@ pub(crate) const TESTS: [TestDef; 20] = [
     t("ud_bw", "UD SEND streaming bandwidth (what arrives)", Some(Ud), Op::Send, Pattern::Stream),
 ];
 
+/// Runs `f` in a thread pinned to `cpu`, or in this thread when there is none.
+pub(crate) fn on_cpu<R: Send>(
+    cpu: Option<usize>,
+    f: impl FnOnce() -> Result<R, String> + Send,
+) -> Result<R, String> {
+    let Some(cpu) = cpu else { return f() };
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                uroce_net::pin_current_thread(cpu)
+                    .map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
+                f()
+            })
+            .join()
+            .map_err(|_| "the test thread panicked".to_string())?
+    })
+}
+
 /// The test called `name`.
 pub(crate) fn find(name: &str) -> Option<&'static TestDef> {
     TESTS.iter().find(|t| t.name == name)
@@ -150,6 +168,12 @@ pub(crate) struct Params {
     pub(crate) events: bool,
     /// TCP: disable Nagle's algorithm.
     pub(crate) nodelay: bool,
+    /// TCP/UDP: spin on non-blocking sockets instead of sleeping in the kernel.
+    pub(crate) busy_poll: bool,
+    /// TCP/UDP: send and receive buffer size in bytes (0: the system's default).
+    pub(crate) sockbuf: usize,
+    /// Pin the client's and the server's test thread to these CPUs.
+    pub(crate) pin: Option<(usize, usize)>,
 }
 
 impl Default for Params {
@@ -163,6 +187,9 @@ impl Default for Params {
             depth: 32,
             events: false,
             nodelay: true,
+            busy_poll: false,
+            sockbuf: 0,
+            pin: None,
         }
     }
 }
@@ -193,6 +220,12 @@ impl Params {
         if !self.nodelay && test.op != Op::Tcp {
             return Err(format!("{}: --no-nodelay applies to TCP tests only", test.name));
         }
+        if (self.busy_poll || self.sockbuf != 0) && test.transport.is_some() {
+            return Err(format!(
+                "{}: --busy-poll and --sockbuf apply to TCP and UDP tests only",
+                test.name
+            ));
+        }
         if self.depth == 0 || self.depth > 4096 {
             return Err(format!("--depth {} is outside 1..=4096", self.depth));
         }
@@ -202,7 +235,7 @@ impl Params {
     /// The control protocol's form: `key=value` words.
     pub(crate) fn to_words(&self) -> String {
         format!(
-            "size={} iters={} secs={} warmup={} mtu={} depth={} events={} nodelay={}",
+            "size={} iters={} secs={} warmup={} mtu={} depth={} events={} nodelay={} busypoll={} sockbuf={} pin={}",
             self.size,
             self.iters,
             self.duration.map_or(0.0, |d| d.as_secs_f64()),
@@ -211,6 +244,9 @@ impl Params {
             self.depth,
             u8::from(self.events),
             u8::from(self.nodelay),
+            u8::from(self.busy_poll),
+            self.sockbuf,
+            self.pin.map_or_else(|| "-".to_string(), |(c, s)| format!("{c}:{s}")),
         )
     }
 
@@ -238,6 +274,14 @@ impl Params {
                 "depth" => p.depth = u32::try_from(num(v)?).map_err(|e| e.to_string())?,
                 "events" => p.events = num(v)? != 0,
                 "nodelay" => p.nodelay = num(v)? != 0,
+                "busypoll" => p.busy_poll = num(v)? != 0,
+                "sockbuf" => p.sockbuf = usize::try_from(num(v)?).map_err(|e| e.to_string())?,
+                "pin" if v == "-" => p.pin = None,
+                "pin" => {
+                    let (c, s) = v.split_once(':').ok_or_else(|| format!("bad `{w}`"))?;
+                    let cpu = |x: &str| x.parse::<usize>().map_err(|_| format!("bad CPU in `{w}`"));
+                    p.pin = Some((cpu(c)?, cpu(s)?));
+                }
                 _ => return Err(format!("unknown parameter `{k}`")),
             }
         }
@@ -505,7 +549,16 @@ mod tests {
 
     #[test]
     fn params_round_trip_and_check_what_applies() {
-        let p = Params { size: 4096, iters: 7, depth: 3, events: true, ..Params::default() };
+        let p = Params {
+            size: 4096,
+            iters: 7,
+            depth: 3,
+            events: true,
+            pin: Some((0, 1)),
+            ..Params::default()
+        };
+        assert_eq!(Params::from_words(p.to_words().split(' ')).unwrap(), p);
+        let p = Params { busy_poll: true, sockbuf: 1 << 22, ..Params::default() };
         assert_eq!(Params::from_words(p.to_words().split(' ')).unwrap(), p);
         let ud = find("ud_bw").unwrap();
         assert!(

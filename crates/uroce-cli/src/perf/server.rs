@@ -90,14 +90,20 @@ fn run(
         ctl.send(&format!("ready {}", listener.port().map_err(e)?)).map_err(e)?;
         expect_peer(ctl)?;
         ctl.send("go").map_err(e)?;
-        serve_until_stop(ctl, &stop, || sockets::server(listener, test, p, &stop))?
+        let cpu = p.pin.map(|c| c.1);
+        serve_until_stop(ctl, &stop, || {
+            super::on_cpu(cpu, || sockets::server(listener, test, p, &stop))
+        })?
     } else {
         let (mut side, mine) = Side::new(ctx, test, p)?;
         ctl.send(&format!("ready {}", hex(&mine.to_bytes()))).map_err(e)?;
         let peer = expect_peer(ctl)?.ok_or("the client sent no endpoint")?;
         side.connect(&peer)?;
         ctl.send("go").map_err(e)?;
-        serve_until_stop(ctl, &stop, || rdma::server(&mut side, test, p, &stop))?
+        let cpu = p.pin.map(|c| c.1);
+        serve_until_stop(ctl, &stop, || {
+            super::on_cpu(cpu, || rdma::server(&mut side, test, p, &stop))
+        })?
     };
     let cpu = Cpu::now().since(cpu0);
     ctl.send(&format!("done user={:.6} sys={:.6} msgs={msgs} bytes={bytes}", cpu.user, cpu.sys))

@@ -40,6 +40,46 @@ fn err(e: std::io::Error) -> String {
     e.to_string()
 }
 
+/// Reads exactly `buf.len()` bytes, spinning through `WouldBlock` on a non-blocking socket
+/// (busy-poll); `false` at end of stream.
+fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => got += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                core::hint::spin_loop();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Writes all of `buf`, spinning through `WouldBlock` on a non-blocking socket.
+fn write_full(s: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
+    let mut put = 0;
+    while put < buf.len() {
+        match s.write(&buf[put..]) {
+            Ok(n) => put += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                core::hint::spin_loop();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Applies the socket options of `p`: buffer sizes and busy-polling (non-blocking).
+fn tune(sock: &impl std::os::fd::AsRawFd, p: &Params) -> Result<(), String> {
+    if p.sockbuf > 0 {
+        uroce_net::set_socket_buffers(sock, p.sockbuf).map_err(err)?;
+    }
+    Ok(())
+}
+
 /// The server's side: echoes (ping-pong) or sinks (stream) until the client is done. Returns
 /// the messages and bytes it received.
 pub(crate) fn server(
@@ -54,18 +94,28 @@ pub(crate) fn server(
         Listener::Tcp(l) => {
             let (mut s, _) = l.accept().map_err(err)?;
             s.set_nodelay(p.nodelay).map_err(err)?;
+            tune(&s, p)?;
+            s.set_nonblocking(p.busy_poll).map_err(err)?;
             loop {
                 if test.pattern == Pattern::PingPong {
-                    match s.read_exact(&mut buf[..p.size]) {
-                        Ok(()) => {}
+                    match read_full(&mut s, &mut buf[..p.size]) {
+                        Ok(true) => {}
+                        Ok(false) => break,
                         Err(e) if e.kind() == ErrorKind::UnexpectedEof => break,
                         Err(e) => return Err(err(e)),
                     }
-                    s.write_all(&buf[..p.size]).map_err(err)?;
+                    write_full(&mut s, &buf[..p.size]).map_err(err)?;
                     msgs += 1;
                     bytes += p.size as u64;
                 } else {
-                    let n = s.read(&mut buf).map_err(err)?;
+                    let n = match s.read(&mut buf) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            core::hint::spin_loop();
+                            continue;
+                        }
+                        Err(e) => return Err(err(e)),
+                    };
                     if n == 0 {
                         break;
                     }
@@ -75,7 +125,12 @@ pub(crate) fn server(
             }
         }
         Listener::Udp(s) => {
-            s.set_read_timeout(Some(Duration::from_millis(20))).map_err(err)?;
+            tune(&s, p)?;
+            if p.busy_poll {
+                s.set_nonblocking(true).map_err(err)?;
+            } else {
+                s.set_read_timeout(Some(Duration::from_millis(20))).map_err(err)?;
+            }
             while !stop.load(Ordering::Acquire) {
                 match s.recv_from(&mut buf) {
                     Ok((n, from)) => {
@@ -123,14 +178,18 @@ pub(crate) fn client(server: SocketAddr, test: &TestDef, p: &Params) -> Result<M
         (Op::Tcp, pattern) => {
             let mut s = TcpStream::connect(server).map_err(err)?;
             s.set_nodelay(p.nodelay).map_err(err)?;
+            tune(&s, p)?;
+            s.set_nonblocking(p.busy_poll).map_err(err)?;
             let ping = pattern == Pattern::PingPong;
             measure(
                 &mut m,
                 Box::new(|| {
                     let t0 = now();
-                    s.write_all(&data).map_err(err)?;
+                    write_full(&mut s, &data).map_err(err)?;
                     if ping {
-                        s.read_exact(&mut back).map_err(err)?;
+                        if !read_full(&mut s, &mut back).map_err(err)? {
+                            return Err("the server closed the data connection".into());
+                        }
                         return Ok(Some(
                             u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX),
                         ));
@@ -146,7 +205,9 @@ pub(crate) fn client(server: SocketAddr, test: &TestDef, p: &Params) -> Result<M
                 .or_else(|_| UdpSocket::bind(("0.0.0.0", 0)))
                 .map_err(err)?;
             s.connect(server).map_err(err)?;
+            tune(&s, p)?;
             s.set_read_timeout(Some(Duration::from_secs(1))).map_err(err)?;
+            s.set_nonblocking(p.busy_poll).map_err(err)?;
             let ping = pattern == Pattern::PingPong;
             measure(
                 &mut m,
