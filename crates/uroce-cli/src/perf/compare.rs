@@ -75,6 +75,8 @@ pub(crate) struct Setup {
 
 /// After how many messages of a size RDMA's total time (setup + messages) drops below TCP's.
 pub(crate) struct Crossover {
+    /// The TCP series compared with.
+    pub(crate) tcp: &'static str,
     pub(crate) size: usize,
     pub(crate) tcp_us: f64,
     pub(crate) rdma_us: f64,
@@ -283,9 +285,12 @@ fn crossovers(rows: &[Row], setup: &Setup) -> Vec<Crossover> {
         setup.registration.iter().find(|(len, _, _)| *len >= size).map_or(0.0, |(_, us, _)| *us)
     };
     let mut out = Vec::new();
-    for r in rows.iter().filter(|r| r.outcome.test == "rc_lat") {
+    for (tcp_label, r) in ["TCP default (Nagle on)", TUNED]
+        .into_iter()
+        .flat_map(|t| rows.iter().filter(|r| r.outcome.test == "rc_lat").map(move |r| (t, r)))
+    {
         let size = r.outcome.size;
-        let (Some(tcp), Some(rdma)) = (p50("tcp_lat", "tuned", size), p50("rc_lat", "RC", size))
+        let (Some(tcp), Some(rdma)) = (p50("tcp_lat", tcp_label, size), p50("rc_lat", "RC", size))
         else {
             continue;
         };
@@ -297,7 +302,7 @@ fn crossovers(rows: &[Row], setup: &Setup) -> Vec<Crossover> {
         } else {
             None
         };
-        out.push(Crossover { size, tcp_us: tcp, rdma_us: rdma, messages });
+        out.push(Crossover { tcp: tcp_label, size, tcp_us: tcp, rdma_us: rdma, messages });
     }
     out
 }

@@ -59,8 +59,9 @@ fn json(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
         let n = c.messages.map_or_else(|| "null".to_string(), |n| n.to_string());
         let _ = write!(
             s,
-            "{}{{\"size\":{},\"tcp_p50_us\":{:.3},\"rdma_p50_us\":{:.3},\"messages\":{n}}}",
+            "{}{{\"tcp\":\"{}\",\"size\":{},\"tcp_p50_us\":{:.3},\"rdma_p50_us\":{:.3},\"messages\":{n}}}",
             if i > 0 { "," } else { "" },
+            esc(c.tcp),
             c.size,
             c.tcp_us,
             c.rdma_us
@@ -106,11 +107,17 @@ fn markdown(rows: &[Row], setup: &Setup, cross: &[Crossover], notes: &[String]) 
     for (len, us, locked) in &setup.registration {
         let _ = writeln!(s, "| {} | {us:.1} | {locked:.1} |", human_size(*len));
     }
-    s.push_str("\n## Crossover\n\nMessages of each size after which RDMA's total time (QP setup, a registration of the message size, then half round trips) drops below TCP's (connect, then half round trips), from the p50 latencies above.\n\n| size | TCP p50 µs | RDMA RC p50 µs | messages |\n|---:|---:|---:|---:|\n");
+    s.push_str("\n## Crossover\n\nMessages of each size after which RDMA's total time (QP setup, a registration of the message size, then half round trips) drops below TCP's (connect, then half round trips), from the p50 latencies above.\n\n| against | size | TCP p50 µs | RDMA RC p50 µs | messages |\n|---|---:|---:|---:|---:|\n");
     for c in cross {
         let n = c.messages.map_or_else(|| "never".to_string(), |n| n.to_string());
-        let _ =
-            writeln!(s, "| {} | {:.1} | {:.1} | {n} |", human_size(c.size), c.tcp_us, c.rdma_us);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.1} | {:.1} | {n} |",
+            c.tcp,
+            human_size(c.size),
+            c.tcp_us,
+            c.rdma_us
+        );
     }
     if !notes.is_empty() {
         s.push_str("\n## Peers\n\nRows labelled `peer:` were measured by these tools in the same run (latency or bandwidth only; their CPU is not in the tables):\n\n");
@@ -325,15 +332,17 @@ pub(crate) fn summary(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> Strin
             Some(n) => {
                 let _ = writeln!(
                     s,
-                    "{:>6}: RDMA's total time drops below TCP's after {n} messages",
-                    human_size(c.size)
+                    "{:>6}: vs {}: RDMA RC's total time drops below TCP's after {n} messages",
+                    human_size(c.size),
+                    c.tcp
                 );
             }
             None => {
                 let _ = writeln!(
                     s,
-                    "{:>6}: RDMA RC is not faster per message here; TCP stays cheaper",
-                    human_size(c.size)
+                    "{:>6}: vs {}: RDMA RC is not faster per message; TCP stays cheaper",
+                    human_size(c.size),
+                    c.tcp
                 );
             }
         }
