@@ -46,6 +46,8 @@ client options:
   --mtu M          RDMA path MTU: 256, 512, 1024, 2048 or 4096 (default 4096)
   --depth N        RDMA messages in flight for streaming tests (default 32)
   --events         RDMA: sleep on completion events instead of busy polling
+  --inline N       RDMA: SENDs of at most N bytes go inline (N <= 1024)
+  --post-list N    RDMA streams: post N work requests back to back (default 1)
   --no-nodelay     TCP: leave Nagle's algorithm on
   --busy-poll      TCP/UDP: spin on non-blocking sockets instead of sleeping
   --sockbuf SIZE   TCP/UDP: send and receive buffer size
@@ -202,6 +204,8 @@ fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             Long("events") => params.events = true,
             Long("no-nodelay") => params.nodelay = false,
             Long("busy-poll") => params.busy_poll = true,
+            Long("inline") => params.inline = parser.value()?.parse()?,
+            Long("post-list") => params.post_list = parser.value()?.parse()?,
             Long("sockbuf") => {
                 let v = parser.value()?;
                 params.sockbuf = perf::parse_size(&v.to_string_lossy())?;

@@ -114,6 +114,23 @@ fn every_test_runs_once_against_a_server() {
     let out = uroce(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 3);
+    // Inline SENDs and post lists.
+    let mut args = vec![
+        "client",
+        "127.0.0.23",
+        "--port",
+        "19801",
+        "--local",
+        "127.0.0.22",
+        "rc_lat",
+        "ud_lat",
+        "rc_bw",
+        "uc_bw",
+    ];
+    args.extend(["-s", "64", "--inline", "64", "--post-list", "4", "-n", "200", "--json"]);
+    let out = uroce(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 4);
     // The table form has a header and a row per result.
     let out = uroce(&[
         "client",

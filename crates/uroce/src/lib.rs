@@ -888,6 +888,18 @@ impl Qp {
         self.post_send(wr)
     }
 
+    /// SEND of `data` inline (`IBV_SEND_INLINE`): the bytes are copied at post time, no
+    /// memory region is named, and the buffer may be reused at once. At most the QP's
+    /// `max_inline` bytes. For UD, `to` names the destination.
+    pub fn send_inline(&self, wr_id: u64, data: &[u8], to: Option<(&Ah, Qpn, QKey)>) -> Result<()> {
+        let mut wr = SendWr::new(wr_id, WrOpcode::Send, Vec::new());
+        wr.inline_data = Some(data.to_vec());
+        if let Some((ah, remote_qpn, remote_qkey)) = to {
+            wr.ud = Some(UdDest { ah: ah.handle, remote_qpn, remote_qkey });
+        }
+        self.post_send(wr)
+    }
+
     /// UD: SEND of `range` of `mr` to QP `remote_qpn` (or [`Qpn::MULTICAST`]) behind `ah`.
     pub fn send_to(
         &self,

@@ -174,6 +174,10 @@ pub(crate) struct Params {
     pub(crate) sockbuf: usize,
     /// Pin the client's and the server's test thread to these CPUs.
     pub(crate) pin: Option<(usize, usize)>,
+    /// RDMA: SENDs of at most this many bytes go inline (copied at post time).
+    pub(crate) inline: u32,
+    /// RDMA streams: work requests posted back to back before the next completion is taken.
+    pub(crate) post_list: u32,
 }
 
 impl Default for Params {
@@ -190,6 +194,8 @@ impl Default for Params {
             busy_poll: false,
             sockbuf: 0,
             pin: None,
+            inline: 0,
+            post_list: 1,
         }
     }
 }
@@ -220,6 +226,24 @@ impl Params {
         if !self.nodelay && test.op != Op::Tcp {
             return Err(format!("{}: --no-nodelay applies to TCP tests only", test.name));
         }
+        if (self.inline != 0 || self.post_list != 1) && test.transport.is_none() {
+            return Err(format!(
+                "{}: --inline and --post-list apply to RDMA tests only",
+                test.name
+            ));
+        }
+        if self.inline > 1024 {
+            return Err(format!("--inline {} exceeds the device's 1024 bytes", self.inline));
+        }
+        if self.inline != 0 && test.op != Op::Send {
+            return Err(format!("{}: --inline applies to SEND tests only", test.name));
+        }
+        if self.post_list == 0 || self.post_list > self.depth {
+            return Err(format!(
+                "--post-list {} is outside 1..=--depth ({})",
+                self.post_list, self.depth
+            ));
+        }
         if (self.busy_poll || self.sockbuf != 0) && test.transport.is_some() {
             return Err(format!(
                 "{}: --busy-poll and --sockbuf apply to TCP and UDP tests only",
@@ -235,7 +259,7 @@ impl Params {
     /// The control protocol's form: `key=value` words.
     pub(crate) fn to_words(&self) -> String {
         format!(
-            "size={} iters={} secs={} warmup={} mtu={} depth={} events={} nodelay={} busypoll={} sockbuf={} pin={}",
+            "size={} iters={} secs={} warmup={} mtu={} depth={} events={} nodelay={} busypoll={} sockbuf={} pin={} inline={} postlist={}",
             self.size,
             self.iters,
             self.duration.map_or(0.0, |d| d.as_secs_f64()),
@@ -247,6 +271,8 @@ impl Params {
             u8::from(self.busy_poll),
             self.sockbuf,
             self.pin.map_or_else(|| "-".to_string(), |(c, s)| format!("{c}:{s}")),
+            self.inline,
+            self.post_list,
         )
     }
 
@@ -275,6 +301,8 @@ impl Params {
                 "events" => p.events = num(v)? != 0,
                 "nodelay" => p.nodelay = num(v)? != 0,
                 "busypoll" => p.busy_poll = num(v)? != 0,
+                "inline" => p.inline = u32::try_from(num(v)?).map_err(|e| e.to_string())?,
+                "postlist" => p.post_list = u32::try_from(num(v)?).map_err(|e| e.to_string())?,
                 "sockbuf" => p.sockbuf = usize::try_from(num(v)?).map_err(|e| e.to_string())?,
                 "pin" if v == "-" => p.pin = None,
                 "pin" => {

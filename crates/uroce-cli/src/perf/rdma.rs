@@ -42,6 +42,8 @@ pub(crate) struct Side {
     /// The peer's buffer, for one-sided operations.
     remote: Option<uroce::RemoteMr>,
     events: bool,
+    /// SENDs of at most this many bytes go inline.
+    inline: usize,
     /// Completions taken but not yet consumed.
     pending: Vec<WorkCompletion>,
 }
@@ -63,6 +65,7 @@ impl Side {
             .mtu(p.mtu)
             .depth(depth * 2 + 8, depth * 2 + 8)
             .qkey(QKEY)
+            .max_inline(p.inline.max(256))
             .build()
             .map_err(e)?;
         let all = Access::LOCAL_WRITE
@@ -90,6 +93,7 @@ impl Side {
             ud: None,
             remote: None,
             events: p.events,
+            inline: p.inline as usize,
             pending: Vec::new(),
         };
         Ok((side, endpoint))
@@ -115,6 +119,12 @@ impl Side {
     }
 
     fn send(&self, wr_id: u64, len: usize) -> Result<(), String> {
+        if len <= self.inline {
+            // Inline: the bytes are copied now, as the CPU writes them into the WQE on an RNIC.
+            let data = self.buf.to_vec(0..len).map_err(|e| e.to_string())?;
+            let to = self.ud.as_ref().map(|(ah, qpn)| (ah, *qpn, QKEY));
+            return self.qp.send_inline(wr_id, &data, to).map_err(|e| e.to_string());
+        }
         let r = match &self.ud {
             Some((ah, qpn)) => self.qp.send_to(wr_id, &self.buf, 0..len, ah, *qpn, QKEY),
             None => self.qp.send(wr_id, &self.buf, 0..len),
@@ -293,9 +303,13 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
                 {
                     break;
                 }
-                while posted - done < window {
-                    post_stream(side, test.op, size, posted)?;
-                    posted += 1;
+                // Post lists: work requests go out in groups of `post_list`.
+                let list = u64::from(p.post_list);
+                while posted - done + list <= window {
+                    for _ in 0..list {
+                        post_stream(side, test.op, size, posted)?;
+                        posted += 1;
+                    }
                 }
                 let wc = side.next()?;
                 if wc.opcode == WcOpcode::Recv {
