@@ -48,6 +48,7 @@ client options:
   --events         RDMA: sleep on completion events instead of busy polling
   --inline N       RDMA: SENDs of at most N bytes go inline (N <= 1024)
   --post-list N    RDMA streams: post N work requests back to back (default 1)
+  --qps N          RDMA streams: spread the work over N QPs (default 1)
   --no-nodelay     TCP: leave Nagle's algorithm on
   --busy-poll      TCP/UDP: spin on non-blocking sockets instead of sleeping
   --sockbuf SIZE   TCP/UDP: send and receive buffer size
@@ -206,6 +207,7 @@ fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             Long("busy-poll") => params.busy_poll = true,
             Long("inline") => params.inline = parser.value()?.parse()?,
             Long("post-list") => params.post_list = parser.value()?.parse()?,
+            Long("qps") => params.qps = parser.value()?.parse()?,
             Long("sockbuf") => {
                 let v = parser.value()?;
                 params.sockbuf = perf::parse_size(&v.to_string_lossy())?;

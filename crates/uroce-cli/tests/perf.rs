@@ -131,6 +131,23 @@ fn every_test_runs_once_against_a_server() {
     let out = uroce(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 4);
+    // Streams spread over three QPs.
+    let mut args = vec![
+        "client",
+        "127.0.0.23",
+        "--port",
+        "19801",
+        "--local",
+        "127.0.0.22",
+        "rc_bw",
+        "ud_bw",
+        "rc_rdma_write_bw",
+        "rc_bi_bw",
+    ];
+    args.extend(["-s", "1K", "--qps", "3", "-n", "300", "--json"]);
+    let out = uroce(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 4);
     // The table form has a header and a row per result.
     let out = uroce(&[
         "client",

@@ -4,9 +4,9 @@ use core::time::Duration;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 
-use uroce::{Context, Endpoint};
+use uroce::Context;
 
-use super::control::{Control, hex, unhex};
+use super::control::{Control, endpoints_from_hex, endpoints_hex};
 use super::rdma::{self, Measured, Side};
 use super::{
     Cpu, Latency, Op, Outcome, PROTOCOL_VERSION, Params, Pattern, TABLE_HEADER, TestDef, sockets,
@@ -122,11 +122,10 @@ fn one(
             super::on_cpu(p.pin.map(|c| c.0), || sockets::client(to, test, p))?
         }
         (Some(_), Some(ctx)) => {
-            let bytes = unhex(&ready).ok_or("the server's endpoint is not hex")?;
-            let peer = Endpoint::from_bytes(&bytes).map_err(|e| e.to_string())?;
+            let peers = endpoints_from_hex(&ready)?;
             let (mut side, mine) = Side::new(ctx, test, p)?;
-            side.connect(&peer)?;
-            ctl.send(&format!("peer {}", hex(&mine.to_bytes()))).map_err(e)?;
+            side.connect(&peers)?;
+            ctl.send(&format!("peer {}", endpoints_hex(&mine))).map_err(e)?;
             reply(ctl, "go")?;
             super::on_cpu(p.pin.map(|c| c.0), || rdma::client(&mut side, test, p))?
         }

@@ -54,3 +54,18 @@ pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
+
+/// Endpoints as comma-separated hex (one per QP).
+pub(crate) fn endpoints_hex(list: &[uroce::Endpoint]) -> String {
+    list.iter().map(|e| hex(&e.to_bytes())).collect::<Vec<_>>().join(",")
+}
+
+/// Parses [`endpoints_hex`].
+pub(crate) fn endpoints_from_hex(s: &str) -> Result<Vec<uroce::Endpoint>, String> {
+    s.split(',')
+        .map(|h| {
+            let bytes = unhex(h).ok_or("an endpoint is not hex")?;
+            uroce::Endpoint::from_bytes(&bytes).map_err(|e| e.to_string())
+        })
+        .collect()
+}

@@ -178,6 +178,8 @@ pub(crate) struct Params {
     pub(crate) inline: u32,
     /// RDMA streams: work requests posted back to back before the next completion is taken.
     pub(crate) post_list: u32,
+    /// RDMA streams: QPs the work is spread over, round robin.
+    pub(crate) qps: u32,
 }
 
 impl Default for Params {
@@ -196,6 +198,7 @@ impl Default for Params {
             pin: None,
             inline: 0,
             post_list: 1,
+            qps: 1,
         }
     }
 }
@@ -244,6 +247,13 @@ impl Params {
                 self.post_list, self.depth
             ));
         }
+        if self.qps == 0 || self.qps > 64 {
+            return Err(format!("--qps {} is outside 1..=64", self.qps));
+        }
+        let stream = matches!(test.pattern, Pattern::Stream | Pattern::BiStream);
+        if self.qps > 1 && !(stream && test.transport.is_some()) {
+            return Err(format!("{}: --qps applies to RDMA streaming tests only", test.name));
+        }
         if (self.busy_poll || self.sockbuf != 0) && test.transport.is_some() {
             return Err(format!(
                 "{}: --busy-poll and --sockbuf apply to TCP and UDP tests only",
@@ -259,7 +269,7 @@ impl Params {
     /// The control protocol's form: `key=value` words.
     pub(crate) fn to_words(&self) -> String {
         format!(
-            "size={} iters={} secs={} warmup={} mtu={} depth={} events={} nodelay={} busypoll={} sockbuf={} pin={} inline={} postlist={}",
+            "size={} iters={} secs={} warmup={} mtu={} depth={} events={} nodelay={} busypoll={} sockbuf={} pin={} inline={} postlist={} qps={}",
             self.size,
             self.iters,
             self.duration.map_or(0.0, |d| d.as_secs_f64()),
@@ -273,6 +283,7 @@ impl Params {
             self.pin.map_or_else(|| "-".to_string(), |(c, s)| format!("{c}:{s}")),
             self.inline,
             self.post_list,
+            self.qps,
         )
     }
 
@@ -303,6 +314,7 @@ impl Params {
                 "busypoll" => p.busy_poll = num(v)? != 0,
                 "inline" => p.inline = u32::try_from(num(v)?).map_err(|e| e.to_string())?,
                 "postlist" => p.post_list = u32::try_from(num(v)?).map_err(|e| e.to_string())?,
+                "qps" => p.qps = u32::try_from(num(v)?).map_err(|e| e.to_string())?,
                 "sockbuf" => p.sockbuf = usize::try_from(num(v)?).map_err(|e| e.to_string())?,
                 "pin" if v == "-" => p.pin = None,
                 "pin" => {

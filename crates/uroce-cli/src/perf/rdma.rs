@@ -27,18 +27,19 @@ pub(crate) struct Side {
     pd: Pd,
     qp_type: QpType,
     cq: Cq,
-    qp: Qp,
+    /// The test's QPs: one, or `--qps` of them for streams (work spread round robin).
+    qps: Vec<Qp>,
     /// Source of SENDs and WRITEs, landing place of READs and atomic results.
     buf: Mr,
     /// The region offered to the peer: target of its WRITEs, source of its READs, home of the
     /// word its atomics work on; the write-poll test polls its last byte.
     target: Mr,
-    /// Receive slots: `slots` of `slot` bytes.
+    /// Receive slots: `slots` of `slot` bytes per QP.
     recv: Mr,
     slot: usize,
     slots: usize,
-    /// UD: the peer's address handle and QP.
-    ud: Option<(Ah, Qpn)>,
+    /// UD: the peer's address handle and its QPs.
+    ud: Option<(Ah, Vec<Qpn>)>,
     /// The peer's buffer, for one-sided operations.
     remote: Option<uroce::RemoteMr>,
     events: bool,
@@ -49,25 +50,30 @@ pub(crate) struct Side {
 }
 
 impl Side {
-    /// Creates this side's QP and buffers; returns the endpoint to send to the peer.
+    /// Creates this side's QPs and buffers; returns the endpoints to send to the peer.
     pub(crate) fn new(
         ctx: &Context,
         test: &TestDef,
         p: &Params,
-    ) -> Result<(Self, Endpoint), String> {
+    ) -> Result<(Self, Vec<Endpoint>), String> {
         let qp_type = test.transport.ok_or("not an RDMA test")?;
         let e = |e: uroce::Error| e.to_string();
         let pd = ctx.alloc_pd();
         let depth = p.depth.max(1);
-        let cq = ctx.create_cq(depth as usize * 4 + 64).map_err(e)?;
-        let qp = pd
-            .qp(qp_type, &cq)
-            .mtu(p.mtu)
-            .depth(depth * 2 + 8, depth * 2 + 8)
-            .qkey(QKEY)
-            .max_inline(p.inline.max(256))
-            .build()
-            .map_err(e)?;
+        let n = p.qps.max(1) as usize;
+        let cq = ctx.create_cq((depth as usize * 4 + 64) * n).map_err(e)?;
+        let mut qps = Vec::with_capacity(n);
+        for _ in 0..n {
+            let qp = pd
+                .qp(qp_type, &cq)
+                .mtu(p.mtu)
+                .depth(depth * 2 + 8, depth * 2 + 8)
+                .qkey(QKEY)
+                .max_inline(p.inline.max(256))
+                .build()
+                .map_err(e)?;
+            qps.push(qp);
+        }
         let all = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
@@ -78,13 +84,13 @@ impl Side {
         let slot = if qp_type == QpType::Ud { p.size + GRH } else { p.size };
         // Enough receives for a window in flight, within 256 MiB.
         let slots = (depth as usize * 2).min((256 << 20) / slot.max(1)).max(2);
-        let recv = pd.register(slot * slots, Access::LOCAL_WRITE).map_err(e)?;
-        let endpoint = qp.endpoint().with_region(target.remote());
+        let recv = pd.register(slot * slots * n, Access::LOCAL_WRITE).map_err(e)?;
+        let endpoints = qps.iter().map(|q| q.endpoint().with_region(target.remote())).collect();
         let side = Self {
             pd,
             qp_type,
             cq,
-            qp,
+            qps,
             buf,
             target,
             recv,
@@ -96,24 +102,45 @@ impl Side {
             inline: p.inline as usize,
             pending: Vec::new(),
         };
-        Ok((side, endpoint))
+        Ok((side, endpoints))
     }
 
-    /// Connects to the peer's endpoint (UD: an address handle to it).
-    pub(crate) fn connect(&mut self, peer: &Endpoint) -> Result<(), String> {
-        self.qp.connect(peer).map_err(|e| e.to_string())?;
-        self.remote = peer.regions.first().copied();
+    /// Connects QP `i` to the peer's endpoint `i` (UD: an address handle to the peer).
+    pub(crate) fn connect(&mut self, peers: &[Endpoint]) -> Result<(), String> {
+        if peers.len() != self.qps.len() {
+            return Err(format!("the peer has {} QPs, this side {}", peers.len(), self.qps.len()));
+        }
+        for (qp, peer) in self.qps.iter().zip(peers) {
+            qp.connect(peer).map_err(|e| e.to_string())?;
+        }
+        let first = peers.first().ok_or("no peer endpoint")?;
+        self.remote = first.regions.first().copied();
         if self.qp_type == QpType::Ud {
-            let ah = self.pd.create_ah(peer.gid).map_err(|e| e.to_string())?;
-            self.ud = Some((ah, peer.qpn));
+            let ah = self.pd.create_ah(first.gid).map_err(|e| e.to_string())?;
+            self.ud = Some((ah, peers.iter().map(|p| p.qpn).collect()));
         }
         Ok(())
     }
 
-    /// Posts the receive of slot `k` (modulo the slots).
+    /// The QP of ping-pongs and round trips.
+    fn qp(&self) -> &Qp {
+        &self.qps[0]
+    }
+
+    /// The QP work request `k` of a stream goes on (round robin).
+    fn qp_for(&self, k: u64) -> &Qp {
+        &self.qps[usize::try_from(k % self.qps.len() as u64).unwrap_or(0)]
+    }
+
+    /// Receive slots over all QPs.
+    fn recv_slots(&self) -> u64 {
+        (self.slots * self.qps.len()) as u64
+    }
+
+    /// Posts the receive of slot `k` (modulo all slots) on the QP that slot belongs to.
     fn post_recv(&self, k: u64) -> Result<(), String> {
-        let s = usize::try_from(k % self.slots as u64).unwrap_or(0);
-        self.qp
+        let s = usize::try_from(k % self.recv_slots()).unwrap_or(0);
+        self.qps[s / self.slots]
             .post_recv(s as u64, &self.recv, s * self.slot..(s + 1) * self.slot)
             .map_err(|e| e.to_string())
     }
@@ -122,12 +149,15 @@ impl Side {
         if len <= self.inline {
             // Inline: the bytes are copied now, as the CPU writes them into the WQE on an RNIC.
             let data = self.buf.to_vec(0..len).map_err(|e| e.to_string())?;
-            let to = self.ud.as_ref().map(|(ah, qpn)| (ah, *qpn, QKEY));
-            return self.qp.send_inline(wr_id, &data, to).map_err(|e| e.to_string());
+            let to = self.ud.as_ref().map(|(ah, qpns)| (ah, peer_qpn(qpns, wr_id), QKEY));
+            return self.qp_for(wr_id).send_inline(wr_id, &data, to).map_err(|e| e.to_string());
         }
+        let qp = self.qp_for(wr_id);
         let r = match &self.ud {
-            Some((ah, qpn)) => self.qp.send_to(wr_id, &self.buf, 0..len, ah, *qpn, QKEY),
-            None => self.qp.send(wr_id, &self.buf, 0..len),
+            Some((ah, qpns)) => {
+                qp.send_to(wr_id, &self.buf, 0..len, ah, peer_qpn(qpns, wr_id), QKEY)
+            }
+            None => qp.send(wr_id, &self.buf, 0..len),
         };
         r.map_err(|e| e.to_string())
     }
@@ -235,7 +265,7 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
                     Op::Send => side.send(seq, size)?,
                     Op::WriteImm => {
                         let r = side.remote()?;
-                        side.qp
+                        side.qp()
                             .write_with_imm(seq, &side.buf, 0..size, r.at(0), 0)
                             .map_err(|e| e.to_string())?;
                     }
@@ -243,7 +273,7 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
                         let mark = mark(seq);
                         side.buf.write(size - 1, &[mark]).map_err(|e| e.to_string())?;
                         let r = side.remote()?;
-                        side.qp.write(seq, &side.buf, 0..size, r).map_err(|e| e.to_string())?;
+                        side.qp().write(seq, &side.buf, 0..size, r).map_err(|e| e.to_string())?;
                     }
                 }
                 wait_answer(side, test.op, size, mark(seq))
@@ -269,13 +299,13 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
         (Pattern::RoundTrip, Op::Read) => {
             let r = side.remote()?;
             for k in 0..p.warmup {
-                side.qp.read(k, &side.buf, 0..size, r.at(0)).map_err(|e| e.to_string())?;
+                side.qp().read(k, &side.buf, 0..size, r.at(0)).map_err(|e| e.to_string())?;
                 side.next()?;
             }
             let clock = Clock::new(p);
             while !clock.done(m.msgs) {
                 let t0 = now();
-                side.qp.read(m.msgs, &side.buf, 0..size, r.at(0)).map_err(|e| e.to_string())?;
+                side.qp().read(m.msgs, &side.buf, 0..size, r.at(0)).map_err(|e| e.to_string())?;
                 side.next()?;
                 m.samples.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
                 m.msgs += 1;
@@ -286,7 +316,7 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
         (Pattern::Stream | Pattern::BiStream, _) => {
             let bi = test.pattern == Pattern::BiStream;
             if bi {
-                for k in 0..side.slots as u64 {
+                for k in 0..side.recv_slots() {
                     side.post_recv(k)?;
                 }
             }
@@ -344,11 +374,13 @@ fn post_stream(side: &Side, op: Op, size: usize, k: u64) -> Result<(), String> {
     let e = |e: uroce::Error| e.to_string();
     match op {
         Op::Send => side.send(k, size),
-        Op::Write => side.qp.write(k, &side.buf, 0..size, side.remote()?).map_err(e),
-        Op::Read => side.qp.read(k, &side.buf, 0..size, side.remote()?.at(0)).map_err(e),
-        Op::FetchAdd => side.qp.fetch_add(k, &side.buf, 0, side.remote()?.at(0), 1).map_err(e),
+        Op::Write => side.qp_for(k).write(k, &side.buf, 0..size, side.remote()?).map_err(e),
+        Op::Read => side.qp_for(k).read(k, &side.buf, 0..size, side.remote()?.at(0)).map_err(e),
+        Op::FetchAdd => {
+            side.qp_for(k).fetch_add(k, &side.buf, 0, side.remote()?.at(0), 1).map_err(e)
+        }
         Op::CompareSwap => {
-            side.qp.compare_swap(k, &side.buf, 0, side.remote()?.at(0), k, k + 1).map_err(e)
+            side.qp_for(k).compare_swap(k, &side.buf, 0, side.remote()?.at(0), k, k + 1).map_err(e)
         }
         _ => Err("not a streaming operation".into()),
     }
@@ -405,7 +437,7 @@ pub(crate) fn server(
     let (mut msgs, mut bytes) = (0u64, 0u64);
     let receives = matches!(test.op, Op::Send | Op::WriteImm) || test.pattern == Pattern::BiStream;
     if receives {
-        for k in 0..side.slots as u64 {
+        for k in 0..side.recv_slots() {
             side.post_recv(k)?;
         }
     }
@@ -422,7 +454,7 @@ pub(crate) fn server(
             if last[0] == mark(seq) {
                 side.buf.write(size - 1, &[mark(seq)]).map_err(|e| e.to_string())?;
                 let r = side.remote()?;
-                side.qp.write(seq, &side.buf, 0..size, r).map_err(|e| e.to_string())?;
+                side.qp().write(seq, &side.buf, 0..size, r).map_err(|e| e.to_string())?;
                 seq += 1;
                 msgs += 1;
                 bytes += size as u64;
@@ -461,7 +493,7 @@ pub(crate) fn server(
                     if test.pattern == Pattern::PingPong {
                         if test.op == Op::WriteImm {
                             let r = side.remote()?;
-                            side.qp
+                            side.qp()
                                 .write_with_imm(seq, &side.buf, 0..size, r.at(0), 0)
                                 .map_err(|e| e.to_string())?;
                         } else {
@@ -475,4 +507,9 @@ pub(crate) fn server(
         }
     }
     Ok((msgs, bytes))
+}
+
+/// The peer QP that stream work request `k` goes to (UD: round robin over the peer's QPs).
+fn peer_qpn(qpns: &[Qpn], k: u64) -> Qpn {
+    qpns[usize::try_from(k % qpns.len() as u64).unwrap_or(0)]
 }

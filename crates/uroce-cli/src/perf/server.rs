@@ -3,9 +3,9 @@
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use uroce::{Context, Endpoint};
+use uroce::Context;
 
-use super::control::{Control, hex, unhex};
+use super::control::{Control, endpoints_from_hex, endpoints_hex};
 use super::rdma::{self, Side};
 use super::sockets::{self, Listener};
 use super::{Cpu, PROTOCOL_VERSION, Params, TestDef, find};
@@ -96,9 +96,9 @@ fn run(
         })?
     } else {
         let (mut side, mine) = Side::new(ctx, test, p)?;
-        ctl.send(&format!("ready {}", hex(&mine.to_bytes()))).map_err(e)?;
-        let peer = expect_peer(ctl)?.ok_or("the client sent no endpoint")?;
-        side.connect(&peer)?;
+        ctl.send(&format!("ready {}", endpoints_hex(&mine))).map_err(e)?;
+        let peers = expect_peer(ctl)?.ok_or("the client sent no endpoint")?;
+        side.connect(&peers)?;
         ctl.send("go").map_err(e)?;
         let cpu = p.pin.map(|c| c.1);
         serve_until_stop(ctl, &stop, || {
@@ -110,16 +110,15 @@ fn run(
         .map_err(e)
 }
 
-/// `peer -` (sockets) or `peer <endpoint hex>` (RDMA).
-fn expect_peer(ctl: &mut Control) -> Result<Option<Endpoint>, String> {
+/// `peer -` (sockets) or `peer <endpoint hex>,…` (RDMA: one per QP).
+fn expect_peer(ctl: &mut Control) -> Result<Option<Vec<uroce::Endpoint>>, String> {
     let line = ctl.recv().map_err(|e| e.to_string())?;
     let rest =
         line.strip_prefix("peer ").ok_or_else(|| format!("expected `peer`, got `{line}`"))?;
     if rest == "-" {
         return Ok(None);
     }
-    let bytes = unhex(rest).ok_or("the client's endpoint is not hex")?;
-    Endpoint::from_bytes(&bytes).map(Some).map_err(|e| e.to_string())
+    endpoints_from_hex(rest).map(Some)
 }
 
 /// Runs `serve` while a second thread waits for the client's `stop` line and raises `stop`.
