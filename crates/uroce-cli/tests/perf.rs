@@ -131,6 +131,11 @@ fn every_test_runs_once_against_a_server() {
     let out = uroce(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 4);
+    // A local device address that is not this host's: one line, status 2.
+    fails_with(
+        &["client", "127.0.0.23", "--port", "19801", "--local", "192.0.2.1", "rc_lat"],
+        "192.0.2.1 is not an address of this host",
+    );
     // Streams spread over three QPs.
     let mut args = vec![
         "client",
