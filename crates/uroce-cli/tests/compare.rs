@@ -73,3 +73,57 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
     assert!(again.is_ok(), "a server was left running: {:?}", again.err());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Waits for another process to move on.
+#[expect(clippy::disallowed_methods, reason = "the test waits for another process")]
+fn pause(ms: u64) {
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+}
+
+/// The pid of a running `uroce server` on `addr`.
+fn server_pid(addr: &str) -> Option<String> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<String> =
+            cmd.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).to_string()).collect();
+        // The binary itself, not a shell whose command line mentions it.
+        let uroce = args.first().is_some_and(|a| a.ends_with("/uroce"));
+        (uroce && args.get(1).is_some_and(|a| a == "server") && args.iter().any(|a| a == addr))
+            .then(|| e.file_name().to_string_lossy().to_string())
+    })
+}
+
+/// The server `uroce compare` starts ends with whatever started it, even when that is killed
+/// outright and no destructor runs (`UROCE_DIE_WITH_PARENT`, which compare sets). Here a shell
+/// stands in for compare, so nothing else (a broken pipe, a closed connection) ends the server.
+#[test]
+fn a_server_started_by_compare_dies_with_its_parent() {
+    let exe = env!("CARGO_BIN_EXE_uroce");
+    let script = format!(
+        "UROCE_DIE_WITH_PARENT=1 {exe} server --addr 127.0.0.64 --port 19811 2>/dev/null & wait"
+    );
+    let mut parent = Command::new("sh").args(["-c", &script]).spawn().unwrap();
+    let mut started = false;
+    for _ in 0..150 {
+        if server_pid("127.0.0.64").is_some() {
+            started = true;
+            break;
+        }
+        pause(20);
+    }
+    assert!(started, "the server did not start");
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let mut gone = false;
+    for _ in 0..150 {
+        if server_pid("127.0.0.64").is_none() {
+            gone = true;
+            break;
+        }
+        pause(20);
+    }
+    if let Some(pid) = server_pid("127.0.0.64") {
+        let _ = Command::new("kill").arg(pid).status();
+    }
+    assert!(gone, "the server outlived the process that started it");
+}

@@ -65,4 +65,6 @@ mod sys;
 pub use device::{Channel, NetCounters, NetDevice, OpenError, Options, State};
 pub use faults::{Faults, FaultsError};
 pub use sys::memory::Registry;
-pub use sys::{EventFd, RawRegion, pin_current_thread, process_cpu_time, set_socket_buffers};
+pub use sys::{
+    EventFd, RawRegion, die_with_parent, pin_current_thread, process_cpu_time, set_socket_buffers,
+};

@@ -612,3 +612,16 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     check(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) })
         .map(drop)
 }
+
+/// Asks the kernel to end this process with SIGTERM when its parent exits
+/// (`prctl(PR_SET_PDEATHSIG)`), so a helper process never outlives the program that started it
+/// (even when that program is killed). Returns `false` if the parent is already gone.
+pub fn die_with_parent() -> io::Result<bool> {
+    // SAFETY: getppid(2) has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    // SAFETY: prctl(2) with PR_SET_PDEATHSIG takes a signal number; the rest are unused.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) })?;
+    // The parent may have died before the call took effect.
+    // SAFETY: as above.
+    Ok(unsafe { libc::getppid() } == parent)
+}

@@ -108,6 +108,8 @@ fn start_server(addr: IpAddr) -> Result<(OwnServer, u16), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .args(["server", "--addr", &addr.to_string(), "--port", &port.to_string()])
+        // Ends with this process, however it ends (Ctrl-C included).
+        .env("UROCE_DIE_WITH_PARENT", "1")
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()

@@ -12,6 +12,12 @@ use super::{Cpu, PROTOCOL_VERSION, Params, TestDef, find};
 
 /// Listens on `addr:port` for control connections; the RDMA device is `addr` too.
 pub(crate) fn serve(addr: IpAddr, port: u16) -> Result<(), String> {
+    // A server that `uroce compare` started goes when it goes.
+    if std::env::var_os("UROCE_DIE_WITH_PARENT").is_some()
+        && !uroce_net::die_with_parent().map_err(|e| e.to_string())?
+    {
+        return Err("the process that started this server is gone".into());
+    }
     let listener = TcpListener::bind((addr, port))
         .map_err(|e| format!("cannot listen on {addr}:{port}: {e}"))?;
     let ctx = Context::open(addr).map_err(|e| format!("cannot open the RDMA device: {e}"))?;
