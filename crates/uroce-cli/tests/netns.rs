@@ -434,8 +434,11 @@ fn run_at_loss(ns: &Namespaces, percent: u32, pcap: Option<&PathBuf>, v6: bool) 
     if let Some(p) = pcap {
         env.push(("UROCE_PCAP", p.display().to_string()));
     }
+    #[expect(clippy::disallowed_methods, reason = "the test reports how long a run took")]
+    let started = std::time::Instant::now();
     let client = spawn_role(&ns.a, "client", &env);
     let result = client.wait_with_output().unwrap();
+    let took = started.elapsed();
     let text = String::from_utf8_lossy(&result.stdout).to_string();
     if !result.status.success() {
         let _ = server.kill();
@@ -451,7 +454,10 @@ fn run_at_loss(ns: &Namespaces, percent: u32, pcap: Option<&PathBuf>, v6: bool) 
         .collect::<Vec<_>>()
         .join("\n");
     let ip = if v6 { "IPv6" } else { "IPv4" };
-    eprintln!("{ip}, {percent} % loss ({} packets dropped by nftables): {summary}", ns.dropped());
+    eprintln!(
+        "{ip}, {percent} % loss ({} packets dropped by nftables, {took:.2?}): {summary}",
+        ns.dropped()
+    );
     assert!(ns.dropped() > 0, "nftables dropped nothing");
     summary
 }

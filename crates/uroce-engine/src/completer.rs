@@ -233,6 +233,15 @@ fn earlier_unanswered(qp: &Qp, idx: usize) -> Option<Psn> {
 /// counters (IBA 9.7) and restarts or stops the ACK timer.
 fn advance_una(qp: &mut Qp, now: Instant, una: Psn) {
     if una.is_after(qp.req.una) && !una.is_after(qp.req.high_psn) {
+        // Congestion avoidance: one more packet of window per window acknowledged.
+        if qp.req.cwnd != 0 {
+            let acked = u32::try_from(una.distance(qp.req.una)).unwrap_or(0);
+            qp.req.cwnd_acked = qp.req.cwnd_acked.saturating_add(acked);
+            while qp.req.cwnd_acked >= qp.req.cwnd {
+                qp.req.cwnd_acked -= qp.req.cwnd;
+                qp.req.cwnd += 1;
+            }
+        }
         qp.req.una = una;
         qp.req.recovering = None;
         qp.req.retries_left = qp.retry_cnt;
@@ -370,9 +379,20 @@ fn retry<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, from: Psn
     true
 }
 
+/// The smallest loss-driven window, in packets.
+const MIN_CWND: u32 = 8;
+
 /// A retry that always counts: the ACK timer's.
 fn force_retry<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, from: Psn) {
     qp.req.recovering = Some(from);
+    // A loss: halve the window (from the device's limit the first time).
+    let current = if qp.req.cwnd == 0 {
+        ctx.config.max_inflight_pkts
+    } else {
+        qp.req.cwnd.min(ctx.config.max_inflight_pkts)
+    };
+    qp.req.cwnd = (current / 2).max(MIN_CWND);
+    qp.req.cwnd_acked = 0;
     if qp.req.retries_left == 0 {
         ctx.counters.retry_exceeded += 1;
         fail_front(qp, ctx, WcStatus::RETRY_EXC_ERR);

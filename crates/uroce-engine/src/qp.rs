@@ -273,6 +273,13 @@ pub(crate) struct Requester {
     /// READ and atomic WQEs started and still waiting for their response (against
     /// `max_rd_atomic` and the fence).
     pub(crate) rd_atomic_outstanding: u32,
+    /// Packets the requester may have unacknowledged now (besides the device's
+    /// `max_inflight_pkts`): halved at each loss, grown by one per window of acknowledged
+    /// packets. Go-back-N resends everything after a lost packet, so on a lossy path a smaller
+    /// window wastes less. 0 until the first loss: no limit of its own.
+    pub(crate) cwnd: u32,
+    /// Packets acknowledged toward the next growth of `cwnd`.
+    pub(crate) cwnd_acked: u32,
 }
 
 /// A message the responder is in the middle of.

@@ -26,9 +26,14 @@ pub(crate) fn poll<M: MemoryAccess>(
         return None;
     }
     let idx = qp.req.next_wqe;
-    // The window: packets sent and not acknowledged.
+    // The window: packets sent and not acknowledged, within the device's limit and the QP's
+    // loss-driven one.
     let inflight = qp.req.next_psn.distance(qp.req.una);
-    if inflight >= i32::try_from(ctx.config.max_inflight_pkts).unwrap_or(i32::MAX) {
+    let mut window = ctx.config.max_inflight_pkts;
+    if qp.req.cwnd != 0 {
+        window = window.min(qp.req.cwnd);
+    }
+    if inflight >= i32::try_from(window).unwrap_or(i32::MAX) {
         return None;
     }
     if !qp.req.sq.get(idx)?.started && !start_wqe(qp, ctx, idx) {
@@ -124,7 +129,9 @@ pub(crate) fn poll<M: MemoryAccess>(
     // AckReq on the last packet of every message, and periodically inside long ones so the
     // window keeps moving (IBA 9.7).
     qp.req.since_ack_req = qp.req.since_ack_req.saturating_add(1);
-    let ack_req = last || qp.req.since_ack_req >= ctx.config.ack_req_interval;
+    // The packet that fills the window asks too: without an ACK the window never reopens.
+    let fills_window = inflight + 1 >= i32::try_from(window).unwrap_or(i32::MAX);
+    let ack_req = last || fills_window || qp.req.since_ack_req >= ctx.config.ack_req_interval;
     if ack_req {
         qp.req.since_ack_req = 0;
     }
