@@ -1117,3 +1117,35 @@ fn per_qp_counters_add_up_to_the_device_counters() {
     let qa = p.hosts[A].dev.qp_counters(p.hosts[A].qp).unwrap();
     assert!(qa.retransmitted_pkts > 0 && qa.seq_naks_rcvd == 1, "{qa:?}");
 }
+
+#[test]
+fn losses_shrink_the_window_so_go_back_n_resends_less() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    // 512 KiB WRITEs: 512 packets each; every 100th request packet from A is lost.
+    let data = fill(&mut p, A, 0, 512 << 10, 3);
+    let mut n = 0u32;
+    p.filter = Box::new(move |from, _| {
+        if from != A {
+            return true;
+        }
+        n += 1;
+        n % 100 != 0
+    });
+    for k in 0..4 {
+        p.post_send(A, write_wr(&p, k, 0, 0x1000, 512 << 10));
+    }
+    p.run(Duration::from_secs(2));
+    let done = statuses(&p.cq(A));
+    assert_eq!(done, (0..4).map(|k| (k, WcStatus::SUCCESS)).collect::<Vec<_>>());
+    assert_eq!(p.mem(B, 0x1000, 512 << 10), &data[..]);
+    let c = *p.hosts[A].dev.counters();
+    // With the device's full window of 256 packets every loss would resend about that many;
+    // the loss-driven window keeps the waste to a fraction of it.
+    assert!(c.seq_naks_rcvd >= 10, "{c:?}");
+    assert!(
+        c.retransmitted_pkts < 60 * c.seq_naks_rcvd,
+        "{} packets resent for {} losses",
+        c.retransmitted_pkts,
+        c.seq_naks_rcvd
+    );
+}
