@@ -1129,7 +1129,7 @@ fn losses_shrink_the_window_so_go_back_n_resends_less() {
             return true;
         }
         n += 1;
-        n % 100 != 0
+        !n.is_multiple_of(100)
     });
     for k in 0..4 {
         p.post_send(A, write_wr(&p, k, 0, 0x1000, 512 << 10));
