@@ -100,7 +100,7 @@ fn server_pid(addr: &str) -> Option<String> {
 fn a_server_started_by_compare_dies_with_its_parent() {
     let exe = env!("CARGO_BIN_EXE_uroce");
     let script = format!(
-        "UROCE_DIE_WITH_PARENT=1 {exe} server --addr 127.0.0.64 --port 19811 2>/dev/null & wait"
+        "UROCE_DIE_WITH_PARENT=$$ {exe} server --addr 127.0.0.64 --port 19811 2>/dev/null & wait"
     );
     let mut parent = Command::new("sh").args(["-c", &script]).spawn().unwrap();
     let mut started = false;

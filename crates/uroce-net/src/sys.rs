@@ -615,13 +615,12 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
 
 /// Asks the kernel to end this process with SIGTERM when its parent exits
 /// (`prctl(PR_SET_PDEATHSIG)`), so a helper process never outlives the program that started it
-/// (even when that program is killed). Returns `false` if the parent is already gone.
-pub fn die_with_parent() -> io::Result<bool> {
-    // SAFETY: getppid(2) has no preconditions.
-    let parent = unsafe { libc::getppid() };
+/// (even when that program is killed). `parent` is the pid the parent gave it: returns `false`
+/// if that process is no longer the parent (it died before the request took effect).
+pub fn die_with_parent(parent: u32) -> io::Result<bool> {
     // SAFETY: prctl(2) with PR_SET_PDEATHSIG takes a signal number; the rest are unused.
     check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) })?;
-    // The parent may have died before the call took effect.
-    // SAFETY: as above.
-    Ok(unsafe { libc::getppid() } == parent)
+    // SAFETY: getppid(2) has no preconditions.
+    let now = unsafe { libc::getppid() };
+    Ok(u32::try_from(now).is_ok_and(|p| p == parent))
 }

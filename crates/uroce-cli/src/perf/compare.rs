@@ -109,7 +109,7 @@ fn start_server(addr: IpAddr) -> Result<(OwnServer, u16), String> {
     let mut child = Command::new(exe)
         .args(["server", "--addr", &addr.to_string(), "--port", &port.to_string()])
         // Ends with this process, however it ends (Ctrl-C included).
-        .env("UROCE_DIE_WITH_PARENT", "1")
+        .env("UROCE_DIE_WITH_PARENT", std::process::id().to_string())
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()

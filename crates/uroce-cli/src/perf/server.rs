@@ -12,11 +12,12 @@ use super::{Cpu, PROTOCOL_VERSION, Params, TestDef, find};
 
 /// Listens on `addr:port` for control connections; the RDMA device is `addr` too.
 pub(crate) fn serve(addr: IpAddr, port: u16) -> Result<(), String> {
-    // A server that `uroce compare` started goes when it goes.
-    if std::env::var_os("UROCE_DIE_WITH_PARENT").is_some()
-        && !uroce_net::die_with_parent().map_err(|e| e.to_string())?
-    {
-        return Err("the process that started this server is gone".into());
+    // A server that `uroce compare` started goes when it goes (the variable holds its pid).
+    if let Ok(parent) = std::env::var("UROCE_DIE_WITH_PARENT") {
+        let parent: u32 = parent.parse().map_err(|_| "UROCE_DIE_WITH_PARENT is not a pid")?;
+        if !uroce_net::die_with_parent(parent).map_err(|e| e.to_string())? {
+            return Err("the process that started this server is gone".into());
+        }
     }
     let listener = TcpListener::bind((addr, port))
         .map_err(|e| format!("cannot listen on {addr}:{port}: {e}"))?;
