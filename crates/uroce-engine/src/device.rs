@@ -979,8 +979,7 @@ impl<M: MemoryAccess> Device<M> {
                 return;
             };
             if deliver_ud(qp, &mut self.ctx, rx, &packet, payload.len()) {
-                self.ctx.counters.rcvd_pkts += 1;
-                self.ctx.counters.rcvd_bytes += payload.len() as u64;
+                count_rcvd(&mut self.ctx.counters, payload.len());
             }
             return;
         }
@@ -997,22 +996,9 @@ impl<M: MemoryAccess> Device<M> {
                 p
             }
         };
-        if icrc::verify(&pseudo, payload).is_err() {
-            c.icrc_errors += 1;
-            return;
-        }
-        let Ok(parsed) = PacketRepr::parse_ignoring_icrc(payload) else {
-            c.drop_malformed += 1;
-            return;
-        };
-        let packet = parsed.repr;
+        let Some(packet) = verify_and_parse(&pseudo, c, payload) else { return };
         // Header checks (IBA 9.6: transport, partition, source; rxe_recv.c hdr_check).
-        if packet.bth.opcode.transport() != qp.init.qp_type.transport() {
-            c.drop_wrong_transport += 1;
-            return;
-        }
-        if packet.bth.pkey.base() != uroce_wire::PKey::DEFAULT.base() {
-            c.drop_bad_pkey += 1;
+        if !headers_fit(qp, &packet, c) {
             return;
         }
         if qp.av.is_none_or(|av| av.dest != rx.src.ip()) {
@@ -1028,10 +1014,8 @@ impl<M: MemoryAccess> Device<M> {
                 c.drop_bad_state += 1;
                 return;
             }
-            c.rcvd_pkts += 1;
-            c.rcvd_bytes += payload.len() as u64;
-            qp.counters.rcvd_pkts += 1;
-            qp.counters.rcvd_bytes += payload.len() as u64;
+            count_rcvd(c, payload.len());
+            count_qp_rcvd(qp, payload.len());
             // IBA 11.6.3: the first packet received in RTR establishes communication.
             if qp.state == QpState::Rtr && !qp.comm_established {
                 qp.comm_established = true;
@@ -1043,10 +1027,8 @@ impl<M: MemoryAccess> Device<M> {
                 c.drop_bad_state += 1;
                 return;
             }
-            c.rcvd_pkts += 1;
-            c.rcvd_bytes += payload.len() as u64;
-            qp.counters.rcvd_pkts += 1;
-            qp.counters.rcvd_bytes += payload.len() as u64;
+            count_rcvd(c, payload.len());
+            count_qp_rcvd(qp, payload.len());
             completer::on_response(qp, &mut self.ctx, now, &packet);
         }
     }
@@ -1067,8 +1049,7 @@ impl<M: MemoryAccess> Device<M> {
                 }
             }
             if taken {
-                self.ctx.counters.rcvd_pkts += 1;
-                self.ctx.counters.rcvd_bytes += payload.len() as u64;
+                count_rcvd(&mut self.ctx.counters, payload.len());
             }
         }
         if let Some(slot) = self.mcast.get_mut(&rx.dst) {
@@ -1160,7 +1141,16 @@ fn verify_datagram<'a>(
             p
         }
     };
-    if icrc::verify(&pseudo, payload).is_err() {
+    verify_and_parse(&pseudo, c, payload)
+}
+
+/// Verifies the ICRC (IBA Annex A17.3.3) and parses the packet, counting a failure.
+fn verify_and_parse<'a>(
+    pseudo: &PseudoHeader,
+    c: &mut Counters,
+    payload: &'a [u8],
+) -> Option<PacketRepr<'a>> {
+    if icrc::verify(pseudo, payload).is_err() {
         c.icrc_errors += 1;
         return None;
     }
@@ -1173,6 +1163,32 @@ fn verify_datagram<'a>(
     }
 }
 
+/// The header checks every QP makes (IBA 9.6; rxe_recv.c hdr_check): the opcode's transport is
+/// the QP's and the partition is the default one. A failure is counted.
+fn headers_fit(qp: &Qp, packet: &PacketRepr<'_>, c: &mut Counters) -> bool {
+    if packet.bth.opcode.transport() != qp.init.qp_type.transport() {
+        c.drop_wrong_transport += 1;
+        return false;
+    }
+    if packet.bth.pkey.base() != uroce_wire::PKey::DEFAULT.base() {
+        c.drop_bad_pkey += 1;
+        return false;
+    }
+    true
+}
+
+/// A packet the device accepted.
+fn count_rcvd(c: &mut Counters, len: usize) {
+    c.rcvd_pkts += 1;
+    c.rcvd_bytes += len as u64;
+}
+
+/// A packet a QP accepted.
+fn count_qp_rcvd(qp: &mut Qp, len: usize) {
+    qp.counters.rcvd_pkts += 1;
+    qp.counters.rcvd_bytes += len as u64;
+}
+
 /// Offers a verified datagram to UD QP `qp`: the header checks (transport, partition, state),
 /// then the responder. Returns whether the QP took it past those checks; a refusal is counted.
 fn deliver_ud<M: MemoryAccess>(
@@ -1183,20 +1199,16 @@ fn deliver_ud<M: MemoryAccess>(
     udp_payload_len: usize,
 ) -> bool {
     let c = &mut ctx.counters;
-    if qp.init.qp_type != QpType::Ud || packet.bth.opcode.transport() != uroce_wire::Transport::Ud {
-        c.drop_wrong_transport += 1;
-        return false;
-    }
-    if packet.bth.pkey.base() != uroce_wire::PKey::DEFAULT.base() {
-        c.drop_bad_pkey += 1;
+    // Only UD QPs reach here (unicast by type, multicast by attachment, which takes UD only), so
+    // the shared transport check is UD's.
+    if !headers_fit(qp, packet, c) {
         return false;
     }
     if !qp.can_receive() {
         c.drop_bad_state += 1;
         return false;
     }
-    qp.counters.rcvd_pkts += 1;
-    qp.counters.rcvd_bytes += udp_payload_len as u64;
+    count_qp_rcvd(qp, udp_payload_len);
     responder::ud_request(qp, ctx, packet, &rx.grh(udp_payload_len));
     true
 }
