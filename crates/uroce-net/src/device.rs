@@ -329,24 +329,13 @@ impl State {
     /// One round of progress: everything the sockets hold, due timers, then everything the
     /// engine has to send, and the events it raised.
     fn progress(&mut self) {
-        let socks: Vec<Arc<UdpSocket>> = core::iter::once(Arc::clone(&self.main))
-            .chain(self.mcast_socks.values().cloned())
-            .collect();
-        for sock in &socks {
-            // Bounded: a flood cannot keep one caller here for ever.
-            for _ in 0..16 {
-                let Ok(n) = self.recv.recv(sock) else { break };
-                if n == 0 {
-                    break;
-                }
-                self.counters.rx_batches += 1;
-                self.counters.rx_datagrams += n as u64;
-                for i in 0..n {
-                    self.receive(i);
-                }
-                if n < RECV_BATCH {
-                    break;
-                }
+        let now = self.now();
+        let main = Arc::clone(&self.main);
+        self.drain(&main, now);
+        if !self.mcast_socks.is_empty() {
+            let groups: Vec<Arc<UdpSocket>> = self.mcast_socks.values().cloned().collect();
+            for sock in &groups {
+                self.drain(sock, now);
             }
         }
         let now = self.now();
@@ -356,28 +345,34 @@ impl State {
         self.flush(now);
     }
 
-    fn receive(&mut self, i: usize) {
+    /// Hands the engine what `sock` holds, a batch at a time.
+    fn drain(&mut self, sock: &UdpSocket, now: Instant) {
+        // Bounded: a flood cannot keep one caller here for ever.
+        for _ in 0..16 {
+            let Ok(n) = self.recv.recv(sock) else { break };
+            if n == 0 {
+                break;
+            }
+            self.counters.rx_batches += 1;
+            self.counters.rx_datagrams += n as u64;
+            for i in 0..n {
+                self.receive(i, now);
+            }
+            if n < RECV_BATCH {
+                break;
+            }
+        }
+    }
+
+    /// Datagram `i` of the last batch, straight from the receive buffer (a corrupting fault
+    /// works on a copy).
+    fn receive(&mut self, i: usize, now: Instant) {
         let meta = self.recv.meta[i];
-        let now = self.now();
-        let mut payload = self.pool_buf();
-        payload.clear();
-        payload.extend_from_slice(self.recv.payload(i));
+        let payload = self.recv.payload(i);
         let dst = meta.dst.unwrap_or(self.addr);
         if let Some(w) = &mut self.pcap {
             let ts = self.wall_origin + self.origin.elapsed();
-            let _ = w.write_roce(ts, meta.src, SocketAddr::new(dst, ROCE_V2_PORT), &payload);
-        }
-        let fate = self.rng.fate(&self.faults, payload.len());
-        if self.faults.any() {
-            if fate.drop {
-                self.counters.fault_drops += 1;
-                self.pool.push(payload);
-                return;
-            }
-            if let Some(bit) = fate.flip {
-                payload[bit / 8] ^= 1 << (bit % 8);
-                self.counters.fault_corruptions += 1;
-            }
+            let _ = w.write_roce(ts, meta.src, SocketAddr::new(dst, ROCE_V2_PORT), payload);
         }
         let rx = RxInfo {
             src: meta.src,
@@ -386,12 +381,31 @@ impl State {
             hop_limit: meta.hop_limit,
             flow_label: 0,
         };
-        self.engine.handle_datagram(now, &rx, &payload);
-        if self.faults.any() && fate.dup {
-            self.counters.fault_dups += 1;
-            self.engine.handle_datagram(now, &rx, &payload);
+        if !self.faults.any() {
+            self.engine.handle_datagram(now, &rx, payload);
+            return;
         }
-        self.pool.push(payload);
+        let fate = self.rng.fate(&self.faults, payload.len());
+        if fate.drop {
+            self.counters.fault_drops += 1;
+            return;
+        }
+        let corrupted;
+        let bytes = match fate.flip {
+            Some(bit) => {
+                let mut copy = payload.to_vec();
+                copy[bit / 8] ^= 1 << (bit % 8);
+                self.counters.fault_corruptions += 1;
+                corrupted = copy;
+                &corrupted[..]
+            }
+            None => payload,
+        };
+        self.engine.handle_datagram(now, &rx, bytes);
+        if fate.dup {
+            self.counters.fault_dups += 1;
+            self.engine.handle_datagram(now, &rx, bytes);
+        }
     }
 
     fn pool_buf(&mut self) -> Vec<u8> {
