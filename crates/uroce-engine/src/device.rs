@@ -538,7 +538,12 @@ impl<M: MemoryAccess> Device<M> {
         }
     }
 
-    /// The device's limits.
+    /// The port's active MTU (`ibv_port_attr.active_mtu`).
+    pub fn port_mtu(&self) -> Mtu {
+        self.ctx.config.port_mtu
+    }
+
+    /// The device's limits (`ibv_query_device`).
     pub fn attr(&self) -> DeviceAttr {
         DEVICE_ATTR
     }

@@ -34,6 +34,18 @@ pub struct CqHandle(pub(crate) u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AhHandle(pub(crate) u32);
 
+macro_rules! handle_number {
+    ($($t:ty),*) => {$(
+        impl $t {
+            /// The handle's number: what a C binding reports in an object's `handle` field.
+            pub const fn get(self) -> u32 {
+                self.0
+            }
+        }
+    )*};
+}
+handle_number!(PdHandle, SrqHandle, CqHandle, AhHandle);
+
 /// What an address handle is made from (`ibv_ah_attr` with its GRH, for RoCEv2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AhAttr {

@@ -133,6 +133,12 @@ impl Channel {
         Ok(Self { fd: EventFd::new()?, events: Mutex::new(VecDeque::new()) })
     }
 
+    /// A channel whose descriptor is in blocking mode ([`EventFd::new_blocking`]), for
+    /// `ibv_comp_channel`.
+    pub fn new_blocking() -> io::Result<Self> {
+        Ok(Self { fd: EventFd::new_blocking()?, events: Mutex::new(VecDeque::new()) })
+    }
+
     /// The next CQ event, without blocking.
     pub fn try_get(&self) -> Option<CqHandle> {
         let mut q = self.events.lock().unwrap_or_else(PoisonError::into_inner);
@@ -227,6 +233,7 @@ pub struct State {
     piece_pool: Vec<Vec<Piece>>,
     channels: HashMap<CqHandle, Arc<Channel>>,
     async_events: VecDeque<AsyncEvent>,
+    async_notifier: Option<Arc<EventFd>>,
     counters: NetCounters,
     /// Regions whose owner let go while work requests still named them.
     deferred_deregs: Vec<LKey>,
@@ -266,9 +273,21 @@ impl State {
             self.deferred_deregs.push(lkey);
             return;
         }
-        if let Some(mr) = self.engine.dereg_mr(lkey) {
-            self.engine.memory_mut().remove(mr.addr);
-        }
+        self.deregister_now(lkey);
+    }
+
+    /// Deregisters a region at once, as `ibv_dereg_mr` does: work requests still naming it
+    /// fail with a protection error when they reach it, and the engine never touches its
+    /// memory again (a C caller may free the memory as soon as this returns).
+    pub fn deregister_now(&mut self, lkey: LKey) -> Option<MemoryRegion> {
+        let mr = self.engine.dereg_mr(lkey)?;
+        self.engine.memory_mut().remove(mr.addr, mr.length);
+        Some(mr)
+    }
+
+    /// Signals `fd` whenever an asynchronous event is queued (`ibv_context.async_fd`).
+    pub fn set_async_notifier(&mut self, fd: Arc<EventFd>) {
+        self.async_notifier = Some(fd);
     }
 
     /// Regions still registered (deferred deregistrations included).
@@ -454,6 +473,9 @@ impl State {
         }
         while let Some(e) = self.engine.poll_async_event() {
             self.async_events.push_back(e);
+            if let Some(fd) = &self.async_notifier {
+                fd.signal();
+            }
         }
         self.retry_deregs();
     }
@@ -652,6 +674,7 @@ impl NetDevice {
             piece_pool: Vec::new(),
             channels: HashMap::new(),
             async_events: VecDeque::new(),
+            async_notifier: None,
             counters: NetCounters::default(),
             deferred_deregs: Vec::new(),
             copy_payloads: options.copy_payloads,
@@ -707,6 +730,15 @@ impl NetDevice {
     /// does before it looks at the queue.
     pub fn progress(&self) {
         self.with(State::progress);
+    }
+
+    /// For a thread about to block (on a completion channel, say) after polling: ends the
+    /// busy-poll mark [`NetDevice::poll_with`] set, so the progress thread goes back to the
+    /// sockets now instead of at its next check-in.
+    pub fn end_busy_poll(&self) {
+        if self.shared.last_busy_poll.swap(0, Ordering::AcqRel) != 0 {
+            self.shared.wake.signal();
+        }
     }
 
     /// For a thread that busy-polls: a round of progress, then `f`, under one acquisition of

@@ -386,15 +386,30 @@ pub(crate) fn send_batch(
 /// A Linux eventfd: a counter that wakes `poll` when non-zero (completion channels and the
 /// progress thread's wake-up).
 #[derive(Debug)]
-pub struct EventFd(OwnedFd);
+pub struct EventFd {
+    fd: OwnedFd,
+    /// Made with [`EventFd::new_blocking`]: reads look first, so none blocks.
+    blocking: bool,
+}
 
 impl EventFd {
     /// A non-blocking eventfd at zero.
     pub fn new() -> io::Result<Self> {
-        // SAFETY: eventfd(2) with constant arguments; the result is checked.
-        let fd = check(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+        Self::with_flags(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK, false)
+    }
+
+    /// A blocking eventfd at zero, for a descriptor handed to an application that chooses its
+    /// mode itself (`ibv_comp_channel.fd`: `ibv_get_cq_event` blocks unless the application
+    /// sets `O_NONBLOCK`). [`EventFd::take`] polls before it reads, so it never blocks.
+    pub fn new_blocking() -> io::Result<Self> {
+        Self::with_flags(libc::EFD_CLOEXEC, true)
+    }
+
+    fn with_flags(flags: libc::c_int, blocking: bool) -> io::Result<Self> {
+        // SAFETY: eventfd(2) with plain integer arguments; the result is checked.
+        let fd = check(unsafe { libc::eventfd(0, flags) })?;
         // SAFETY: `fd` was just returned by eventfd(2) and is owned by nothing else.
-        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+        Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd) }, blocking })
     }
 
     /// Adds one.
@@ -402,29 +417,40 @@ impl EventFd {
         let one: u64 = 1;
         // SAFETY: writes the 8 bytes of `one`, as eventfd(2) requires. A full counter
         // (EAGAIN) already wakes every waiter, so the result is ignored.
-        let _ = unsafe { libc::write(self.0.as_raw_fd(), (&raw const one).cast(), 8) };
+        let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
     }
 
     /// Reads and clears the counter; 0 if it was zero.
     pub fn take(&self) -> u64 {
+        if self.blocking && !readable_now(self.fd.as_raw_fd()) {
+            return 0;
+        }
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into `v`, as eventfd(2) requires.
-        let ret = unsafe { libc::read(self.0.as_raw_fd(), (&raw mut v).cast(), 8) };
+        let ret = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
         if ret == 8 { v } else { 0 }
     }
 
     /// Blocks until the counter is non-zero or `timeout_ms` passes (-1: forever); then
     /// takes it. Returns the value taken.
     pub fn wait(&self, timeout_ms: i32) -> io::Result<u64> {
-        poll_readable(&[self.0.as_raw_fd()], timeout_ms)?;
+        poll_readable(&[self.fd.as_raw_fd()], timeout_ms)?;
         Ok(self.take())
     }
 }
 
 impl AsRawFd for EventFd {
     fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
+        self.fd.as_raw_fd()
     }
+}
+
+/// Whether `fd` is readable now (a `poll` with no wait).
+fn readable_now(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one live pollfd.
+    let ret = unsafe { libc::poll(&raw mut pfd, 1, 0) };
+    ret == 1 && pfd.revents & libc::POLLIN != 0
 }
 
 /// Blocks until one of `fds` is readable or `timeout_ms` passes (-1: forever). `EINTR`
@@ -452,6 +478,9 @@ pub struct RawRegion {
     ptr: core::ptr::NonNull<u8>,
     len: usize,
     locked: bool,
+    /// Whether the region allocated its bytes (and frees them on drop), or borrows memory the
+    /// application owns ([`RawRegion::borrowed`]).
+    owned: bool,
 }
 
 // SAFETY: the region is a plain heap allocation; every access to its bytes is serialized by
@@ -475,7 +504,22 @@ impl RawRegion {
             .ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
         // SAFETY: `ptr` is a live allocation of `size` bytes.
         let locked = lock && unsafe { libc::mlock(ptr.as_ptr().cast(), size) } == 0;
-        Ok(Self { ptr, len, locked })
+        Ok(Self { ptr, len, locked, owned: true })
+    }
+
+    /// A region over `len` bytes at `addr` that the application owns: what `ibv_reg_mr` does
+    /// with arbitrary memory. Dropping it leaves the memory alone.
+    ///
+    /// # Safety
+    ///
+    /// The bytes must stay allocated, and be reached by nothing but this region's accessors
+    /// and the device engine while the region is registered (the verbs contract: memory stays
+    /// valid until `ibv_dereg_mr`, and the application does not touch memory a posted work
+    /// request targets until it completes).
+    pub unsafe fn borrowed(addr: *mut u8, len: usize) -> io::Result<Self> {
+        let ptr = core::ptr::NonNull::new(addr)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "null address"))?;
+        Ok(Self { ptr, len, locked: false, owned: false })
     }
 
     /// Its address: the virtual address the region is registered at.
@@ -561,6 +605,9 @@ impl RawRegion {
 
 impl Drop for RawRegion {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let size = self.len.max(1).next_multiple_of(PAGE);
         if self.locked {
             // SAFETY: unlocks what `new` locked.

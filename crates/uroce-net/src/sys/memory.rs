@@ -10,9 +10,13 @@ use super::RawRegion;
 
 /// The registered regions of one device. It lives inside the device lock, so every access the
 /// engine makes through it is serialized with the application's accessors.
+///
+/// Regions are kept by start address; several may start at one address, and regions may
+/// overlap, when the application registers the same memory more than once (`ibv_reg_mr` allows
+/// it: each registration has its own keys).
 #[derive(Debug, Default)]
 pub struct Registry {
-    regions: BTreeMap<u64, Arc<RawRegion>>,
+    regions: BTreeMap<u64, Vec<Arc<RawRegion>>>,
     /// Accesses outside every region: an engine bug if ever non-zero (the engine checks keys
     /// and bounds first); counted instead of touching memory.
     pub stray_accesses: u64,
@@ -20,19 +24,28 @@ pub struct Registry {
 
 impl Registry {
     pub(crate) fn insert(&mut self, region: Arc<RawRegion>) {
-        self.regions.insert(region.addr(), region);
+        self.regions.entry(region.addr()).or_default().push(region);
     }
 
-    /// Removes the region at `addr` if no other registration of it remains.
-    pub(crate) fn remove(&mut self, addr: u64) -> Option<Arc<RawRegion>> {
-        self.regions.remove(&addr)
+    /// Removes one region of `len` bytes at `addr`.
+    pub(crate) fn remove(&mut self, addr: u64, len: u64) -> Option<Arc<RawRegion>> {
+        let at = self.regions.get_mut(&addr)?;
+        let i = at.iter().position(|r| r.len() as u64 == len)?;
+        let region = at.swap_remove(i);
+        if at.is_empty() {
+            self.regions.remove(&addr);
+        }
+        Some(region)
     }
 
-    /// The region holding `addr..addr + len`, and the offset of `addr` in it.
+    /// A region holding `addr..addr + len`, and the offset of `addr` in it: the nearest one
+    /// starting at or below `addr` first, then (overlapping registrations) the ones before it.
     fn find(&self, addr: u64, len: usize) -> Option<(&RawRegion, usize)> {
-        let (&start, region) = self.regions.range(..=addr).next_back()?;
-        let offset = usize::try_from(addr - start).ok()?;
-        (offset.checked_add(len)? <= region.len()).then_some((region, offset))
+        self.regions.range(..=addr).rev().find_map(|(&start, at)| {
+            let offset = usize::try_from(addr - start).ok()?;
+            let end = offset.checked_add(len)?;
+            at.iter().find(|r| end <= r.len()).map(|r| (&**r, offset))
+        })
     }
 
     /// Copies out of a region for the application. `false` if out of range.
