@@ -1,0 +1,558 @@
+//! The objects and constants of `<infiniband/verbs.h>` (rdma-core 44) as Rust declares them:
+//! `#[repr(C)]` mirrors of every structure this library hands out or reads. A unit test
+//! compiles a C program against the installed header and checks every size and offset.
+
+use core::ffi::{c_char, c_int, c_uint, c_void};
+
+/// `pthread_mutex_t` on x86-64 glibc; all zeroes is `PTHREAD_MUTEX_INITIALIZER`.
+pub(crate) type PthreadMutex = [u64; 5];
+/// `pthread_cond_t` on x86-64 glibc; all zeroes is `PTHREAD_COND_INITIALIZER`.
+pub(crate) type PthreadCond = [u64; 6];
+
+/// A function-pointer slot this library leaves empty (NULL): the caller falls back, or fails
+/// with `EOPNOTSUPP`, as it does for a provider without that verb.
+pub(crate) type Unset = Option<unsafe extern "C" fn()>;
+
+/// `IBV_SYSFS_NAME_MAX`.
+pub(crate) const SYSFS_NAME_MAX: usize = 64;
+/// `IBV_SYSFS_PATH_MAX`.
+pub(crate) const SYSFS_PATH_MAX: usize = 256;
+
+/// `struct ibv_device`.
+#[repr(C)]
+pub(crate) struct IbvDevice {
+    pub(crate) ops: [Unset; 2],
+    pub(crate) node_type: c_int,
+    pub(crate) transport_type: c_int,
+    pub(crate) name: [c_char; SYSFS_NAME_MAX],
+    pub(crate) dev_name: [c_char; SYSFS_NAME_MAX],
+    pub(crate) dev_path: [c_char; SYSFS_PATH_MAX],
+    pub(crate) ibdev_path: [c_char; SYSFS_PATH_MAX],
+}
+
+pub(crate) type PollCqFn = unsafe extern "C" fn(*mut IbvCq, c_int, *mut IbvWc) -> c_int;
+pub(crate) type ReqNotifyFn = unsafe extern "C" fn(*mut IbvCq, c_int) -> c_int;
+pub(crate) type PostSendFn =
+    unsafe extern "C" fn(*mut IbvQp, *mut IbvSendWr, *mut *mut IbvSendWr) -> c_int;
+pub(crate) type PostRecvFn =
+    unsafe extern "C" fn(*mut IbvQp, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
+pub(crate) type PostSrqRecvFn =
+    unsafe extern "C" fn(*mut IbvSrq, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
+pub(crate) type QueryPortFn =
+    unsafe extern "C" fn(*mut IbvContext, u8, *mut IbvPortAttr, usize) -> c_int;
+
+/// `struct ibv_context_ops`: the verbs the header's inline functions call through.
+#[repr(C)]
+pub(crate) struct IbvContextOps {
+    pub(crate) compat_query_device: Unset,
+    pub(crate) compat_query_port: Unset,
+    pub(crate) compat_1: [Unset; 5],
+    pub(crate) alloc_mw: Unset,
+    pub(crate) bind_mw: Unset,
+    pub(crate) dealloc_mw: Unset,
+    pub(crate) compat_create_cq: Unset,
+    pub(crate) poll_cq: Option<PollCqFn>,
+    pub(crate) req_notify_cq: Option<ReqNotifyFn>,
+    pub(crate) compat_2: [Unset; 7],
+    pub(crate) post_srq_recv: Option<PostSrqRecvFn>,
+    pub(crate) compat_3: [Unset; 4],
+    pub(crate) post_send: Option<PostSendFn>,
+    pub(crate) post_recv: Option<PostRecvFn>,
+    pub(crate) compat_4: [Unset; 5],
+}
+
+/// `struct ibv_context`.
+#[repr(C)]
+pub(crate) struct IbvContext {
+    pub(crate) device: *mut IbvDevice,
+    pub(crate) ops: IbvContextOps,
+    pub(crate) cmd_fd: c_int,
+    pub(crate) async_fd: c_int,
+    pub(crate) num_comp_vectors: c_int,
+    pub(crate) mutex: PthreadMutex,
+    pub(crate) abi_compat: *mut c_void,
+}
+
+/// `__VERBS_ABI_IS_EXTENDED`: `abi_compat` says a `verbs_context` precedes the context.
+pub(crate) const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
+
+/// `struct verbs_context`: the extended verbs, in the memory right before `ibv_context` (which
+/// is its last member). Only `query_port` is set; the inline wrappers of the others see NULL
+/// and fall back to the legacy verb or fail with `EOPNOTSUPP`.
+#[repr(C)]
+pub(crate) struct VerbsContext {
+    pub(crate) query_port: Option<QueryPortFn>,
+    /// `advise_mr` … `create_cq_ex`, `priv`, `query_device_ex` … `close_xrcd`, and
+    /// `_ABI_placeholder3`.
+    pub(crate) unset: [Unset; 38],
+    pub(crate) sz: usize,
+    pub(crate) context: IbvContext,
+}
+
+/// `union ibv_gid`.
+pub(crate) type IbvGid = [u8; 16];
+
+/// `struct ibv_gid_entry`.
+#[repr(C)]
+pub(crate) struct IbvGidEntry {
+    pub(crate) gid: IbvGid,
+    pub(crate) gid_index: u32,
+    pub(crate) port_num: u32,
+    pub(crate) gid_type: u32,
+    pub(crate) ndev_ifindex: u32,
+}
+
+/// `struct ibv_device_attr`.
+#[repr(C)]
+pub(crate) struct IbvDeviceAttr {
+    pub(crate) fw_ver: [c_char; 64],
+    pub(crate) node_guid: u64,
+    pub(crate) sys_image_guid: u64,
+    pub(crate) max_mr_size: u64,
+    pub(crate) page_size_cap: u64,
+    pub(crate) vendor_id: u32,
+    pub(crate) vendor_part_id: u32,
+    pub(crate) hw_ver: u32,
+    pub(crate) max_qp: c_int,
+    pub(crate) max_qp_wr: c_int,
+    pub(crate) device_cap_flags: c_uint,
+    pub(crate) max_sge: c_int,
+    pub(crate) max_sge_rd: c_int,
+    pub(crate) max_cq: c_int,
+    pub(crate) max_cqe: c_int,
+    pub(crate) max_mr: c_int,
+    pub(crate) max_pd: c_int,
+    pub(crate) max_qp_rd_atom: c_int,
+    pub(crate) max_ee_rd_atom: c_int,
+    pub(crate) max_res_rd_atom: c_int,
+    pub(crate) max_qp_init_rd_atom: c_int,
+    pub(crate) max_ee_init_rd_atom: c_int,
+    pub(crate) atomic_cap: c_int,
+    pub(crate) max_ee: c_int,
+    pub(crate) max_rdd: c_int,
+    pub(crate) max_mw: c_int,
+    pub(crate) max_raw_ipv6_qp: c_int,
+    pub(crate) max_raw_ethy_qp: c_int,
+    pub(crate) max_mcast_grp: c_int,
+    pub(crate) max_mcast_qp_attach: c_int,
+    pub(crate) max_total_mcast_qp_attach: c_int,
+    pub(crate) max_ah: c_int,
+    pub(crate) max_fmr: c_int,
+    pub(crate) max_map_per_fmr: c_int,
+    pub(crate) max_srq: c_int,
+    pub(crate) max_srq_wr: c_int,
+    pub(crate) max_srq_sge: c_int,
+    pub(crate) max_pkeys: u16,
+    pub(crate) local_ca_ack_delay: u8,
+    pub(crate) phys_port_cnt: u8,
+}
+
+/// `struct ibv_port_attr`. `ibv_query_port@IBVERBS_1.1` writes only its first
+/// [`COMPAT_PORT_ATTR_SIZE`] bytes (`struct _compat_ibv_port_attr`, without
+/// `port_cap_flags2`).
+#[repr(C)]
+pub(crate) struct IbvPortAttr {
+    pub(crate) state: c_int,
+    pub(crate) max_mtu: c_int,
+    pub(crate) active_mtu: c_int,
+    pub(crate) gid_tbl_len: c_int,
+    pub(crate) port_cap_flags: u32,
+    pub(crate) max_msg_sz: u32,
+    pub(crate) bad_pkey_cntr: u32,
+    pub(crate) qkey_viol_cntr: u32,
+    pub(crate) pkey_tbl_len: u16,
+    pub(crate) lid: u16,
+    pub(crate) sm_lid: u16,
+    pub(crate) lmc: u8,
+    pub(crate) max_vl_num: u8,
+    pub(crate) sm_sl: u8,
+    pub(crate) subnet_timeout: u8,
+    pub(crate) init_type_reply: u8,
+    pub(crate) active_width: u8,
+    pub(crate) active_speed: u8,
+    pub(crate) phys_state: u8,
+    pub(crate) link_layer: u8,
+    pub(crate) flags: u8,
+    pub(crate) port_cap_flags2: u16,
+}
+
+/// Bytes of `struct _compat_ibv_port_attr`: `ibv_port_attr` up to and including `flags`.
+pub(crate) const COMPAT_PORT_ATTR_SIZE: usize = core::mem::offset_of!(IbvPortAttr, flags) + 1;
+
+/// `struct ibv_pd`.
+#[repr(C)]
+pub(crate) struct IbvPd {
+    pub(crate) context: *mut IbvContext,
+    pub(crate) handle: u32,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub(crate) struct IbvMr {
+    pub(crate) context: *mut IbvContext,
+    pub(crate) pd: *mut IbvPd,
+    pub(crate) addr: *mut c_void,
+    pub(crate) length: usize,
+    pub(crate) handle: u32,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub(crate) struct IbvCompChannel {
+    pub(crate) context: *mut IbvContext,
+    pub(crate) fd: c_int,
+    pub(crate) refcnt: c_int,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub(crate) struct IbvCq {
+    pub(crate) context: *mut IbvContext,
+    pub(crate) channel: *mut IbvCompChannel,
+    pub(crate) cq_context: *mut c_void,
+    pub(crate) handle: u32,
+    pub(crate) cqe: c_int,
+    pub(crate) mutex: PthreadMutex,
+    pub(crate) cond: PthreadCond,
+    pub(crate) comp_events_completed: u32,
+    pub(crate) async_events_completed: u32,
+}
+
+/// `struct ibv_srq`.
+#[repr(C)]
+pub(crate) struct IbvSrq {
+    pub(crate) context: *mut IbvContext,
+    pub(crate) srq_context: *mut c_void,
+    pub(crate) pd: *mut IbvPd,
+    pub(crate) handle: u32,
+    pub(crate) mutex: PthreadMutex,
+    pub(crate) cond: PthreadCond,
+    pub(crate) events_completed: u32,
+}
+
+/// `struct ibv_qp`.
+#[repr(C)]
+pub(crate) struct IbvQp {
+    pub(crate) context: *mut IbvContext,
+    pub(crate) qp_context: *mut c_void,
+    pub(crate) pd: *mut IbvPd,
+    pub(crate) send_cq: *mut IbvCq,
+    pub(crate) recv_cq: *mut IbvCq,
+    pub(crate) srq: *mut IbvSrq,
+    pub(crate) handle: u32,
+    pub(crate) qp_num: u32,
+    pub(crate) state: c_int,
+    pub(crate) qp_type: c_int,
+    pub(crate) mutex: PthreadMutex,
+    pub(crate) cond: PthreadCond,
+    pub(crate) events_completed: u32,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+pub(crate) struct IbvAh {
+    pub(crate) context: *mut IbvContext,
+    pub(crate) pd: *mut IbvPd,
+    pub(crate) handle: u32,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IbvQpCap {
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+    pub(crate) max_send_sge: u32,
+    pub(crate) max_recv_sge: u32,
+    pub(crate) max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+pub(crate) struct IbvQpInitAttr {
+    pub(crate) qp_context: *mut c_void,
+    pub(crate) send_cq: *mut IbvCq,
+    pub(crate) recv_cq: *mut IbvCq,
+    pub(crate) srq: *mut IbvSrq,
+    pub(crate) cap: IbvQpCap,
+    pub(crate) qp_type: c_int,
+    pub(crate) sq_sig_all: c_int,
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IbvGlobalRoute {
+    pub(crate) dgid: IbvGid,
+    pub(crate) flow_label: u32,
+    pub(crate) sgid_index: u8,
+    pub(crate) hop_limit: u8,
+    pub(crate) traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IbvAhAttr {
+    pub(crate) grh: IbvGlobalRoute,
+    pub(crate) dlid: u16,
+    pub(crate) sl: u8,
+    pub(crate) src_path_bits: u8,
+    pub(crate) static_rate: u8,
+    pub(crate) is_global: u8,
+    pub(crate) port_num: u8,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IbvQpAttr {
+    pub(crate) qp_state: c_int,
+    pub(crate) cur_qp_state: c_int,
+    pub(crate) path_mtu: c_int,
+    pub(crate) path_mig_state: c_int,
+    pub(crate) qkey: u32,
+    pub(crate) rq_psn: u32,
+    pub(crate) sq_psn: u32,
+    pub(crate) dest_qp_num: u32,
+    pub(crate) qp_access_flags: c_uint,
+    pub(crate) cap: IbvQpCap,
+    pub(crate) ah_attr: IbvAhAttr,
+    pub(crate) alt_ah_attr: IbvAhAttr,
+    pub(crate) pkey_index: u16,
+    pub(crate) alt_pkey_index: u16,
+    pub(crate) en_sqd_async_notify: u8,
+    pub(crate) sq_draining: u8,
+    pub(crate) max_rd_atomic: u8,
+    pub(crate) max_dest_rd_atomic: u8,
+    pub(crate) min_rnr_timer: u8,
+    pub(crate) port_num: u8,
+    pub(crate) timeout: u8,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) alt_port_num: u8,
+    pub(crate) alt_timeout: u8,
+    pub(crate) rate_limit: u32,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+pub(crate) struct IbvSrqAttr {
+    pub(crate) max_wr: u32,
+    pub(crate) max_sge: u32,
+    pub(crate) srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub(crate) struct IbvSrqInitAttr {
+    pub(crate) srq_context: *mut c_void,
+    pub(crate) attr: IbvSrqAttr,
+}
+
+/// `struct ibv_async_event`: `element` is the union of the CQ, QP, SRQ or WQ pointer and the
+/// port number.
+#[repr(C)]
+pub(crate) struct IbvAsyncEvent {
+    pub(crate) element: *mut c_void,
+    pub(crate) event_type: c_int,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+pub(crate) struct IbvSge {
+    pub(crate) addr: u64,
+    pub(crate) length: u32,
+    pub(crate) lkey: u32,
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub(crate) struct IbvRecvWr {
+    pub(crate) wr_id: u64,
+    pub(crate) next: *mut Self,
+    pub(crate) sg_list: *mut IbvSge,
+    pub(crate) num_sge: c_int,
+}
+
+/// `wr.rdma` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct WrRdma {
+    pub(crate) remote_addr: u64,
+    pub(crate) rkey: u32,
+}
+
+/// `wr.atomic` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct WrAtomic {
+    pub(crate) remote_addr: u64,
+    pub(crate) compare_add: u64,
+    pub(crate) swap: u64,
+    pub(crate) rkey: u32,
+}
+
+/// `wr.ud` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct WrUd {
+    pub(crate) ah: *mut IbvAh,
+    pub(crate) remote_qpn: u32,
+    pub(crate) remote_qkey: u32,
+}
+
+/// The `wr` union of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) union WrUnion {
+    pub(crate) rdma: WrRdma,
+    pub(crate) atomic: WrAtomic,
+    pub(crate) ud: WrUd,
+}
+
+/// `struct ibv_send_wr`. `imm_data` is big-endian (`__be32`); the trailing unions (XRC's
+/// `remote_srqn`, memory-window binding and TSO) are opaque here.
+#[repr(C)]
+pub(crate) struct IbvSendWr {
+    pub(crate) wr_id: u64,
+    pub(crate) next: *mut Self,
+    pub(crate) sg_list: *mut IbvSge,
+    pub(crate) num_sge: c_int,
+    pub(crate) opcode: c_int,
+    pub(crate) send_flags: c_uint,
+    pub(crate) imm_data: u32,
+    pub(crate) wr: WrUnion,
+    pub(crate) qp_type: u32,
+    pub(crate) bind_mw_or_tso: [u64; 6],
+}
+
+/// `struct ibv_wc`. `imm_data` is big-endian.
+#[repr(C)]
+pub(crate) struct IbvWc {
+    pub(crate) wr_id: u64,
+    pub(crate) status: c_int,
+    pub(crate) opcode: c_int,
+    pub(crate) vendor_err: u32,
+    pub(crate) byte_len: u32,
+    pub(crate) imm_data: u32,
+    pub(crate) qp_num: u32,
+    pub(crate) src_qp: u32,
+    pub(crate) wc_flags: c_uint,
+    pub(crate) pkey_index: u16,
+    pub(crate) slid: u16,
+    pub(crate) sl: u8,
+    pub(crate) dlid_path_bits: u8,
+}
+
+/// `struct ibv_grh`: the 40 bytes at the start of a UD receive buffer.
+#[repr(C)]
+pub(crate) struct IbvGrh {
+    pub(crate) version_tclass_flow: u32,
+    pub(crate) paylen: u16,
+    pub(crate) next_hdr: u8,
+    pub(crate) hop_limit: u8,
+    pub(crate) sgid: IbvGid,
+    pub(crate) dgid: IbvGid,
+}
+
+/// Constants of the header's enums.
+pub(crate) mod consts {
+    use core::ffi::c_int;
+
+    pub(crate) const IBV_NODE_CA: c_int = 1;
+    pub(crate) const IBV_TRANSPORT_IB: c_int = 0;
+
+    pub(crate) const IBV_QPT_RC: c_int = 2;
+    pub(crate) const IBV_QPT_UC: c_int = 3;
+    pub(crate) const IBV_QPT_UD: c_int = 4;
+
+    pub(crate) const IBV_QPS_RESET: c_int = 0;
+    pub(crate) const IBV_QPS_INIT: c_int = 1;
+    pub(crate) const IBV_QPS_RTR: c_int = 2;
+    pub(crate) const IBV_QPS_RTS: c_int = 3;
+    pub(crate) const IBV_QPS_SQD: c_int = 4;
+    pub(crate) const IBV_QPS_SQE: c_int = 5;
+    pub(crate) const IBV_QPS_ERR: c_int = 6;
+
+    pub(crate) const IBV_QP_STATE: c_int = 1 << 0;
+    pub(crate) const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+    pub(crate) const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+    pub(crate) const IBV_QP_PORT: c_int = 1 << 5;
+    pub(crate) const IBV_QP_QKEY: c_int = 1 << 6;
+    pub(crate) const IBV_QP_AV: c_int = 1 << 7;
+    pub(crate) const IBV_QP_PATH_MTU: c_int = 1 << 8;
+    pub(crate) const IBV_QP_TIMEOUT: c_int = 1 << 9;
+    pub(crate) const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+    pub(crate) const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+    pub(crate) const IBV_QP_RQ_PSN: c_int = 1 << 12;
+    pub(crate) const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+    pub(crate) const IBV_QP_ALT_PATH: c_int = 1 << 14;
+    pub(crate) const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+    pub(crate) const IBV_QP_SQ_PSN: c_int = 1 << 16;
+    pub(crate) const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+    pub(crate) const IBV_QP_DEST_QPN: c_int = 1 << 20;
+
+    pub(crate) const IBV_WR_RDMA_WRITE: c_int = 0;
+    pub(crate) const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
+    pub(crate) const IBV_WR_SEND: c_int = 2;
+    pub(crate) const IBV_WR_SEND_WITH_IMM: c_int = 3;
+    pub(crate) const IBV_WR_RDMA_READ: c_int = 4;
+    pub(crate) const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
+    pub(crate) const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
+
+    pub(crate) const IBV_SEND_FENCE: u32 = 1;
+    pub(crate) const IBV_SEND_SIGNALED: u32 = 2;
+    pub(crate) const IBV_SEND_SOLICITED: u32 = 4;
+    pub(crate) const IBV_SEND_INLINE: u32 = 8;
+
+    pub(crate) const IBV_WC_SEND: c_int = 0;
+    pub(crate) const IBV_WC_RDMA_WRITE: c_int = 1;
+    pub(crate) const IBV_WC_RDMA_READ: c_int = 2;
+    pub(crate) const IBV_WC_COMP_SWAP: c_int = 3;
+    pub(crate) const IBV_WC_FETCH_ADD: c_int = 4;
+    pub(crate) const IBV_WC_RECV: c_int = 128;
+    pub(crate) const IBV_WC_RECV_RDMA_WITH_IMM: c_int = 129;
+    pub(crate) const IBV_WC_GRH: u32 = 1;
+    pub(crate) const IBV_WC_WITH_IMM: u32 = 2;
+
+    pub(crate) const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
+    pub(crate) const IBV_ACCESS_REMOTE_WRITE: c_int = 2;
+    pub(crate) const IBV_ACCESS_REMOTE_READ: c_int = 4;
+    pub(crate) const IBV_ACCESS_REMOTE_ATOMIC: c_int = 8;
+    /// `IBV_ACCESS_OPTIONAL_RANGE`: hints a provider may ignore (relaxed ordering among them).
+    pub(crate) const IBV_ACCESS_OPTIONAL_RANGE: c_int = 0x3ff0_0000;
+
+    pub(crate) const IBV_SRQ_MAX_WR: c_int = 1;
+    pub(crate) const IBV_SRQ_LIMIT: c_int = 2;
+
+    pub(crate) const IBV_PORT_ACTIVE: c_int = 4;
+    pub(crate) const IBV_MTU_4096: c_int = 5;
+    pub(crate) const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+    pub(crate) const IBV_QPF_GRH_REQUIRED: u8 = 1;
+    /// `IBV_WIDTH_1X`.
+    pub(crate) const IBV_WIDTH_1X: u8 = 1;
+    /// `IBV_SPEED_QDR` (10 Gbit/s per lane).
+    pub(crate) const IBV_SPEED_QDR: u8 = 4;
+    /// Port physical state `LinkUp`.
+    pub(crate) const PHYS_STATE_LINK_UP: u8 = 5;
+
+    pub(crate) const IBV_ATOMIC_HCA: c_int = 1;
+    pub(crate) const IBV_DEVICE_RC_RNR_NAK_GEN: u32 = 1 << 12;
+    pub(crate) const IBV_DEVICE_SYS_IMAGE_GUID: u32 = 1 << 11;
+
+    pub(crate) const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+    /// `IBV_GID_TYPE_SYSFS_ROCE_V2`, what `ibv_query_gid_type` reports.
+    pub(crate) const IBV_GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
+
+    pub(crate) const IBV_EVENT_CQ_ERR: c_int = 0;
+    pub(crate) const IBV_EVENT_QP_FATAL: c_int = 1;
+    pub(crate) const IBV_EVENT_COMM_EST: c_int = 4;
+    pub(crate) const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
+    pub(crate) const IBV_EVENT_QP_LAST_WQE_REACHED: c_int = 16;
+
+    /// `IBV_FORK_UNNEEDED`: no DMA, so a child's copy-on-write pages cannot be a problem.
+    pub(crate) const IBV_FORK_UNNEEDED: c_int = 2;
+}

@@ -1,0 +1,38 @@
+//! A drop-in `libibverbs.so.1`: rdma-core's verbs C ABI (`<infiniband/verbs.h>`, rdma-core 44)
+//! on the uroce engine and runtime, so that unmodified verbs programs — `ibv_devinfo`,
+//! `ibv_rc_pingpong`, perftest — run over uroce with no RDMA hardware, no kernel module and no
+//! root:
+//!
+//! ```text
+//! cargo build --release -p uroce-verbs
+//! ln -sf liburoce_verbs.so target/release/libibverbs.so.1
+//! UROCE_ADDR=127.0.0.2 LD_LIBRARY_PATH=target/release ibv_devinfo -v
+//! ```
+//!
+//! # Devices
+//!
+//! One device per configured address (`uroce0`, `uroce1`, …), from `UROCE_ADDR`
+//! (comma-separated) or, when it is unset, `/etc/uroce/devices` (one address per line). Each has
+//! one port: Ethernet link layer, active, MTU 4096, GID index 0 = the address as a RoCEv2 GID.
+//! `UROCE_PCAP` and `UROCE_FAULTS` work as for every uroce device.
+//!
+//! # The ABI
+//!
+//! - The data path (`ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`,
+//!   `ibv_req_notify_cq`) is inline in the header and calls through `ibv_context.ops`.
+//! - Extended verbs find a `struct verbs_context` immediately before `struct ibv_context`,
+//!   recognized by `abi_compat` = all-ones; only `query_port` is set in it (so callers pass
+//!   their structure size), and the header's wrappers of the others fall back to the legacy
+//!   verbs or fail with `EOPNOTSUPP`.
+//! - Every symbol of the real library exists with its version node (`src/symbols.rs`), because
+//!   programs and the libraries they load (librdmacm, libmlx5, libefa) are bound at start-up.
+//!   What uroce does not support fails as documented and never crashes (`compat`).
+//!
+//! Unsafe code is the C ABI's: raw pointers from the caller, each use with its `SAFETY:` note.
+
+mod abi;
+mod compat;
+mod config;
+mod strings;
+mod symbols;
+mod verbs;
