@@ -37,7 +37,9 @@ pub struct Options {
     /// Run the background progress thread (default). Without it only calls into the device
     /// make progress: for single-threaded busy-polling benchmarks.
     pub no_progress_thread: bool,
-    /// The port MTU; default 4096 (1024 would suit a 1500-byte Ethernet path).
+    /// The port MTU. By default it is derived from the MTU of the address's interface as RoCE
+    /// NICs derive it (Linux rxe: the largest IB MTU that fits the interface MTU less 80 bytes
+    /// of headers): 4096 on loopback, 1024 on 1500-byte Ethernet.
     pub port_mtu: Option<Mtu>,
     /// Copy every payload into its packet instead of sending it from registered memory (for
     /// measuring what zero copy buys).
@@ -57,6 +59,14 @@ impl Options {
         }
         Ok(o)
     }
+}
+
+/// The IB MTU a port has on an interface of `if_mtu` bytes: the largest that leaves room for
+/// the RoCEv2 headers (rxe reserves 80 bytes: IP, UDP, BTH, the largest extension header and
+/// ICRC).
+fn port_mtu_for(if_mtu: u32) -> Mtu {
+    let room = if_mtu.saturating_sub(80);
+    Mtu::ALL.into_iter().rev().find(|m| m.bytes() <= room).unwrap_or(Mtu::Mtu256)
 }
 
 /// Why a device could not be opened.
@@ -653,9 +663,9 @@ impl NetDevice {
             a ^ (u64::from(std::process::id()) << 32) ^ nanos
         });
         let mut config = DeviceConfig::new(addr, seed);
-        if let Some(m) = options.port_mtu {
-            config.port_mtu = m;
-        }
+        config.port_mtu = options
+            .port_mtu
+            .unwrap_or_else(|| sys::interface_mtu(&main, addr).map_or(Mtu::Mtu4096, port_mtu_for));
         let state = State {
             engine: Device::new(config, Registry::default()),
             addr,

@@ -445,6 +445,67 @@ impl AsRawFd for EventFd {
     }
 }
 
+/// The MTU of the network interface that holds `addr`, if one does: `getifaddrs(3)` finds the
+/// interface, `SIOCGIFMTU` on `sock` reads its MTU (both see the caller's network namespace).
+pub(crate) fn interface_mtu(sock: &impl AsRawFd, addr: IpAddr) -> Option<u32> {
+    let mut list: *mut libc::ifaddrs = core::ptr::null_mut();
+    // SAFETY: getifaddrs(3) fills `list` with a list this function frees below.
+    if unsafe { libc::getifaddrs(&raw mut list) } != 0 {
+        return None;
+    }
+    let mut name = None;
+    let mut cur = list;
+    while !cur.is_null() && name.is_none() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        // SAFETY: a non-NULL ifa_addr points to a sockaddr of the family it names.
+        if !ifa.ifa_addr.is_null() && unsafe { sockaddr_ip(ifa.ifa_addr) } == Some(addr) {
+            let mut ifr_name = [0 as libc::c_char; libc::IFNAMSIZ];
+            // SAFETY: ifa_name is a NUL-terminated interface name.
+            let n = unsafe { core::ffi::CStr::from_ptr(ifa.ifa_name) }.to_bytes();
+            for (d, s) in ifr_name.iter_mut().zip(n.iter().take(libc::IFNAMSIZ - 1)) {
+                *d = *s as libc::c_char;
+            }
+            name = Some(ifr_name);
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: frees the list getifaddrs returned; no node is used after this.
+    unsafe { libc::freeifaddrs(list) };
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut ifr: libc::ifreq = unsafe { core::mem::zeroed() };
+    ifr.ifr_name = name?;
+    // SAFETY: SIOCGIFMTU reads the named interface's MTU into the live `ifr`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU, &raw mut ifr) } != 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFMTU sets the `ifru_mtu` member of the union.
+    u32::try_from(unsafe { ifr.ifr_ifru.ifru_mtu }).ok()
+}
+
+/// The IP address of a sockaddr, for the IPv4 and IPv6 families.
+///
+/// # Safety
+///
+/// `sa` points to a sockaddr whose size matches its family.
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    // SAFETY: the caller's contract; every sockaddr starts with its family.
+    let family = libc::c_int::from(unsafe { (*sa).sa_family });
+    match family {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET sockaddr is a sockaddr_in.
+            let sin = unsafe { &*sa.cast::<libc::sockaddr_in>() };
+            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6.
+            let sin6 = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
+            Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
+        }
+        _ => None,
+    }
+}
+
 /// Whether `fd` is readable now (a `poll` with no wait).
 fn readable_now(fd: RawFd) -> bool {
     let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };

@@ -89,8 +89,12 @@ pub(crate) struct VerbsContext {
     pub(crate) context: IbvContext,
 }
 
-/// `union ibv_gid`.
-pub(crate) type IbvGid = [u8; 16];
+/// `union ibv_gid`: 16 bytes, aligned as its `global` view (two `__be64`).
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub(crate) struct IbvGid {
+    pub(crate) raw: [u8; 16],
+}
 
 /// `struct ibv_gid_entry`.
 #[repr(C)]
@@ -532,10 +536,10 @@ pub(crate) mod consts {
     pub(crate) const IBV_MTU_4096: c_int = 5;
     pub(crate) const IBV_LINK_LAYER_ETHERNET: u8 = 2;
     pub(crate) const IBV_QPF_GRH_REQUIRED: u8 = 1;
-    /// `IBV_WIDTH_1X`.
-    pub(crate) const IBV_WIDTH_1X: u8 = 1;
-    /// `IBV_SPEED_QDR` (10 Gbit/s per lane).
-    pub(crate) const IBV_SPEED_QDR: u8 = 4;
+    /// PortInfo ActiveWidth 1X (IBA 14.2.5.6; not named in the header).
+    pub(crate) const ACTIVE_WIDTH_1X: u8 = 1;
+    /// PortInfo ActiveSpeed QDR, 10 Gbit/s per lane (IBA 14.2.5.6; not named in the header).
+    pub(crate) const ACTIVE_SPEED_QDR: u8 = 4;
     /// Port physical state `LinkUp`.
     pub(crate) const PHYS_STATE_LINK_UP: u8 = 5;
 
@@ -555,4 +559,433 @@ pub(crate) mod consts {
 
     /// `IBV_FORK_UNNEEDED`: no DMA, so a child's copy-on-write pages cannot be a problem.
     pub(crate) const IBV_FORK_UNNEEDED: c_int = 2;
+}
+
+/// Every size, offset and constant above, checked against the installed header by a C program
+/// compiled from this list.
+#[cfg(test)]
+mod tests {
+    use core::mem::{offset_of, size_of};
+
+    use super::consts::*;
+    use super::*;
+
+    /// (C expression, the value Rust has for it).
+    type Facts = Vec<(String, i128)>;
+
+    macro_rules! layout {
+        ($out:ident, $rust:ty, $c:literal, [$($f:ident),* $(,)?]) => {
+            $out.push((format!("sizeof(struct {})", $c), size_of::<$rust>() as i128));
+            $($out.push((
+                format!("offsetof(struct {}, {})", $c, stringify!($f)),
+                offset_of!($rust, $f) as i128,
+            ));)*
+        };
+    }
+
+    macro_rules! constants {
+        ($out:ident, [$($name:ident),* $(,)?]) => {
+            $($out.push((format!("(long long){}", stringify!($name)), i128::from($name)));)*
+        };
+    }
+
+    fn facts() -> Facts {
+        let mut v = Facts::new();
+        layout!(
+            v,
+            IbvDevice,
+            "ibv_device",
+            [node_type, transport_type, name, dev_name, dev_path, ibdev_path]
+        );
+        layout!(
+            v,
+            IbvContextOps,
+            "ibv_context_ops",
+            [
+                alloc_mw,
+                bind_mw,
+                dealloc_mw,
+                poll_cq,
+                req_notify_cq,
+                post_srq_recv,
+                post_send,
+                post_recv
+            ]
+        );
+        layout!(
+            v,
+            IbvContext,
+            "ibv_context",
+            [device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat]
+        );
+        layout!(v, VerbsContext, "verbs_context", [query_port, sz, context]);
+        layout!(
+            v,
+            IbvGidEntry,
+            "ibv_gid_entry",
+            [gid, gid_index, port_num, gid_type, ndev_ifindex]
+        );
+        layout!(
+            v,
+            IbvDeviceAttr,
+            "ibv_device_attr",
+            [
+                fw_ver,
+                node_guid,
+                sys_image_guid,
+                max_mr_size,
+                page_size_cap,
+                vendor_id,
+                vendor_part_id,
+                hw_ver,
+                max_qp,
+                max_qp_wr,
+                device_cap_flags,
+                max_sge,
+                max_sge_rd,
+                max_cq,
+                max_cqe,
+                max_mr,
+                max_pd,
+                max_qp_rd_atom,
+                max_ee_rd_atom,
+                max_res_rd_atom,
+                max_qp_init_rd_atom,
+                max_ee_init_rd_atom,
+                atomic_cap,
+                max_ee,
+                max_rdd,
+                max_mw,
+                max_raw_ipv6_qp,
+                max_raw_ethy_qp,
+                max_mcast_grp,
+                max_mcast_qp_attach,
+                max_total_mcast_qp_attach,
+                max_ah,
+                max_fmr,
+                max_map_per_fmr,
+                max_srq,
+                max_srq_wr,
+                max_srq_sge,
+                max_pkeys,
+                local_ca_ack_delay,
+                phys_port_cnt,
+            ]
+        );
+        layout!(
+            v,
+            IbvPortAttr,
+            "ibv_port_attr",
+            [
+                state,
+                max_mtu,
+                active_mtu,
+                gid_tbl_len,
+                port_cap_flags,
+                max_msg_sz,
+                bad_pkey_cntr,
+                qkey_viol_cntr,
+                pkey_tbl_len,
+                lid,
+                sm_lid,
+                lmc,
+                max_vl_num,
+                sm_sl,
+                subnet_timeout,
+                init_type_reply,
+                active_width,
+                active_speed,
+                phys_state,
+                link_layer,
+                flags,
+                port_cap_flags2,
+            ]
+        );
+        layout!(v, IbvPd, "ibv_pd", [context, handle]);
+        layout!(v, IbvMr, "ibv_mr", [context, pd, addr, length, handle, lkey, rkey]);
+        layout!(v, IbvCompChannel, "ibv_comp_channel", [context, fd, refcnt]);
+        layout!(
+            v,
+            IbvCq,
+            "ibv_cq",
+            [
+                context,
+                channel,
+                cq_context,
+                handle,
+                cqe,
+                mutex,
+                cond,
+                comp_events_completed,
+                async_events_completed,
+            ]
+        );
+        layout!(
+            v,
+            IbvSrq,
+            "ibv_srq",
+            [context, srq_context, pd, handle, mutex, cond, events_completed]
+        );
+        layout!(
+            v,
+            IbvQp,
+            "ibv_qp",
+            [
+                context,
+                qp_context,
+                pd,
+                send_cq,
+                recv_cq,
+                srq,
+                handle,
+                qp_num,
+                state,
+                qp_type,
+                mutex,
+                cond,
+                events_completed,
+            ]
+        );
+        layout!(v, IbvAh, "ibv_ah", [context, pd, handle]);
+        layout!(
+            v,
+            IbvQpCap,
+            "ibv_qp_cap",
+            [max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data]
+        );
+        layout!(
+            v,
+            IbvQpInitAttr,
+            "ibv_qp_init_attr",
+            [qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all]
+        );
+        layout!(
+            v,
+            IbvGlobalRoute,
+            "ibv_global_route",
+            [dgid, flow_label, sgid_index, hop_limit, traffic_class]
+        );
+        layout!(
+            v,
+            IbvAhAttr,
+            "ibv_ah_attr",
+            [grh, dlid, sl, src_path_bits, static_rate, is_global, port_num]
+        );
+        layout!(
+            v,
+            IbvQpAttr,
+            "ibv_qp_attr",
+            [
+                qp_state,
+                cur_qp_state,
+                path_mtu,
+                path_mig_state,
+                qkey,
+                rq_psn,
+                sq_psn,
+                dest_qp_num,
+                qp_access_flags,
+                cap,
+                ah_attr,
+                alt_ah_attr,
+                pkey_index,
+                alt_pkey_index,
+                en_sqd_async_notify,
+                sq_draining,
+                max_rd_atomic,
+                max_dest_rd_atomic,
+                min_rnr_timer,
+                port_num,
+                timeout,
+                retry_cnt,
+                rnr_retry,
+                alt_port_num,
+                alt_timeout,
+                rate_limit,
+            ]
+        );
+        layout!(v, IbvSrqAttr, "ibv_srq_attr", [max_wr, max_sge, srq_limit]);
+        layout!(v, IbvSrqInitAttr, "ibv_srq_init_attr", [srq_context, attr]);
+        layout!(v, IbvAsyncEvent, "ibv_async_event", [element, event_type]);
+        layout!(v, IbvSge, "ibv_sge", [addr, length, lkey]);
+        layout!(v, IbvRecvWr, "ibv_recv_wr", [wr_id, next, sg_list, num_sge]);
+        layout!(
+            v,
+            IbvSendWr,
+            "ibv_send_wr",
+            [wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr, qp_type]
+        );
+        let wr = offset_of!(IbvSendWr, wr) as i128;
+        for (c, rust) in [
+            ("wr.rdma.remote_addr", offset_of!(WrRdma, remote_addr)),
+            ("wr.rdma.rkey", offset_of!(WrRdma, rkey)),
+            ("wr.atomic.remote_addr", offset_of!(WrAtomic, remote_addr)),
+            ("wr.atomic.compare_add", offset_of!(WrAtomic, compare_add)),
+            ("wr.atomic.swap", offset_of!(WrAtomic, swap)),
+            ("wr.atomic.rkey", offset_of!(WrAtomic, rkey)),
+            ("wr.ud.ah", offset_of!(WrUd, ah)),
+            ("wr.ud.remote_qpn", offset_of!(WrUd, remote_qpn)),
+            ("wr.ud.remote_qkey", offset_of!(WrUd, remote_qkey)),
+        ] {
+            v.push((format!("offsetof(struct ibv_send_wr, {c})"), wr + rust as i128));
+        }
+        v.push((
+            "offsetof(struct ibv_send_wr, bind_mw)".into(),
+            offset_of!(IbvSendWr, bind_mw_or_tso) as i128,
+        ));
+        layout!(
+            v,
+            IbvWc,
+            "ibv_wc",
+            [
+                wr_id,
+                status,
+                opcode,
+                vendor_err,
+                byte_len,
+                imm_data,
+                qp_num,
+                src_qp,
+                wc_flags,
+                pkey_index,
+                slid,
+                sl,
+                dlid_path_bits,
+            ]
+        );
+        layout!(
+            v,
+            IbvGrh,
+            "ibv_grh",
+            [version_tclass_flow, paylen, next_hdr, hop_limit, sgid, dgid]
+        );
+        v.push(("offsetof(struct ibv_port_attr, flags) + 1".into(), COMPAT_PORT_ATTR_SIZE as i128));
+        constants!(
+            v,
+            [
+                IBV_NODE_CA,
+                IBV_TRANSPORT_IB,
+                IBV_QPT_RC,
+                IBV_QPT_UC,
+                IBV_QPT_UD,
+                IBV_QPS_RESET,
+                IBV_QPS_INIT,
+                IBV_QPS_RTR,
+                IBV_QPS_RTS,
+                IBV_QPS_SQD,
+                IBV_QPS_SQE,
+                IBV_QPS_ERR,
+                IBV_QP_STATE,
+                IBV_QP_ACCESS_FLAGS,
+                IBV_QP_PKEY_INDEX,
+                IBV_QP_PORT,
+                IBV_QP_QKEY,
+                IBV_QP_AV,
+                IBV_QP_PATH_MTU,
+                IBV_QP_TIMEOUT,
+                IBV_QP_RETRY_CNT,
+                IBV_QP_RNR_RETRY,
+                IBV_QP_RQ_PSN,
+                IBV_QP_MAX_QP_RD_ATOMIC,
+                IBV_QP_ALT_PATH,
+                IBV_QP_MIN_RNR_TIMER,
+                IBV_QP_SQ_PSN,
+                IBV_QP_MAX_DEST_RD_ATOMIC,
+                IBV_QP_DEST_QPN,
+                IBV_WR_RDMA_WRITE,
+                IBV_WR_RDMA_WRITE_WITH_IMM,
+                IBV_WR_SEND,
+                IBV_WR_SEND_WITH_IMM,
+                IBV_WR_RDMA_READ,
+                IBV_WR_ATOMIC_CMP_AND_SWP,
+                IBV_WR_ATOMIC_FETCH_AND_ADD,
+                IBV_SEND_FENCE,
+                IBV_SEND_SIGNALED,
+                IBV_SEND_SOLICITED,
+                IBV_SEND_INLINE,
+                IBV_WC_SEND,
+                IBV_WC_RDMA_WRITE,
+                IBV_WC_RDMA_READ,
+                IBV_WC_COMP_SWAP,
+                IBV_WC_FETCH_ADD,
+                IBV_WC_RECV,
+                IBV_WC_RECV_RDMA_WITH_IMM,
+                IBV_WC_GRH,
+                IBV_WC_WITH_IMM,
+                IBV_ACCESS_LOCAL_WRITE,
+                IBV_ACCESS_REMOTE_WRITE,
+                IBV_ACCESS_REMOTE_READ,
+                IBV_ACCESS_REMOTE_ATOMIC,
+                IBV_ACCESS_OPTIONAL_RANGE,
+                IBV_SRQ_MAX_WR,
+                IBV_SRQ_LIMIT,
+                IBV_PORT_ACTIVE,
+                IBV_MTU_4096,
+                IBV_LINK_LAYER_ETHERNET,
+                IBV_QPF_GRH_REQUIRED,
+                IBV_ATOMIC_HCA,
+                IBV_DEVICE_RC_RNR_NAK_GEN,
+                IBV_DEVICE_SYS_IMAGE_GUID,
+                IBV_GID_TYPE_ROCE_V2,
+                IBV_EVENT_CQ_ERR,
+                IBV_EVENT_QP_FATAL,
+                IBV_EVENT_COMM_EST,
+                IBV_EVENT_SRQ_LIMIT_REACHED,
+                IBV_EVENT_QP_LAST_WQE_REACHED,
+                IBV_FORK_UNNEEDED,
+            ]
+        );
+        v.push(("(long long)IBV_SYSFS_NAME_MAX".into(), SYSFS_NAME_MAX as i128));
+        v.push(("(long long)IBV_SYSFS_PATH_MAX".into(), SYSFS_PATH_MAX as i128));
+        v.push(("(long long)(uintptr_t)__VERBS_ABI_IS_EXTENDED".into(), i128::from(u64::MAX)));
+        v
+    }
+
+    fn c_program(facts: &Facts) -> String {
+        let mut c = String::from(
+            "#include <stddef.h>\n#include <stdint.h>\n#include <stdio.h>\n\
+             #include <infiniband/verbs.h>\nint main(void) {\n",
+        );
+        for (i, (expr, _)) in facts.iter().enumerate() {
+            // Unsigned print so that all-ones (the extended-ABI marker) compares as u64.
+            c.push_str(&format!("    printf(\"{i} %llu\\n\", (unsigned long long)({expr}));\n"));
+        }
+        c.push_str("    return 0;\n}\n");
+        c
+    }
+
+    /// Compiles the list as C against `<infiniband/verbs.h>` and compares every value.
+    #[test]
+    fn layouts_and_constants_match_the_installed_header() {
+        let header = std::path::Path::new("/usr/include/infiniband/verbs.h");
+        if !header.exists() {
+            let why = "no /usr/include/infiniband/verbs.h (Debian: libibverbs-dev)";
+            assert!(std::env::var_os("CI").is_none(), "{why}: required under CI");
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let facts = facts();
+        let dir = std::env::temp_dir().join(format!("uroce-verbs-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("layout.c");
+        let exe = dir.join("layout");
+        std::fs::write(&src, c_program(&facts)).unwrap();
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let built = std::process::Command::new(&cc).arg("-o").arg(&exe).arg(&src).output().unwrap();
+        assert!(built.status.success(), "{cc} failed:\n{}", String::from_utf8_lossy(&built.stderr));
+        let out = std::process::Command::new(&exe).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut wrong = Vec::new();
+        for line in text.lines() {
+            let (i, value) = line.split_once(' ').unwrap();
+            let (expr, rust) = &facts[i.parse::<usize>().unwrap()];
+            let c: u64 = value.parse().unwrap();
+            if i128::from(c) != *rust && !(*rust < 0 && i128::from(c.cast_signed()) == *rust) {
+                wrong.push(format!("{expr}: C says {c}, Rust says {rust}"));
+            }
+        }
+        assert_eq!(text.lines().count(), facts.len());
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(wrong.is_empty(), "layout mismatches:\n{}", wrong.join("\n"));
+    }
 }

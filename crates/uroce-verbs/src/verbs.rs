@@ -63,15 +63,16 @@ fn c_string<const N: usize>(s: &str) -> [c_char; N] {
 
 /// The GID of an address: IPv6 as is, IPv4 as `::ffff:a.b.c.d` (RoCEv2, IBA A17.4.5.1).
 fn gid_of(addr: IpAddr) -> IbvGid {
-    match addr {
+    let raw = match addr {
         IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
         IpAddr::V6(a) => a.octets(),
-    }
+    };
+    IbvGid { raw }
 }
 
 /// The address of a GID: IPv4-mapped GIDs are IPv4 addresses.
 fn addr_of_gid(gid: &IbvGid) -> IpAddr {
-    let v6 = Ipv6Addr::from(*gid);
+    let v6 = Ipv6Addr::from(gid.raw);
     match v6.to_ipv4_mapped() {
         Some(v4) => IpAddr::V4(v4),
         None => IpAddr::V6(v6),
@@ -127,7 +128,7 @@ fn devices() -> &'static [&'static Device] {
 /// A node GUID from the address, EUI-64 style: `02:00` (locally administered) then the last
 /// six bytes of its GID.
 fn node_guid(addr: IpAddr) -> u64 {
-    let g = gid_of(addr);
+    let g = gid_of(addr).raw;
     let mut b = [0u8; 8];
     b[0] = 0x02;
     b[2..].copy_from_slice(&g[10..]);
@@ -400,8 +401,8 @@ fn port_attr(ctx: &Context) -> IbvPortAttr {
         init_type_reply: 0,
         // 1X QDR (10 Gbit/s): near what one uroce QP moves over loopback; a software device
         // has no link speed of its own.
-        active_width: IBV_WIDTH_1X,
-        active_speed: IBV_SPEED_QDR,
+        active_width: ACTIVE_WIDTH_1X,
+        active_speed: ACTIVE_SPEED_QDR,
         phys_state: PHYS_STATE_LINK_UP,
         link_layer: IBV_LINK_LAYER_ETHERNET,
         flags: IBV_QPF_GRH_REQUIRED,

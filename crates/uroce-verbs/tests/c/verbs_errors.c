@@ -1,0 +1,619 @@
+/*
+ * verbs_errors.c - error paths of the verbs ABI, checked against what a real RNIC reports.
+ *
+ * Written against rdma-core 44's <infiniband/verbs.h> and nothing else, so the same binary
+ * runs on uroce's drop-in libibverbs.so.1 or on a hardware RNIC. It opens two devices (on uroce:
+ * uroce0 = 127.0.0.2 and uroce1 = 127.0.0.3), connects fresh RC QP pairs between them for each
+ * scenario, provokes one error, and checks the work completion status each side reports:
+ *
+ *   a. receive buffer too small: a 64-byte SEND into a 16-byte receive.
+ *      Responder: IBV_WC_LOC_LEN_ERR on its receive WQE. A message longer than the receive
+ *      buffers is an invalid request, so the responder NAKs with Invalid Request and the
+ *      requester completes with IBV_WC_REM_INV_REQ_ERR (IBA vol. 1 §9.7.5.2 NAK codes,
+ *      §9.9.3 responder errors). A completion in error leaves both QPs in the Error state.
+ *   b. bad R_Key: an RDMA WRITE and, on another pair, an RDMA READ with a wrong R_Key.
+ *      The responder's R_Key check fails; it NAKs with Remote Access Error, so the requester
+ *      completes with IBV_WC_REM_ACCESS_ERR (§9.7.5.2). An access violation is a class C
+ *      responder error (§9.9.3): the responder's QP enters Error too, and nothing is written.
+ *   c. retry exhaustion: a QP connected to a QPN that does not exist on the peer. The peer
+ *      silently drops packets for an unknown destination QP (§9.6, transport header
+ *      validation), no ACK ever comes, and after retry_cnt expiries of the ACK timer
+ *      (4.096 us * 2^timeout, §9.7) the requester completes with IBV_WC_RETRY_EXC_ERR.
+ *   d. flush: a QP in the Error state completes every outstanding and every newly posted WR
+ *      with IBV_WC_WR_FLUSH_ERR (§10.3, QP states; ibv_modify_qp(3)). Checked with three
+ *      receives and a modify to IBV_QPS_ERR (flushed in posting order), and with sends posted
+ *      on the requesters that a and b left in Error.
+ *   e. synchronous failures: ibv_reg_mr with REMOTE_WRITE but not LOCAL_WRITE fails with
+ *      EINVAL (ibv_reg_mr(3): remote write or atomic access requires local write);
+ *      ibv_post_send on a QP in RESET fails with EINVAL (§10.3: the send queue takes WRs
+ *      from RTS on); ibv_create_qp with IBV_QPT_XRC_SEND returns NULL on a device that does
+ *      not advertise IBV_DEVICE_XRC (an XRC initiator QP needs only a PD, so a device with XRC,
+ *      such as a ConnectX, may create it: then the check is skipped).
+ *
+ * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
+ * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
+ * quoted because they shift between releases.
+ *
+ * Each completion is printed as "scenario: side status_string (number)" with
+ * ibv_wc_status_str, as it would read on hardware. Any unmet expectation prints "FAIL: ..."
+ * and the program exits 1; it exits 0 only if every expectation holds.
+ *
+ * Build: gcc -Wall -Wextra -O2 -o /tmp/verbs_errors verbs_errors.c -libverbs
+ * Run:   LD_LIBRARY_PATH=<dir with uroce's libibverbs.so.1> UROCE_ADDR=127.0.0.2,127.0.0.3 /tmp/verbs_errors
+ * (tests/programs.rs builds and runs it).
+ */
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <infiniband/verbs.h>
+
+#define BUF_SIZE 4096
+#define CQ_DEPTH 16
+#define POLL_MS 5000        /* deadline for one completion */
+#define RETRY_POLL_MS 10000 /* deadline for the retry-exhaustion scenario */
+#define PORT 1
+#define GID_INDEX 0
+
+/* Every access right a responder may need: the MRs serve as local and as remote buffers. */
+#define MR_ACCESS                                                                            \
+	(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |          \
+	 IBV_ACCESS_REMOTE_ATOMIC)
+
+static int failures;
+
+/* Records an unmet expectation; the run goes on so one run reports every failure. */
+static void fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	printf("FAIL: ");
+	vprintf(fmt, ap);
+	printf("\n");
+	va_end(ap);
+	fflush(stdout);
+	failures++;
+}
+
+/* A failure of the setup the scenarios stand on: nothing sensible can follow. */
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	printf("FAIL: setup: ");
+	vprintf(fmt, ap);
+	printf("\n");
+	va_end(ap);
+	exit(1);
+}
+
+/* One opened device: its context, a PD and its port-1 GID index 0. */
+struct dev {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	union ibv_gid gid;
+	const char *name;
+};
+
+/* One end of an RC connection: a QP with its own CQ (send and receive) and registered buffer. */
+struct ep {
+	struct dev *dev;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	char *buf;
+	uint32_t psn; /* first PSN this end sends */
+};
+
+static const char *state_str(enum ibv_qp_state s)
+{
+	static const char *const names[] = { "RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR" };
+
+	return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "UNKNOWN";
+}
+
+static void open_dev(struct dev *d, struct ibv_device *ibdev)
+{
+	struct ibv_port_attr port;
+
+	d->name = ibv_get_device_name(ibdev);
+	d->ctx = ibv_open_device(ibdev);
+	if (!d->ctx)
+		die("ibv_open_device(%s): %s", d->name, strerror(errno));
+	d->pd = ibv_alloc_pd(d->ctx);
+	if (!d->pd)
+		die("ibv_alloc_pd(%s): %s", d->name, strerror(errno));
+	if (ibv_query_port(d->ctx, PORT, &port))
+		die("ibv_query_port(%s)", d->name);
+	if (port.state != IBV_PORT_ACTIVE)
+		die("%s port %d is not active (state %d)", d->name, PORT, port.state);
+	if (ibv_query_gid(d->ctx, PORT, GID_INDEX, &d->gid))
+		die("ibv_query_gid(%s)", d->name);
+}
+
+static void close_dev(struct dev *d)
+{
+	if (ibv_dealloc_pd(d->pd))
+		fail("cleanup: ibv_dealloc_pd(%s)", d->name);
+	if (ibv_close_device(d->ctx))
+		fail("cleanup: ibv_close_device(%s)", d->name);
+}
+
+/* A fresh RC QP in RESET, with its CQ and a zeroed, registered buffer. */
+static void ep_create(struct ep *e, struct dev *d)
+{
+	struct ibv_qp_init_attr init = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+
+	memset(e, 0, sizeof(*e));
+	e->dev = d;
+	e->buf = aligned_alloc(4096, BUF_SIZE);
+	if (!e->buf)
+		die("aligned_alloc");
+	memset(e->buf, 0, BUF_SIZE);
+	e->mr = ibv_reg_mr(d->pd, e->buf, BUF_SIZE, MR_ACCESS);
+	if (!e->mr)
+		die("ibv_reg_mr(%s): %s", d->name, strerror(errno));
+	e->cq = ibv_create_cq(d->ctx, CQ_DEPTH, NULL, NULL, 0);
+	if (!e->cq)
+		die("ibv_create_cq(%s): %s", d->name, strerror(errno));
+	init.send_cq = e->cq;
+	init.recv_cq = e->cq;
+	e->qp = ibv_create_qp(d->pd, &init);
+	if (!e->qp)
+		die("ibv_create_qp(%s): %s", d->name, strerror(errno));
+	/* Any start PSN works; a QP-dependent one makes mismatches show up. */
+	e->psn = (e->qp->qp_num * 2654435761u) & 0xffffff;
+}
+
+static void ep_destroy(struct ep *e)
+{
+	if (ibv_destroy_qp(e->qp))
+		fail("cleanup: ibv_destroy_qp(%s qp 0x%06x)", e->dev->name, e->qp->qp_num);
+	if (ibv_destroy_cq(e->cq))
+		fail("cleanup: ibv_destroy_cq(%s)", e->dev->name);
+	if (ibv_dereg_mr(e->mr))
+		fail("cleanup: ibv_dereg_mr(%s)", e->dev->name);
+	free(e->buf);
+}
+
+/*
+ * RESET -> INIT -> RTR -> RTS towards (dgid, dest_qpn), expecting the peer to start at
+ * dest_psn. timeout and retry_cnt are the requester's ACK timer and transport retry count.
+ */
+static void connect_qp(struct ep *e, const union ibv_gid *dgid, uint32_t dest_qpn,
+		       uint32_t dest_psn, uint8_t timeout, uint8_t retry_cnt)
+{
+	struct ibv_qp_attr a;
+	int rc;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = 0;
+	a.port_num = PORT;
+	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			    IBV_ACCESS_REMOTE_ATOMIC;
+	rc = ibv_modify_qp(e->qp, &a,
+			   IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	if (rc)
+		die("modify_qp INIT (%s): %s", e->dev->name, strerror(rc));
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest_qpn;
+	a.rq_psn = dest_psn;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = *dgid;
+	a.ah_attr.grh.sgid_index = GID_INDEX;
+	a.ah_attr.grh.hop_limit = 64;
+	a.ah_attr.port_num = PORT;
+	rc = ibv_modify_qp(e->qp, &a,
+			   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				   IBV_QP_MIN_RNR_TIMER);
+	if (rc)
+		die("modify_qp RTR (%s): %s", e->dev->name, strerror(rc));
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = e->psn;
+	a.timeout = timeout;
+	a.retry_cnt = retry_cnt;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	rc = ibv_modify_qp(e->qp, &a,
+			   IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				   IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+	if (rc)
+		die("modify_qp RTS (%s): %s", e->dev->name, strerror(rc));
+}
+
+/* Connects a and b to each other with the usual attributes. */
+static void connect_pair(struct ep *a, struct ep *b)
+{
+	connect_qp(a, &b->dev->gid, b->qp->qp_num, b->psn, 14, 7);
+	connect_qp(b, &a->dev->gid, a->qp->qp_num, a->psn, 14, 7);
+}
+
+/* A fresh pair: a on device da (the requester), b on device db (the responder). */
+static void make_pair(struct ep *a, struct dev *da, struct ep *b, struct dev *db)
+{
+	ep_create(a, da);
+	ep_create(b, db);
+	connect_pair(a, b);
+}
+
+static long elapsed_ms(const struct timespec *t0)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (now.tv_sec - t0->tv_sec) * 1000L + (now.tv_nsec - t0->tv_nsec) / 1000000L;
+}
+
+/* Busy-polls cq for one completion: 1 when *wc holds one, 0 on timeout, -1 on a poll error. */
+static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc, long timeout_ms)
+{
+	struct timespec t0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		int n = ibv_poll_cq(cq, 1, wc);
+
+		if (n < 0)
+			return -1;
+		if (n == 1)
+			return 1;
+		if (elapsed_ms(&t0) > timeout_ms)
+			return 0;
+	}
+}
+
+/*
+ * Waits for the next completion on e's CQ and checks it: status, wr_id and qp_num (the fields
+ * ibv_poll_cq(3) defines for every status). Prints "scenario: side status (n)". Returns the
+ * status seen, or -1 when none came.
+ */
+static int expect_wc(const char *scenario, const char *side, struct ep *e, uint64_t wr_id,
+		     enum ibv_wc_status want, long timeout_ms)
+{
+	struct ibv_wc wc;
+	int n;
+
+	memset(&wc, 0, sizeof(wc));
+	n = poll_one(e->cq, &wc, timeout_ms);
+	if (n < 0) {
+		fail("%s: %s: ibv_poll_cq failed", scenario, side);
+		return -1;
+	}
+	if (n == 0) {
+		fail("%s: %s: no completion within %ld ms (expected %s)", scenario, side,
+		     timeout_ms, ibv_wc_status_str(want));
+		return -1;
+	}
+	printf("%s: %s %s (%d)\n", scenario, side, ibv_wc_status_str(wc.status), wc.status);
+	fflush(stdout);
+	if (wc.status != want)
+		fail("%s: %s: status %s (%d), expected %s (%d)", scenario, side,
+		     ibv_wc_status_str(wc.status), wc.status, ibv_wc_status_str(want), want);
+	if (wc.wr_id != wr_id)
+		fail("%s: %s: wr_id 0x%" PRIx64 ", expected 0x%" PRIx64, scenario, side,
+		     (uint64_t)wc.wr_id, wr_id);
+	if (wc.qp_num != e->qp->qp_num)
+		fail("%s: %s: qp_num 0x%06x, expected 0x%06x", scenario, side, wc.qp_num,
+		     e->qp->qp_num);
+	return wc.status;
+}
+
+/* Checks that e's CQ stays empty for a while: no duplicate or stray completions. */
+static void expect_no_wc(const char *scenario, const char *side, struct ep *e)
+{
+	struct ibv_wc wc;
+
+	if (poll_one(e->cq, &wc, 200) != 0)
+		fail("%s: %s: unexpected extra completion (wr_id 0x%" PRIx64 ", %s)", scenario,
+		     side, (uint64_t)wc.wr_id, ibv_wc_status_str(wc.status));
+}
+
+/* Checks the QP state as ibv_query_qp reports it. */
+static void expect_state(const char *scenario, const char *side, struct ep *e,
+			 enum ibv_qp_state want)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr i;
+	int rc = ibv_query_qp(e->qp, &a, IBV_QP_STATE, &i);
+
+	if (rc) {
+		fail("%s: %s: ibv_query_qp: %s", scenario, side, strerror(rc));
+		return;
+	}
+	printf("%s: %s QP state %s\n", scenario, side, state_str(a.qp_state));
+	if (a.qp_state != want)
+		fail("%s: %s: QP state %s, expected %s", scenario, side, state_str(a.qp_state),
+		     state_str(want));
+}
+
+static int post_recv(struct ep *e, uint64_t wr_id, uint32_t len)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)e->buf, .length = len, .lkey = e->mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 };
+	struct ibv_recv_wr *bad = NULL;
+
+	return ibv_post_recv(e->qp, &wr, &bad);
+}
+
+/* Posts one signaled WR of `len` bytes from e's buffer; raddr/rkey are used by RDMA opcodes. */
+static int post_send(struct ep *e, enum ibv_wr_opcode op, uint64_t wr_id, uint32_t len,
+		     uint64_t raddr, uint32_t rkey)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)e->buf, .length = len, .lkey = e->mr->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = wr_id,
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = op,
+		.send_flags = IBV_SEND_SIGNALED,
+	};
+	struct ibv_send_wr *bad = NULL;
+
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	return ibv_post_send(e->qp, &wr, &bad);
+}
+
+/* Posts a WR that must be accepted; a refusal is recorded as a failure. */
+static int must_post(const char *scenario, const char *what, int rc)
+{
+	if (rc)
+		fail("%s: %s refused: %s (%d)", scenario, what, strerror(rc), rc);
+	return rc == 0;
+}
+
+/*
+ * d (second half). The QP in e is in the Error state: a newly posted send must be accepted and
+ * complete with IBV_WC_WR_FLUSH_ERR (IBA §10.3: in Error, WRs are completed in error, flushed).
+ */
+static void expect_flush_after_error(const char *scenario, struct ep *e, uint64_t wr_id)
+{
+	if (must_post(scenario, "send on the QP in Error",
+		      post_send(e, IBV_WR_SEND, wr_id, 8, 0, 0)))
+		expect_wc(scenario, "sender (posted in Error)", e, wr_id, IBV_WC_WR_FLUSH_ERR,
+			  POLL_MS);
+}
+
+/* a. A 64-byte SEND into a 16-byte receive. */
+static void scenario_recv_too_small(struct dev *d0, struct dev *d1)
+{
+	const char *s = "receive buffer too small";
+	struct ep snd, rcv;
+
+	make_pair(&snd, d0, &rcv, d1);
+	if (must_post(s, "16-byte receive", post_recv(&rcv, 0xa1, 16)) &&
+	    must_post(s, "64-byte send", post_send(&snd, IBV_WR_SEND, 0xa2, 64, 0, 0))) {
+		/* Responder: the message does not fit: local length error on the receive WQE. */
+		expect_wc(s, "receiver", &rcv, 0xa1, IBV_WC_LOC_LEN_ERR, POLL_MS);
+		/* Requester: NAK Invalid Request -> remote invalid request error. */
+		expect_wc(s, "sender", &snd, 0xa2, IBV_WC_REM_INV_REQ_ERR, POLL_MS);
+		/* A completion in error puts the QP in the Error state, on both sides. */
+		expect_state(s, "sender", &snd, IBV_QPS_ERR);
+		expect_state(s, "receiver", &rcv, IBV_QPS_ERR);
+		expect_flush_after_error(s, &snd, 0xa3);
+		expect_no_wc(s, "sender", &snd);
+		expect_no_wc(s, "receiver", &rcv);
+	}
+	ep_destroy(&snd);
+	ep_destroy(&rcv);
+}
+
+/* b. RDMA WRITE and RDMA READ with a wrong R_Key, each on its own pair. */
+static void scenario_bad_rkey(struct dev *d0, struct dev *d1)
+{
+	const char *s = "bad rkey";
+	struct ep req, rsp;
+	uint32_t bad;
+
+	/* RDMA WRITE. */
+	make_pair(&req, d0, &rsp, d1);
+	bad = rsp.mr->rkey ^ 0x1000;
+	memset(req.buf, 0x5a, 64);
+	if (must_post(s, "RDMA WRITE",
+		      post_send(&req, IBV_WR_RDMA_WRITE, 0xb1, 64, (uintptr_t)rsp.buf, bad))) {
+		expect_wc(s, "sender (RDMA WRITE)", &req, 0xb1, IBV_WC_REM_ACCESS_ERR, POLL_MS);
+		expect_state(s, "sender (RDMA WRITE)", &req, IBV_QPS_ERR);
+		/* A remote access violation is a class C responder error: the responder's QP
+		 * goes to Error as well (IBA §9.9.3). */
+		expect_state(s, "responder (RDMA WRITE)", &rsp, IBV_QPS_ERR);
+		expect_flush_after_error(s, &req, 0xb2);
+		expect_no_wc(s, "sender (RDMA WRITE)", &req);
+		/* The access was refused: not one byte may have landed in the target buffer. */
+		for (int i = 0; i < 64; i++) {
+			if (rsp.buf[i] != 0) {
+				fail("%s: RDMA WRITE with a bad rkey modified the target buffer", s);
+				break;
+			}
+		}
+	}
+	ep_destroy(&req);
+	ep_destroy(&rsp);
+
+	/* RDMA READ. */
+	make_pair(&req, d0, &rsp, d1);
+	bad = rsp.mr->rkey ^ 0x1000;
+	if (must_post(s, "RDMA READ",
+		      post_send(&req, IBV_WR_RDMA_READ, 0xb3, 64, (uintptr_t)rsp.buf, bad))) {
+		expect_wc(s, "sender (RDMA READ)", &req, 0xb3, IBV_WC_REM_ACCESS_ERR, POLL_MS);
+		expect_state(s, "sender (RDMA READ)", &req, IBV_QPS_ERR);
+		expect_state(s, "responder (RDMA READ)", &rsp, IBV_QPS_ERR);
+		expect_no_wc(s, "sender (RDMA READ)", &req);
+	}
+	ep_destroy(&req);
+	ep_destroy(&rsp);
+}
+
+/* c. A QP connected to a QPN that does not exist on the peer device. */
+static void scenario_retry_exhaustion(struct dev *d0, struct dev *d1)
+{
+	const char *s = "retry exhaustion";
+	struct ep req, peer;
+	uint32_t ghost;
+
+	ep_create(&req, d0);
+	ep_create(&peer, d1); /* only to learn a real QPN of d1; stays in RESET */
+	ghost = (peer.qp->qp_num ^ 0x5a5a) & 0xffffff;
+	/* timeout 1 (8.192 us ACK timer), retry_cnt 1: two transmissions, then the error. */
+	connect_qp(&req, &d1->gid, ghost, 0, 1, 1);
+	if (must_post(s, "SEND", post_send(&req, IBV_WR_SEND, 0xc1, 32, 0, 0))) {
+		expect_wc(s, "sender", &req, 0xc1, IBV_WC_RETRY_EXC_ERR, RETRY_POLL_MS);
+		expect_state(s, "sender", &req, IBV_QPS_ERR);
+		expect_no_wc(s, "sender", &req);
+	}
+	ep_destroy(&req);
+	ep_destroy(&peer);
+}
+
+/* d. Three receives outstanding, then the QP is moved to Error: three flushes, in order. */
+static void scenario_flush(struct dev *d0, struct dev *d1)
+{
+	const char *s = "flush";
+	struct ep a, b;
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_ERR };
+	int rc, posted = 0;
+
+	make_pair(&a, d0, &b, d1);
+	for (uint64_t i = 0; i < 3; i++)
+		posted += must_post(s, "receive", post_recv(&b, 0xd1 + i, 64));
+	rc = ibv_modify_qp(b.qp, &attr, IBV_QP_STATE);
+	if (rc)
+		fail("%s: ibv_modify_qp to IBV_QPS_ERR: %s (%d)", s, strerror(rc), rc);
+	/* Completions of one work queue come back in the order the WRs were posted. */
+	for (int i = 0; i < posted; i++)
+		expect_wc(s, "receiver", &b, 0xd1 + (uint64_t)i, IBV_WC_WR_FLUSH_ERR, POLL_MS);
+	expect_no_wc(s, "receiver", &b);
+	expect_state(s, "receiver", &b, IBV_QPS_ERR);
+	ep_destroy(&a);
+	ep_destroy(&b);
+}
+
+/* e. Verbs that must fail synchronously. */
+static void scenario_sync_failures(struct dev *d0)
+{
+	const char *s = "synchronous errors";
+	struct ibv_device_attr dattr;
+	struct ibv_qp_init_attr init;
+	struct ibv_mr *mr;
+	struct ibv_qp *qp;
+	struct ep e;
+	char *buf;
+	int rc;
+
+	/* ibv_reg_mr(3): REMOTE_WRITE (or REMOTE_ATOMIC) without LOCAL_WRITE is EINVAL. */
+	buf = aligned_alloc(4096, BUF_SIZE);
+	if (!buf)
+		die("aligned_alloc");
+	errno = 0;
+	mr = ibv_reg_mr(d0->pd, buf, BUF_SIZE, IBV_ACCESS_REMOTE_WRITE);
+	printf("%s: ibv_reg_mr(REMOTE_WRITE without LOCAL_WRITE) -> %s, errno %s (%d)\n", s,
+	       mr ? "MR" : "NULL", strerror(errno), errno);
+	if (mr) {
+		fail("%s: ibv_reg_mr accepted REMOTE_WRITE without LOCAL_WRITE", s);
+		ibv_dereg_mr(mr);
+	} else if (errno != EINVAL) {
+		fail("%s: ibv_reg_mr: errno %d, expected EINVAL (%d)", s, errno, EINVAL);
+	}
+	free(buf);
+
+	/* ibv_post_send(3) on a QP still in RESET: refused, EINVAL. */
+	ep_create(&e, d0);
+	rc = post_send(&e, IBV_WR_SEND, 0xe1, 8, 0, 0);
+	printf("%s: ibv_post_send on a QP in RESET -> %d (%s)\n", s, rc,
+	       rc ? strerror(rc) : "accepted");
+	if (rc == 0)
+		fail("%s: ibv_post_send on a QP in RESET was accepted", s);
+	else if (rc != EINVAL)
+		fail("%s: ibv_post_send on a QP in RESET: %d, expected EINVAL (%d)", s, rc, EINVAL);
+	expect_no_wc(s, "RESET QP", &e);
+	ep_destroy(&e);
+
+	/* ibv_create_qp(3) with an XRC send QP type on a device without XRC: NULL. */
+	if (ibv_query_device(d0->ctx, &dattr))
+		die("ibv_query_device(%s)", d0->name);
+	ep_create(&e, d0); /* for a CQ */
+	memset(&init, 0, sizeof(init));
+	init.qp_type = IBV_QPT_XRC_SEND;
+	init.send_cq = e.cq;
+	init.recv_cq = e.cq;
+	init.cap.max_send_wr = 1;
+	init.cap.max_send_sge = 1;
+	errno = 0;
+	qp = ibv_create_qp(d0->pd, &init);
+	printf("%s: ibv_create_qp(IBV_QPT_XRC_SEND) -> %s, errno %s (%d)\n", s, qp ? "QP" : "NULL",
+	       strerror(errno), errno);
+	if (dattr.device_cap_flags & IBV_DEVICE_XRC)
+		printf("%s: %s supports XRC: XRC_SEND QP creation not checked\n", s, d0->name);
+	else if (qp)
+		fail("%s: ibv_create_qp(IBV_QPT_XRC_SEND) returned a QP on a device without XRC", s);
+	if (qp)
+		ibv_destroy_qp(qp);
+	ep_destroy(&e);
+}
+
+int main(void)
+{
+	struct ibv_device **list;
+	struct ibv_device *ib0 = NULL, *ib1 = NULL;
+	struct dev d0, d1;
+	int n;
+
+	list = ibv_get_device_list(&n);
+	if (!list)
+		die("ibv_get_device_list: %s", strerror(errno));
+	for (int i = 0; i < n; i++) {
+		const char *name = ibv_get_device_name(list[i]);
+
+		if (!strcmp(name, "uroce0"))
+			ib0 = list[i];
+		else if (!strcmp(name, "uroce1"))
+			ib1 = list[i];
+	}
+	/* Not on uroce: take the first two devices. */
+	if ((!ib0 || !ib1) && n >= 2) {
+		ib0 = list[0];
+		ib1 = list[1];
+	}
+	if (!ib0 || !ib1)
+		die("need two RDMA devices, found %d (set UROCE_ADDR=127.0.0.2,127.0.0.3)", n);
+	open_dev(&d0, ib0);
+	open_dev(&d1, ib1);
+	printf("devices: %s and %s\n", d0.name, d1.name);
+
+	scenario_recv_too_small(&d0, &d1);
+	scenario_bad_rkey(&d0, &d1);
+	scenario_retry_exhaustion(&d0, &d1);
+	scenario_flush(&d0, &d1);
+	scenario_sync_failures(&d0);
+
+	close_dev(&d0);
+	close_dev(&d1);
+	ibv_free_device_list(list);
+
+	if (failures) {
+		printf("%d expectation(s) failed\n", failures);
+		return 1;
+	}
+	printf("all expectations hold\n");
+	return 0;
+}

@@ -1,0 +1,168 @@
+//! What the tests of the drop-in library share: the library's directory, tool checks, and
+//! running a verbs program as a server and a client.
+#![allow(dead_code, reason = "each test file uses part of this module")]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests run real programs: they wait for them by the wall clock"
+)]
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Whether this is a CI run (a missing tool fails instead of skipping).
+pub(crate) fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Whether `tool` can run; if not, says why the test skips (or fails under CI).
+pub(crate) fn have(tool: &str, package: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(!ci(), "{tool} is required under CI (apt-get install -y {package})");
+        eprintln!("SKIPPED: {tool} not found (apt-get install -y {package})");
+    }
+    found
+}
+
+/// A directory holding `libibverbs.so.1`: a link to the library this build made.
+pub(crate) fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        // The test executable is target/<profile>/deps/<name>; `cargo test` builds the library
+        // beside it (and copies it up to target/<profile> only on `cargo build`).
+        let exe = std::env::current_exe().unwrap();
+        let deps = exe.parent().unwrap();
+        let so = deps.join("liburoce_verbs.so");
+        assert!(so.exists(), "{} not built", so.display());
+        let dir = deps.parent().unwrap().join("uroce-verbs-lib");
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("libibverbs.so.1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&so, &link).unwrap();
+        dir
+    })
+}
+
+/// Tests that bind the device addresses and TCP ports take turns.
+pub(crate) fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A command running a verbs program on the drop-in library with `UROCE_ADDR=addr`.
+pub(crate) fn verbs_cmd(prefix: &[&str], prog: &str, addr: &str, args: &[&str]) -> Command {
+    let mut all: Vec<&str> = prefix.to_vec();
+    all.push("env");
+    let lib = format!("LD_LIBRARY_PATH={}", lib_dir().display());
+    let dev = format!("UROCE_ADDR={addr}");
+    all.push(&lib);
+    all.push(&dev);
+    all.push(prog);
+    all.extend_from_slice(args);
+    let mut cmd = Command::new(all[0]);
+    cmd.args(&all[1..]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+/// What a program printed and how it ended (`None`: killed at the deadline).
+pub(crate) struct Outcome {
+    pub(crate) status: Option<ExitStatus>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+}
+
+impl Outcome {
+    pub(crate) fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "status {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Waits for `child` up to `limit`, killing it then.
+pub(crate) fn finish(mut child: Child, limit: Duration) -> Outcome {
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut stdout);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    Outcome { status, stdout, stderr }
+}
+
+/// Whether some socket listens on TCP `port` (any namespace-local address), from
+/// `/proc/net/tcp` of the namespace `prefix` runs in.
+fn listening(prefix: &[&str], port: u16) -> bool {
+    let mut all: Vec<&str> = prefix.to_vec();
+    all.extend_from_slice(&["cat", "/proc/net/tcp", "/proc/net/tcp6"]);
+    let out = Command::new(all[0]).args(&all[1..]).output().unwrap();
+    let port = format!(":{port:04X}");
+    String::from_utf8_lossy(&out.stdout).lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[1].ends_with(&port) && f[3] == "0A"
+    })
+}
+
+/// Where each side of a pair runs: a command prefix (`ip netns exec NS`, or nothing) and the
+/// device address.
+pub(crate) struct Side<'a> {
+    pub(crate) prefix: &'a [&'a str],
+    pub(crate) addr: &'a str,
+}
+
+/// Runs `prog args` as a server on `server`, waits for it to listen on `port`, then as a client
+/// on `client` connecting to the server's address; both limited to `limit`.
+pub(crate) fn pair(
+    prog: &str,
+    args: &[&str],
+    server: &Side<'_>,
+    client: &Side<'_>,
+    port: u16,
+    limit: Duration,
+) -> (Outcome, Outcome) {
+    let srv = verbs_cmd(server.prefix, prog, server.addr, args).spawn().unwrap();
+    let start = Instant::now();
+    while !listening(server.prefix, port) {
+        if start.elapsed() > Duration::from_secs(10) {
+            let s = finish(srv, Duration::ZERO);
+            panic!("{prog} server never listened on {port}:\n{s}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cargs = args.to_vec();
+    cargs.push(server.addr);
+    let cli = verbs_cmd(client.prefix, prog, client.addr, &cargs).spawn().unwrap();
+    let c = finish(cli, limit);
+    let s = finish(srv, if c.status.is_some() { Duration::from_secs(10) } else { Duration::ZERO });
+    (s, c)
+}

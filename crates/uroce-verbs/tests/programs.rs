@@ -1,0 +1,237 @@
+//! Unmodified rdma-core and perftest programs on the drop-in `libibverbs.so.1`: server on
+//! 127.0.0.2, client on 127.0.0.3, each its own process with `LD_LIBRARY_PATH` pointing at the
+//! library this build made. Also: the exported symbol set against Debian's real library, and a
+//! C program checking error completions through the ABI.
+//!
+//! Needs `ibverbs-utils` and `perftest` (and `libibverbs-dev` for the C program); without them
+//! each test says why it skips, and under `CI=true` fails.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Side, have, lib_dir, pair, serial, verbs_cmd};
+
+const SERVER: Side<'static> = Side { prefix: &[], addr: "127.0.0.2" };
+const CLIENT: Side<'static> = Side { prefix: &[], addr: "127.0.0.3" };
+/// The TCP port the rdma-core examples and perftest exchange addresses on.
+const PORT: u16 = 18515;
+
+fn run_alone(prog: &str, addr: &str, args: &[&str]) -> common::Outcome {
+    let child = verbs_cmd(&[], prog, addr, args).spawn().unwrap();
+    common::finish(child, Duration::from_secs(20))
+}
+
+#[test]
+fn ibv_devices_and_devinfo_show_the_configured_devices() {
+    if !have("ibv_devinfo", "ibverbs-utils") {
+        return;
+    }
+    let _turn = serial();
+    let list = run_alone("ibv_devices", "127.0.0.2,127.0.0.3", &[]);
+    assert!(list.ok(), "{list}");
+    assert!(list.stdout.contains("uroce0") && list.stdout.contains("uroce1"), "{list}");
+    // Node GUIDs come from the addresses.
+    assert!(list.stdout.contains("0200ffff7f000002"), "{list}");
+
+    let none = Command::new("ibv_devices")
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env_remove("UROCE_ADDR")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&none.stderr);
+    if !std::path::Path::new("/etc/uroce/devices").exists() {
+        assert!(stderr.contains("no device configured"), "{stderr}");
+    }
+
+    let info = run_alone("ibv_devinfo", "127.0.0.2", &["-v"]);
+    assert!(info.ok(), "{info}");
+    for want in [
+        "hca_id:\turoce0",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "active_mtu:\t\t4096 (5)",
+        "link_layer:\t\tEthernet",
+        "GID[  0]:\t\t::ffff:127.0.0.2, RoCE v2",
+        "atomic_cap:\t\t\tATOMIC_HCA (1)",
+        "max_qp_rd_atom:\t\t\t16",
+    ] {
+        assert!(info.stdout.contains(want), "missing {want:?} in\n{info}");
+    }
+    println!("{}", info.stdout);
+}
+
+/// Runs an rdma-core example as a pair and checks both sides report their throughput.
+fn pingpong(prog: &str, args: &[&str]) {
+    let (s, c) = pair(prog, args, &SERVER, &CLIENT, PORT, Duration::from_secs(120));
+    for (side, o) in [("server", &s), ("client", &c)] {
+        assert!(o.ok(), "{prog} {args:?} {side}: {o}");
+        assert!(o.stdout.contains(" Mbit/sec") && o.stdout.contains(" usec/iter"), "{o}");
+    }
+    println!("{prog} {args:?}:\n{}", c.stdout);
+}
+
+#[test]
+fn rdma_core_pingpongs_run_unmodified() {
+    if !have("ibv_rc_pingpong", "ibverbs-utils") {
+        return;
+    }
+    let _turn = serial();
+    pingpong("ibv_rc_pingpong", &["-g", "0"]);
+    pingpong("ibv_rc_pingpong", &["-g", "0", "-e"]);
+    pingpong("ibv_rc_pingpong", &["-g", "0", "-s", "65536", "-n", "10000"]);
+    pingpong("ibv_uc_pingpong", &["-g", "0"]);
+    pingpong("ibv_ud_pingpong", &["-g", "0"]);
+    pingpong("ibv_ud_pingpong", &["-g", "0", "-e"]);
+    pingpong("ibv_srq_pingpong", &["-g", "0"]);
+    pingpong("ibv_srq_pingpong", &["-g", "0", "-e"]);
+}
+
+/// Rows of a perftest result table: lines that start with a message size.
+fn table_rows(out: &str) -> usize {
+    out.lines()
+        .filter(|l| l.split_whitespace().next().is_some_and(|w| w.parse::<u64>().is_ok()))
+        .count()
+}
+
+fn perftest(prog: &str, args: &[&str], rows: usize) {
+    let mut all = vec!["-x", "0"];
+    all.extend_from_slice(args);
+    let (s, c) = pair(prog, &all, &SERVER, &CLIENT, PORT, Duration::from_secs(180));
+    assert!(c.ok(), "{prog} {args:?} client: {c}");
+    assert!(s.ok(), "{prog} {args:?} server: {s}");
+    assert!(c.stdout.contains("#bytes"), "{c}");
+    assert!(table_rows(&c.stdout) >= rows, "{prog} {args:?}: expected {rows} rows:\n{c}");
+    // perftest fell back to the standard verbs: uroce does not offer the ibv_wr_* API.
+    assert!(c.stdout.contains("ibv_wr* API     : OFF"), "{c}");
+    let table: Vec<&str> = c.stdout.lines().skip_while(|l| !l.contains("#bytes")).collect();
+    println!("{prog} {}:\n{}", all.join(" "), table.join("\n"));
+}
+
+#[test]
+fn perftest_rc_runs_with_default_sizes_and_all_sizes() {
+    if !have("ib_send_lat", "perftest") {
+        return;
+    }
+    let _turn = serial();
+    for prog in [
+        "ib_send_lat",
+        "ib_send_bw",
+        "ib_write_lat",
+        "ib_write_bw",
+        "ib_read_lat",
+        "ib_read_bw",
+        "ib_atomic_lat",
+        "ib_atomic_bw",
+    ] {
+        perftest(prog, &[], 1);
+    }
+    // Every size from 2 bytes to 8 MiB (23 rows); fewer iterations keep the run short.
+    for prog in
+        ["ib_send_lat", "ib_send_bw", "ib_write_lat", "ib_write_bw", "ib_read_lat", "ib_read_bw"]
+    {
+        perftest(prog, &["-a", "-n", "20"], 23);
+    }
+}
+
+#[test]
+fn perftest_uc_and_ud_run() {
+    if !have("ib_send_lat", "perftest") {
+        return;
+    }
+    let _turn = serial();
+    for prog in ["ib_send_lat", "ib_send_bw", "ib_write_lat", "ib_write_bw"] {
+        perftest(prog, &["-c", "UC"], 1);
+    }
+    for prog in ["ib_send_lat", "ib_send_bw"] {
+        perftest(prog, &["-c", "UD"], 1);
+    }
+}
+
+/// Defined dynamic symbols as `name version` (hidden versions in parentheses), without the
+/// `Base` ones and without the absolute symbols naming each version node (the linker's
+/// bookkeeping; the nodes themselves are compared from the version definitions).
+fn dynamic_symbols(path: &str) -> BTreeSet<String> {
+    let out = Command::new("objdump").args(["-T", path]).output().unwrap();
+    assert!(out.status.success(), "objdump -T {path}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.contains("*UND*") && (l.contains(" DF ") || l.contains(" DO ")))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (ver, name) = (f[f.len() - 2], f[f.len() - 1]);
+            (ver != "Base" && ver != name).then(|| format!("{name} {ver}"))
+        })
+        .collect()
+}
+
+/// The version nodes a library defines, in order. (Only the names: the real library also
+/// records each node's parent, which the dynamic loader never reads and rustc's default
+/// linker, lld, does not write.)
+fn version_nodes(path: &str) -> Vec<String> {
+    let out = Command::new("objdump").args(["-p", path]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.lines()
+        .skip_while(|l| !l.starts_with("Version definitions"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("Version References"))
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| l.split_whitespace().last().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn exports_every_symbol_and_version_of_the_real_library() {
+    let real = "/usr/lib/x86_64-linux-gnu/libibverbs.so.1";
+    if !std::path::Path::new(real).exists() {
+        assert!(
+            !common::ci(),
+            "Debian's libibverbs1 is required under CI (apt-get install -y libibverbs1)"
+        );
+        eprintln!("SKIPPED: no {real} to compare with (apt-get install -y libibverbs1)");
+        return;
+    }
+    if !have("objdump", "binutils") {
+        return;
+    }
+    let ours = lib_dir().join("libibverbs.so.1");
+    let ours = ours.to_str().unwrap();
+    let want = dynamic_symbols(real);
+    let have = dynamic_symbols(ours);
+    let missing: Vec<_> = want.difference(&have).collect();
+    let extra: Vec<_> = have.difference(&want).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "missing {missing:?}\nextra {extra:?}");
+    assert!(want.len() > 150, "{} symbols", want.len());
+    assert_eq!(version_nodes(ours), version_nodes(real));
+    let soname = Command::new("objdump").args(["-p", ours]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&soname.stdout).contains("SONAME               libibverbs.so.1")
+    );
+}
+
+#[test]
+fn error_completions_through_the_abi() {
+    let header = std::path::Path::new("/usr/include/infiniband/verbs.h");
+    if !header.exists() {
+        assert!(!common::ci(), "libibverbs-dev is required under CI");
+        eprintln!("SKIPPED: no <infiniband/verbs.h> (apt-get install -y libibverbs-dev)");
+        return;
+    }
+    let _turn = serial();
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/verbs_errors.c");
+    let exe = lib_dir().join("verbs_errors");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = Command::new(&cc)
+        .args(["-Wall", "-Wextra", "-Werror", "-O2", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let o = run_alone(exe.to_str().unwrap(), "127.0.0.2,127.0.0.3", &[]);
+    assert!(o.ok(), "{o}");
+    println!("{}", o.stdout);
+}
