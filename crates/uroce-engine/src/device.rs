@@ -609,6 +609,14 @@ impl<M: MemoryAccess> Device<M> {
         }) || self.ctx.srqs.values().any(|s| s.wqes.iter().any(recv_uses))
     }
 
+    /// Whether any work request could still complete: a send WQE not yet completed, or a
+    /// receive WQE posted to a QP or an SRQ. Without any, polling a CQ cannot find anything new
+    /// (only an incoming one-sided operation can happen, and it completes nothing).
+    pub fn has_pending_work(&self) -> bool {
+        self.qps.values().any(|qp| !qp.req.sq.is_empty() || !qp.rq.is_empty())
+            || self.ctx.srqs.values().any(|s| !s.wqes.is_empty())
+    }
+
     /// Creates a completion queue that holds `capacity` completions.
     pub fn create_cq(&mut self, capacity: usize) -> Result<CqHandle, CreateError> {
         within("max_cqe", capacity as u64, u64::from(DEVICE_ATTR.max_cqe))?;
@@ -697,6 +705,11 @@ impl<M: MemoryAccess> Device<M> {
     /// (`ibv_modify_srq` with `IBV_SRQ_LIMIT`; 0 disarms). `false` for an unknown SRQ.
     pub fn arm_srq_limit(&mut self, srq: SrqHandle, limit: u32) -> bool {
         self.ctx.srqs.get_mut(&srq.0).map(|s| s.limit = limit).is_some()
+    }
+
+    /// The SRQ's armed limit, 0 once it fired or when never armed (`ibv_query_srq`).
+    pub fn srq_limit(&self, srq: SrqHandle) -> Option<u32> {
+        self.ctx.srqs.get(&srq.0).map(|s| s.limit)
     }
 
     /// Receive WQEs waiting in an SRQ.

@@ -333,7 +333,15 @@ impl State {
 
     /// The next asynchronous event.
     pub fn poll_async_event(&mut self) -> Option<AsyncEvent> {
-        self.async_events.pop_front()
+        let e = self.async_events.pop_front();
+        if self.async_events.is_empty() {
+            // Readable exactly while events are queued (the notifier is signalled under this
+            // same lock): a `poll` on it never promises an event that is not there.
+            if let Some(fd) = &self.async_notifier {
+                fd.take();
+            }
+        }
+        e
     }
 
     /// Opens and closes group sockets to match the engine's multicast attachments.
@@ -754,12 +762,23 @@ impl NetDevice {
     /// For a thread that busy-polls: a round of progress, then `f`, under one acquisition of
     /// the lock. While such a thread keeps polling, the progress thread stays off the sockets
     /// (it looks in every millisecond for timers, and takes over when polling stops).
+    ///
+    /// A poll that leaves no work request pending ends the busy-poll mark instead: the
+    /// application cannot be waiting for a completion then, but may be waiting for a one-sided
+    /// operation to land in its memory (perftest's `ib_write_lat` spins on the buffer), which
+    /// only the progress thread will take off the socket.
     pub fn poll_with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
-        self.shared.last_busy_poll.store(self.shared.now_ns().max(1), Ordering::Release);
-        self.with(|s| {
+        let (r, pending) = self.with(|s| {
             s.progress();
-            f(s)
-        })
+            let r = f(s);
+            (r, s.engine.has_pending_work())
+        });
+        if pending {
+            self.shared.last_busy_poll.store(self.shared.now_ns().max(1), Ordering::Release);
+        } else {
+            self.end_busy_poll();
+        }
+        r
     }
 }
 
@@ -777,8 +796,10 @@ impl Drop for NetDevice {
 /// datagram arrives, a timer is due or a verb brings one forward; makes progress; repeats.
 /// With nothing to do it sleeps without a deadline: an idle device costs no CPU.
 fn progress_thread(shared: &Shared) {
+    // Timers are microseconds apart (ACK timeouts, busy-poll check-ins): wake on time.
+    sys::set_timer_slack_ns(1_000);
     while !shared.stop.load(Ordering::Acquire) {
-        let (fds, timeout_ms) = {
+        let (fds, wait_ns) = {
             let mut s = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
             s.counters.progress_wakeups += 1;
             s.progress();
@@ -798,16 +819,10 @@ fn progress_thread(shared: &Shared) {
             shared
                 .sleeping_until
                 .store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);
-            let ms = match deadline {
-                None => -1,
-                Some(t) => {
-                    let ns = t.as_nanos().saturating_sub(now.as_nanos());
-                    i32::try_from(ns.div_ceil(1_000_000)).unwrap_or(i32::MAX)
-                }
-            };
-            (fds, ms)
+            let wait_ns = deadline.map(|t| t.as_nanos().saturating_sub(now.as_nanos()));
+            (fds, wait_ns)
         };
-        let _ = sys::poll_readable(&fds, timeout_ms);
+        let _ = sys::poll_readable_ns(&fds, wait_ns);
         shared.wake.take();
     }
 }

@@ -506,6 +506,38 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
     }
 }
 
+/// As [`poll_readable`], with a timeout in nanoseconds (`None`: forever): `ppoll(2)`, so a
+/// timer due in 30 µs is not rounded up to a millisecond.
+pub(crate) fn poll_readable_ns(fds: &[RawFd], timeout_ns: Option<u64>) -> io::Result<()> {
+    let mut pfds: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: libc::time_t::try_from(ns / 1_000_000_000).unwrap_or(libc::time_t::MAX),
+        // Below 10^9: fits every c_long.
+        tv_nsec: libc::c_long::try_from(ns % 1_000_000_000).unwrap_or(0),
+    });
+    let ts_ptr = ts.as_ref().map_or(core::ptr::null(), core::ptr::from_ref);
+    let n = pfds.len() as libc::nfds_t;
+    // SAFETY: `pfds` holds `n` live pollfd structures; `ts_ptr` is NULL or a live timespec;
+    // no signal mask is passed.
+    let ret = unsafe { libc::ppoll(pfds.as_mut_ptr(), n, ts_ptr, core::ptr::null()) };
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Sets the calling thread's timer slack (how late the kernel may wake a timed wait, 50 µs by
+/// default) to `ns`.
+pub(crate) fn set_timer_slack_ns(ns: u64) {
+    let ns = libc::c_ulong::try_from(ns).unwrap_or(libc::c_ulong::MAX);
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns) };
+}
+
 /// Whether `fd` is readable now (a `poll` with no wait).
 fn readable_now(fd: RawFd) -> bool {
     let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
