@@ -921,9 +921,6 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
             // SAFETY: the caller's array holds `num_entries` >= n entries.
             unsafe { wc.wrapping_add(i).write(wc_of(w)) };
         }
-        if n > 0 {
-            ctx.net.end_busy_poll();
-        }
         c_int::try_from(n).unwrap_or(c_int::MAX)
     })
 }
@@ -1020,7 +1017,6 @@ struct Srq {
     handle: SrqHandle,
     max_wr: u32,
     max_sge: u32,
-    limit: AtomicU32,
 }
 
 #[unsafe(no_mangle)]
@@ -1035,18 +1031,17 @@ unsafe extern "C" fn uroce_verbs_create_srq(
     }
     // SAFETY: the caller passes a valid struct ibv_srq_init_attr (checked non-NULL).
     let IbvSrqInitAttr { srq_context, attr } = unsafe { init.read() };
-    let IbvSrqAttr { max_wr, max_sge, srq_limit: limit } = attr;
+    // ibv_create_srq(3): `srq_limit` is not used here (ibv_modify_srq arms the limit).
+    let IbvSrqAttr { max_wr, max_sge, .. } = attr;
     if max_wr == 0 {
         return fail(libc::EINVAL);
     }
-    let created = ctx.net.with(|s| {
-        let h = s.engine().create_srq(pdh, max_wr, max_sge.max(1))?;
-        s.engine().arm_srq_limit(h, limit);
-        Ok::<_, uroce_engine::CreateError>(h)
-    });
-    let Ok(handle) = created else {
+    let max_sge = max_sge.max(1);
+    let Ok(handle) = ctx.net.with(|s| s.engine().create_srq(pdh, max_wr, max_sge)) else {
         return fail(libc::EINVAL);
     };
+    // SAFETY: as above; ibv_create_srq(3) reports the actual sizes in `attr`.
+    unsafe { (*init).attr = IbvSrqAttr { max_wr, max_sge, srq_limit: 0 } };
     let boxed = Box::new(Srq {
         ibv: IbvSrq {
             context: ctx_ptr(ctx),
@@ -1059,8 +1054,7 @@ unsafe extern "C" fn uroce_verbs_create_srq(
         },
         handle,
         max_wr,
-        max_sge: max_sge.max(1),
-        limit: AtomicU32::new(limit),
+        max_sge,
     });
     let raw = Box::into_raw(boxed);
     lock(&ctx.objects).srqs.insert(handle, raw as usize);
@@ -1106,7 +1100,6 @@ unsafe extern "C" fn uroce_verbs_modify_srq(
             return libc::EINVAL;
         }
         ctx.net.with(|st| st.engine().arm_srq_limit(s.handle, limit));
-        s.limit.store(limit, Ordering::Release);
     }
     0
 }
@@ -1114,15 +1107,13 @@ unsafe extern "C" fn uroce_verbs_modify_srq(
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_verbs_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) -> c_int {
     // SAFETY: the caller passes an SRQ it created.
-    let Some((_, s)) = (unsafe { srq_parts(srq) }) else { return libc::EINVAL };
+    let Some((ctx, s)) = (unsafe { srq_parts(srq) }) else { return libc::EINVAL };
     if attr.is_null() {
         return libc::EINVAL;
     }
-    let out = IbvSrqAttr {
-        max_wr: s.max_wr,
-        max_sge: s.max_sge,
-        srq_limit: s.limit.load(Ordering::Acquire),
-    };
+    // ibv_query_srq(3): a limit of 0 means not armed, or no longer (it fired).
+    let limit = ctx.net.with(|st| st.engine().srq_limit(s.handle)).unwrap_or(0);
+    let out = IbvSrqAttr { max_wr: s.max_wr, max_sge: s.max_sge, srq_limit: limit };
     // SAFETY: the caller passes room for a struct ibv_srq_attr.
     unsafe { attr.write(out) };
     0

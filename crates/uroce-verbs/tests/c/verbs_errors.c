@@ -29,6 +29,25 @@
  *      from RTS on); ibv_create_qp with IBV_QPT_XRC_SEND returns NULL on a device that does
  *      not advertise IBV_DEVICE_XRC (an XRC initiator QP needs only a PD, so a device with XRC,
  *      such as a ConnectX, may create it: then the check is skipped).
+ *   f. completion channel (ibv_create_comp_channel(3), ibv_req_notify_cq(3),
+ *      ibv_get_cq_event(3)): the channel's CQ is the receive side's (the responder's CQ, which
+ *      takes its receive completions). Armed with ibv_req_notify_cq(cq, 0), the channel's fd
+ *      stays unreadable (poll(2), 200 ms) while nothing completes; a SEND into a posted receive
+ *      makes it readable, ibv_get_cq_event returns that CQ and its cq_context, and once the
+ *      event is acked ibv_poll_cq returns the receive completion at once (the completion is in
+ *      the CQ before its event). The event taken, the fd is unreadable again. With O_NONBLOCK
+ *      on the fd, ibv_get_cq_event returns -1 with errno EAGAIN when no event is pending and the
+ *      event when one is (re-armed, second SEND). ibv_destroy_comp_channel returns EBUSY while
+ *      a CQ uses the channel, and 0 once that CQ is destroyed.
+ *   g. asynchronous event (ibv_get_async_event(3), ibv_modify_srq(3), ibv_query_srq(3)): an
+ *      SRQ (max_wr 16, max_sge 1) with 4 receives, armed with srq_limit 3, feeds the receiving
+ *      QP of an RC pair; 2 SENDs leave 2 WRs in it, below the limit, so the responder's context
+ *      reports IBV_EVENT_SRQ_LIMIT_REACHED for that SRQ: its async_fd turns readable (poll(2),
+ *      5 s). Other events (IBV_EVENT_COMM_EST of f's or g's responder QP may or may not come)
+ *      are acked and ignored. After the drain to EAGAIN the fd must not stay readable with no
+ *      event to get (poll(2) then ibv_get_async_event, as ibv_get_async_event(3)'s non-blocking
+ *      example does it). The limit disarms when it fires: ibv_query_srq then reports
+ *      srq_limit 0 (ibv_query_srq(3): 0 means "not (or no longer) armed").
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -45,7 +64,9 @@
 
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -148,12 +169,19 @@ static void close_dev(struct dev *d)
 		fail("cleanup: ibv_close_device(%s)", d->name);
 }
 
-/* A fresh RC QP in RESET, with its CQ and a zeroed, registered buffer. */
-static void ep_create(struct ep *e, struct dev *d)
+/*
+ * A fresh RC QP in RESET, with its CQ and a zeroed, registered buffer. The CQ reports to
+ * `channel` with `cq_context` (NULL, NULL: no channel); with an `srq` the QP takes its receives
+ * from it and has no receive queue of its own.
+ */
+static void ep_create_ex(struct ep *e, struct dev *d, struct ibv_comp_channel *channel,
+			 void *cq_context, struct ibv_srq *srq)
 {
 	struct ibv_qp_init_attr init = {
 		.qp_type = IBV_QPT_RC,
-		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+		.srq = srq,
+		.cap = { .max_send_wr = 8, .max_recv_wr = srq ? 0 : 8, .max_send_sge = 1,
+			 .max_recv_sge = srq ? 0 : 1 },
 	};
 
 	memset(e, 0, sizeof(*e));
@@ -165,7 +193,7 @@ static void ep_create(struct ep *e, struct dev *d)
 	e->mr = ibv_reg_mr(d->pd, e->buf, BUF_SIZE, MR_ACCESS);
 	if (!e->mr)
 		die("ibv_reg_mr(%s): %s", d->name, strerror(errno));
-	e->cq = ibv_create_cq(d->ctx, CQ_DEPTH, NULL, NULL, 0);
+	e->cq = ibv_create_cq(d->ctx, CQ_DEPTH, cq_context, channel, 0);
 	if (!e->cq)
 		die("ibv_create_cq(%s): %s", d->name, strerror(errno));
 	init.send_cq = e->cq;
@@ -175,6 +203,12 @@ static void ep_create(struct ep *e, struct dev *d)
 		die("ibv_create_qp(%s): %s", d->name, strerror(errno));
 	/* Any start PSN works; a QP-dependent one makes mismatches show up. */
 	e->psn = (e->qp->qp_num * 2654435761u) & 0xffffff;
+}
+
+/* A fresh RC QP in RESET with its own CQ (no channel) and receive queue. */
+static void ep_create(struct ep *e, struct dev *d)
+{
+	ep_create_ex(e, d, NULL, NULL, NULL);
 }
 
 static void ep_destroy(struct ep *e)
@@ -383,6 +417,34 @@ static int must_post(const char *scenario, const char *what, int rc)
 	return rc == 0;
 }
 
+/* poll(2) for POLLIN on fd: 1 readable, 0 not readable within timeout_ms, -1 on an error. */
+static int fd_readable(int fd, int timeout_ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	int n;
+
+	do
+		n = poll(&p, 1, timeout_ms);
+	while (n < 0 && errno == EINTR);
+	if (n < 0 || (p.revents & (POLLERR | POLLNVAL)))
+		return -1;
+	return n > 0 && (p.revents & POLLIN);
+}
+
+static const char *readable_str(int r)
+{
+	return r > 0 ? "readable" : r == 0 ? "not readable" : "poll error";
+}
+
+/* Adds O_NONBLOCK to fd's file status flags (then waiting verbs on it return EAGAIN). */
+static void set_nonblocking(int fd, const char *what)
+{
+	int flags = fcntl(fd, F_GETFL);
+
+	if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+		die("fcntl(%s, O_NONBLOCK): %s", what, strerror(errno));
+}
+
 /*
  * d (second half). The QP in e is in the Error state: a newly posted send must be accepted and
  * complete with IBV_WC_WR_FLUSH_ERR (IBA §10.3: in Error, WRs are completed in error, flushed).
@@ -571,6 +633,312 @@ static void scenario_sync_failures(struct dev *d0)
 	ep_destroy(&e);
 }
 
+/* The cq_context of scenario f's CQ: an address ibv_get_cq_event must hand back. */
+static int comp_cq_tag;
+
+/*
+ * f (part). The channel's fd turns readable within POLL_MS; ibv_get_cq_event then returns e's
+ * CQ and comp_cq_tag; the event is acked. Returns 1 when an event was taken (so the
+ * completion must already be in the CQ), else 0.
+ */
+static int expect_cq_event(const char *scenario, const char *when, struct ibv_comp_channel *ch,
+			   struct ep *e)
+{
+	struct ibv_cq *ev_cq = NULL;
+	void *ev_ctx = NULL;
+	int r = fd_readable(ch->fd, POLL_MS);
+
+	printf("%s: channel fd %s: %s\n", scenario, when, readable_str(r));
+	if (r <= 0) {
+		/* Not readable: a blocking ibv_get_cq_event could hang, so it is not called. */
+		fail("%s: channel fd %s: %s within %d ms, expected readable", scenario, when,
+		     readable_str(r), POLL_MS);
+		return 0;
+	}
+	errno = 0;
+	if (ibv_get_cq_event(ch, &ev_cq, &ev_ctx)) {
+		fail("%s: ibv_get_cq_event %s: -1, errno %s (%d)", scenario, when, strerror(errno),
+		     errno);
+		return 0;
+	}
+	printf("%s: ibv_get_cq_event %s -> %s CQ, %s cq_context\n", scenario, when,
+	       ev_cq == e->cq ? "the receiver's" : "another",
+	       ev_ctx == &comp_cq_tag ? "its" : "another");
+	if (ev_cq != e->cq)
+		fail("%s: ibv_get_cq_event %s returned CQ %p, expected the receiver's %p", scenario,
+		     when, (void *)ev_cq, (void *)e->cq);
+	if (ev_ctx != &comp_cq_tag)
+		fail("%s: ibv_get_cq_event %s returned cq_context %p, expected %p", scenario, when,
+		     ev_ctx, (void *)&comp_cq_tag);
+	/* Every event taken is acked (ibv_destroy_cq waits for that on rdma-core). */
+	if (ev_cq)
+		ibv_ack_cq_events(ev_cq, 1);
+	return 1;
+}
+
+/*
+ * f. A CQ bound to a completion channel. The channel's CQ is the receive side's: the receiver's
+ * one CQ, which takes the receive completion of the SEND (the sender polls its own CQ).
+ */
+static void scenario_comp_channel(struct dev *d0, struct dev *d1)
+{
+	const char *s = "completion channel";
+	struct ibv_comp_channel *ch;
+	struct ibv_cq *ev_cq = NULL;
+	void *ev_ctx = NULL;
+	struct ep snd, rcv;
+	int rc, r, got;
+
+	ch = ibv_create_comp_channel(d1->ctx);
+	if (!ch)
+		die("ibv_create_comp_channel(%s): %s", d1->name, strerror(errno));
+	ep_create(&snd, d0);
+	ep_create_ex(&rcv, d1, ch, &comp_cq_tag, NULL);
+	connect_pair(&snd, &rcv);
+
+	/* Armed for the next completion of any kind (solicited_only 0). */
+	rc = ibv_req_notify_cq(rcv.cq, 0);
+	if (rc)
+		fail("%s: ibv_req_notify_cq: %s (%d)", s, strerror(rc), rc);
+	/* Nothing has completed: no event, the fd stays unreadable. */
+	r = fd_readable(ch->fd, 200);
+	printf("%s: channel fd while nothing completes: %s\n", s, readable_str(r));
+	if (r != 0)
+		fail("%s: channel fd %s with nothing completed, expected not readable (200 ms)", s,
+		     readable_str(r));
+
+	if (must_post(s, "receive", post_recv(&rcv, 0xf1, 64)) &&
+	    must_post(s, "SEND", post_send(&snd, IBV_WR_SEND, 0xf2, 32, 0, 0))) {
+		got = expect_cq_event(s, "after the SEND", ch, &rcv);
+		/* The event follows the completion into the CQ: once it is taken, the completion
+		 * must be there at once (timeout 0: polls within the same millisecond). */
+		expect_wc(s, "receiver", &rcv, 0xf1, IBV_WC_SUCCESS, got ? 0 : POLL_MS);
+		expect_wc(s, "sender", &snd, 0xf2, IBV_WC_SUCCESS, POLL_MS);
+		/* The one event was taken and the CQ is not re-armed: nothing left to read. */
+		r = fd_readable(ch->fd, 0);
+		printf("%s: channel fd after the event was taken: %s\n", s, readable_str(r));
+		if (r != 0)
+			fail("%s: channel fd %s after its only event was taken, expected not "
+			     "readable", s, readable_str(r));
+	}
+
+	/* Non-blocking mode (ibv_get_cq_event(3)): O_NONBLOCK on the channel's fd. */
+	set_nonblocking(ch->fd, "channel fd");
+	errno = 0;
+	rc = ibv_get_cq_event(ch, &ev_cq, &ev_ctx);
+	printf("%s: non-blocking ibv_get_cq_event with no event pending -> %d, errno %s (%d)\n", s,
+	       rc, strerror(errno), errno);
+	if (rc == 0) {
+		fail("%s: non-blocking ibv_get_cq_event returned an event, none was pending", s);
+		ibv_ack_cq_events(ev_cq, 1);
+	} else if (rc != -1 || errno != EAGAIN) {
+		fail("%s: non-blocking ibv_get_cq_event: %d, errno %d, expected -1, EAGAIN (%d)", s,
+		     rc, errno, EAGAIN);
+	}
+	/* ... and still returns an event when one is pending. */
+	rc = ibv_req_notify_cq(rcv.cq, 0);
+	if (rc)
+		fail("%s: ibv_req_notify_cq (re-arm): %s (%d)", s, strerror(rc), rc);
+	if (must_post(s, "receive", post_recv(&rcv, 0xf3, 64)) &&
+	    must_post(s, "SEND", post_send(&snd, IBV_WR_SEND, 0xf4, 32, 0, 0))) {
+		got = expect_cq_event(s, "after the second SEND (non-blocking)", ch, &rcv);
+		expect_wc(s, "receiver", &rcv, 0xf3, IBV_WC_SUCCESS, got ? 0 : POLL_MS);
+		expect_wc(s, "sender", &snd, 0xf4, IBV_WC_SUCCESS, POLL_MS);
+	}
+	expect_no_wc(s, "receiver", &rcv);
+	expect_no_wc(s, "sender", &snd);
+
+	/* ibv_create_comp_channel(3): destroying a channel a CQ still uses fails (EBUSY). */
+	rc = ibv_destroy_comp_channel(ch);
+	printf("%s: ibv_destroy_comp_channel with a CQ on it -> %d (%s)\n", s, rc,
+	       rc ? strerror(rc) : "destroyed");
+	if (rc == 0) {
+		fail("%s: ibv_destroy_comp_channel succeeded while a CQ uses the channel", s);
+		ch = NULL; /* gone: the CQ's destruction below may touch freed memory */
+	} else if (rc != EBUSY) {
+		fail("%s: ibv_destroy_comp_channel with a CQ on it: %d, expected EBUSY (%d)", s, rc,
+		     EBUSY);
+	}
+	ep_destroy(&snd);
+	ep_destroy(&rcv);
+	if (ch) {
+		rc = ibv_destroy_comp_channel(ch);
+		printf("%s: ibv_destroy_comp_channel once its CQ is destroyed -> %d (%s)\n", s, rc,
+		       rc ? strerror(rc) : "destroyed");
+		if (rc)
+			fail("%s: ibv_destroy_comp_channel after its CQ was destroyed: %s (%d)", s,
+			     strerror(rc), rc);
+	}
+}
+
+/* The srq_context of scenario g's SRQ. */
+static int srq_tag;
+
+/*
+ * g. An SRQ's limit event on the responder's asynchronous event queue. wr_ids 0x9n: g is not a
+ * hex digit.
+ */
+static void scenario_srq_limit(struct dev *d0, struct dev *d1)
+{
+	const char *s = "srq limit";
+	struct ibv_srq_init_attr sinit = {
+		.srq_context = &srq_tag,
+		.attr = { .max_wr = 16, .max_sge = 1 },
+	};
+	struct ibv_srq_attr sattr = { .srq_limit = 3 };
+	struct ibv_context *ctx = d1->ctx;
+	struct ibv_async_event ev;
+	struct timespec t0;
+	struct ibv_srq *srq;
+	struct ep snd, rcv;
+	uint64_t seen = 0;
+	int rc, r, found = 0, spurious = 0, posted = 0;
+
+	srq = ibv_create_srq(d1->pd, &sinit);
+	if (!srq)
+		die("ibv_create_srq(%s): %s", d1->name, strerror(errno));
+	ep_create(&snd, d0);
+	ep_create_ex(&rcv, d1, NULL, NULL, srq); /* its buffer and MR hold the SRQ's receives */
+
+	/* 4 receives of 64 bytes, each in its own slice of the receiver's buffer. */
+	for (int i = 0; i < 4; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)rcv.buf + 64 * i, .length = 64,
+				       .lkey = rcv.mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = 0x91 + i, .sg_list = &sge, .num_sge = 1 };
+		struct ibv_recv_wr *bad = NULL;
+
+		posted += must_post(s, "SRQ receive", ibv_post_srq_recv(srq, &wr, &bad));
+	}
+	/* Armed: one event once fewer than 3 WRs remain in the SRQ (ibv_modify_srq(3)). */
+	rc = ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT);
+	if (rc)
+		fail("%s: ibv_modify_srq(srq_limit 3): %s (%d)", s, strerror(rc), rc);
+	connect_pair(&snd, &rcv);
+
+	/* 2 SENDs: 4 - 2 = 2 WRs left, below 3. */
+	if (posted == 4 &&
+	    must_post(s, "first SEND", post_send(&snd, IBV_WR_SEND, 0x95, 32, 0, 0)) &&
+	    must_post(s, "second SEND", post_send(&snd, IBV_WR_SEND, 0x96, 32, 0, 0))) {
+		for (int i = 0; i < 2; i++) {
+			struct ibv_wc wc;
+			int n = poll_one(rcv.cq, &wc, POLL_MS);
+
+			/* Which SRQ WR a message takes is the device's business: any of the 4
+			 * posted, each at most once. */
+			if (n <= 0) {
+				fail("%s: receiver: no completion %d of 2 within %d ms", s, i + 1,
+				     POLL_MS);
+				break;
+			}
+			printf("%s: receiver %s (%d)\n", s, ibv_wc_status_str(wc.status),
+			       wc.status);
+			if (wc.status != IBV_WC_SUCCESS)
+				fail("%s: receiver: status %s (%d), expected success", s,
+				     ibv_wc_status_str(wc.status), wc.status);
+			if (wc.wr_id < 0x91 || wc.wr_id > 0x94 ||
+			    (seen & (1u << (wc.wr_id - 0x91))))
+				fail("%s: receiver: wr_id 0x%" PRIx64 ", expected one of "
+				     "0x91..0x94 not seen before", s, (uint64_t)wc.wr_id);
+			else
+				seen |= 1u << (wc.wr_id - 0x91);
+			if (wc.qp_num != rcv.qp->qp_num)
+				fail("%s: receiver: qp_num 0x%06x, expected 0x%06x", s, wc.qp_num,
+				     rcv.qp->qp_num);
+		}
+		expect_wc(s, "sender", &snd, 0x95, IBV_WC_SUCCESS, POLL_MS);
+		expect_wc(s, "sender", &snd, 0x96, IBV_WC_SUCCESS, POLL_MS);
+
+		/*
+		 * Wait for the SRQ event. Other events may be queued on this context before it
+		 * (IBV_EVENT_COMM_EST of f's or this responder QP, say): they are acked and
+		 * ignored. So that draining them cannot block, async_fd is made non-blocking
+		 * first: ibv_get_async_event then returns -1/EAGAIN once the queue is empty, and
+		 * poll(2) waits for more (ibv_get_async_event(3)'s non-blocking example).
+		 */
+		set_nonblocking(ctx->async_fd, "async_fd");
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		while (!found) {
+			long left = POLL_MS - elapsed_ms(&t0);
+			int taken = 0;
+
+			r = left > 0 ? fd_readable(ctx->async_fd, (int)left) : 0;
+			if (r <= 0) {
+				fail("%s: async_fd %s: no IBV_EVENT_SRQ_LIMIT_REACHED within %d ms",
+				     s, readable_str(r), POLL_MS);
+				break;
+			}
+			errno = 0;
+			while (ibv_get_async_event(ctx, &ev) == 0) {
+				int ours = ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED &&
+					   ev.element.srq == srq;
+
+				taken++;
+				printf("%s: async event %s (%d)%s\n", s,
+				       ibv_event_type_str(ev.event_type), ev.event_type,
+				       ours ? " on the SRQ" : ": ignored");
+				if (ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && !ours)
+					fail("%s: SRQ limit event for SRQ %p, expected %p", s,
+					     (void *)ev.element.srq, (void *)srq);
+				else if (ours && found)
+					fail("%s: a second SRQ limit event (one per arming)", s);
+				found |= ours;
+				ibv_ack_async_event(&ev);
+				errno = 0;
+			}
+			if (errno != EAGAIN) {
+				fail("%s: ibv_get_async_event: -1, errno %s (%d), expected "
+				     "EAGAIN once drained", s, strerror(errno), errno);
+				break;
+			}
+			/* poll(2) said readable, so there was an event to take (reported once; the
+			 * wait goes on until the deadline). */
+			if (!taken && !spurious) {
+				spurious = 1;
+				fail("%s: async_fd readable but ibv_get_async_event has no event "
+				     "(EAGAIN)", s);
+			}
+		}
+		/* Drained: the fd is not readable, unless an event came meanwhile to take. */
+		r = fd_readable(ctx->async_fd, 0);
+		errno = 0;
+		rc = r > 0 ? ibv_get_async_event(ctx, &ev) : -1;
+		printf("%s: async_fd after the drain: %s%s\n", s, readable_str(r),
+		       r > 0 ? (rc == 0 ? ", with an event" : ", with no event (EAGAIN)") : "");
+		if (rc == 0) {
+			printf("%s: async event %s (%d): ignored\n", s,
+			       ibv_event_type_str(ev.event_type), ev.event_type);
+			ibv_ack_async_event(&ev);
+		} else if (r != 0) {
+			fail("%s: async_fd %s after the queue was drained, with no event to get", s,
+			     readable_str(r));
+		}
+	}
+
+	/* The limit fired, so it is disarmed: srq_limit 0 (ibv_query_srq(3)). */
+	memset(&sattr, 0xff, sizeof(sattr));
+	rc = ibv_query_srq(srq, &sattr);
+	if (rc) {
+		fail("%s: ibv_query_srq: %s (%d)", s, strerror(rc), rc);
+	} else {
+		printf("%s: ibv_query_srq: max_wr %u, max_sge %u, srq_limit %u\n", s, sattr.max_wr,
+		       sattr.max_sge, sattr.srq_limit);
+		if (found && sattr.srq_limit != 0)
+			fail("%s: ibv_query_srq: srq_limit %u after the limit event, expected 0 "
+			     "(disarmed)", s, sattr.srq_limit);
+		if (sattr.max_wr < 16 || sattr.max_sge < 1)
+			fail("%s: ibv_query_srq: max_wr %u, max_sge %u, expected at least 16 and 1",
+			     s, sattr.max_wr, sattr.max_sge);
+	}
+	if (srq->srq_context != &srq_tag)
+		fail("%s: srq->srq_context %p, expected %p", s, srq->srq_context, (void *)&srq_tag);
+
+	ep_destroy(&snd);
+	ep_destroy(&rcv); /* the QP first: an SRQ in use cannot go */
+	rc = ibv_destroy_srq(srq);
+	if (rc)
+		fail("cleanup: ibv_destroy_srq(%s): %s (%d)", d1->name, strerror(rc), rc);
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -605,6 +973,8 @@ int main(void)
 	scenario_retry_exhaustion(&d0, &d1);
 	scenario_flush(&d0, &d1);
 	scenario_sync_failures(&d0);
+	scenario_comp_channel(&d0, &d1);
+	scenario_srq_limit(&d0, &d1);
 
 	close_dev(&d0);
 	close_dev(&d1);
