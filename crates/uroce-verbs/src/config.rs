@@ -1,31 +1,40 @@
-//! Which devices exist: one per configured address, from `UROCE_ADDR` or a config file.
+//! Which devices exist: one per configured address, from `UROCE_ADDR` or a config file
+//! (`UROCE_CONFIG`, by default `/etc/uroce/devices`).
 
 use core::net::IpAddr;
 use std::path::Path;
 
 /// The environment variable naming the device addresses, comma-separated.
 pub(crate) const ENV: &str = "UROCE_ADDR";
-/// The config file read when `UROCE_ADDR` is not set: one address per line, `#` comments.
+/// The environment variable naming the config file.
+pub(crate) const CONFIG_ENV: &str = "UROCE_CONFIG";
+/// The config file read when `UROCE_ADDR` is not set (and `UROCE_CONFIG` names no other): one
+/// address per line, `#` starts a comment.
 pub(crate) const FILE: &str = "/etc/uroce/devices";
 
 /// The configured addresses, or a message saying why there are none.
 pub(crate) fn addresses() -> Result<Vec<IpAddr>, String> {
     match std::env::var(ENV) {
         Ok(v) => parse(&v, ENV),
-        Err(_) => match std::fs::read_to_string(Path::new(FILE)) {
-            Ok(text) => {
-                let lines: Vec<&str> = text
-                    .lines()
-                    .map(|l| l.split('#').next().unwrap_or("").trim())
-                    .filter(|l| !l.is_empty())
-                    .collect();
-                parse(&lines.join(","), FILE)
+        Err(_) => {
+            let named = std::env::var(CONFIG_ENV).ok();
+            let file = named.as_deref().unwrap_or(FILE);
+            match std::fs::read_to_string(Path::new(file)) {
+                Ok(text) => {
+                    let lines: Vec<&str> = text
+                        .lines()
+                        .map(|l| l.split('#').next().unwrap_or("").trim())
+                        .filter(|l| !l.is_empty())
+                        .collect();
+                    parse(&lines.join(","), file)
+                }
+                Err(e) if named.is_some() => Err(format!("uroce: {CONFIG_ENV}={file}: {e}")),
+                Err(_) => Err(format!(
+                    "uroce: no device configured: set {ENV}=<ip>[,<ip>...] (for example \
+                     {ENV}=127.0.0.2) or list addresses in {FILE} (or a file {CONFIG_ENV} names)"
+                )),
             }
-            Err(_) => Err(format!(
-                "uroce: no device configured: set {ENV}=<ip>[,<ip>...] (for example \
-                 {ENV}=127.0.0.2) or list addresses in {FILE}"
-            )),
-        },
+        }
     }
 }
 

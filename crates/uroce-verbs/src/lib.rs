@@ -12,8 +12,10 @@
 //! # Devices
 //!
 //! One device per configured address (`uroce0`, `uroce1`, …), from `UROCE_ADDR`
-//! (comma-separated) or, when it is unset, `/etc/uroce/devices` (one address per line). Each has
-//! one port: Ethernet link layer, active, MTU 4096, GID index 0 = the address as a RoCEv2 GID.
+//! (comma-separated) or, when it is unset, the file `UROCE_CONFIG` names, by default
+//! `/etc/uroce/devices` (one address per line, `#` comments). Each has
+//! one port: Ethernet link layer, active, MTU from the interface MTU (4096 on loopback), GID
+//! index 0 = the address as a RoCEv2 GID.
 //! `UROCE_PCAP` and `UROCE_FAULTS` work as for every uroce device.
 //!
 //! # The ABI

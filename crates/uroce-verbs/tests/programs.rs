@@ -47,6 +47,29 @@ fn ibv_devices_and_devinfo_show_the_configured_devices() {
         assert!(stderr.contains("no device configured"), "{stderr}");
     }
 
+    // The same from a config file.
+    let dir = lib_dir().join("config-test");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("devices");
+    std::fs::write(&file, "# uroce devices\n127.0.0.2\n127.0.0.3  # the second\n").unwrap();
+    let from_file = Command::new("ibv_devices")
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env_remove("UROCE_ADDR")
+        .env("UROCE_CONFIG", &file)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&from_file.stdout);
+    assert!(out.contains("uroce0") && out.contains("uroce1"), "{out}");
+    std::fs::write(&file, "127.0.0.2\nnot-an-address\n").unwrap();
+    let bad = Command::new("ibv_devices")
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env_remove("UROCE_ADDR")
+        .env("UROCE_CONFIG", &file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("\"not-an-address\" is not an IP address"), "{err}");
+
     let info = run_alone("ibv_devinfo", "127.0.0.2", &["-v"]);
     assert!(info.ok(), "{info}");
     for want in [

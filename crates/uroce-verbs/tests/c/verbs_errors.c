@@ -48,6 +48,9 @@
  *      event to get (poll(2) then ibv_get_async_event, as ibv_get_async_event(3)'s non-blocking
  *      example does it). The limit disarms when it fires: ibv_query_srq then reports
  *      srq_limit 0 (ibv_query_srq(3): 0 means "not (or no longer) armed").
+ *   h. ABI details: ibv_query_port@IBVERBS_1.1 called directly writes 48 bytes, no more;
+ *      ibv_query_device_ex falls back to the legacy verb; on uroce, ibv_create_qp_ex with
+ *      send-ops flags, ibv_alloc_mw and ibv_reg_dmabuf_mr fail with EOPNOTSUPP.
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -633,6 +636,106 @@ static void scenario_sync_failures(struct dev *d0)
 	ep_destroy(&e);
 }
 
+/*
+ * h. ABI details a drop-in library must get right:
+ *  - ibv_query_port@IBVERBS_1.1, called as the exported function (not the header's inline
+ *    wrapper, which goes through verbs_context.query_port with the caller's size), writes the
+ *    48-byte struct _compat_ibv_port_attr and not one byte more;
+ *  - verbs a device does not offer fail as the header's wrappers document: NULL with errno
+ *    EOPNOTSUPP (checked on uroce only: hardware may have memory windows, XRC and dmabuf);
+ *  - ibv_query_device_ex falls back to ibv_query_device when the extended verb is absent.
+ */
+static void scenario_abi(struct dev *d0)
+{
+	const char *s = "abi";
+	unsigned char raw[64];
+	struct ibv_device_attr_ex ex;
+	struct ibv_qp_init_attr_ex qpx;
+	struct ep e;
+	int rc, is_uroce = !strncmp(d0->name, "uroce", 5);
+
+	memset(raw, 0xa5, sizeof(raw));
+	rc = (ibv_query_port)(d0->ctx, 1, (struct _compat_ibv_port_attr *)raw);
+	{
+		struct ibv_port_attr pa;
+		int untouched = 1;
+
+		memcpy(&pa, raw, 48);
+		for (size_t i = 48; i < sizeof(raw); i++)
+			untouched &= raw[i] == 0xa5;
+		printf("%s: ibv_query_port@IBVERBS_1.1 -> %d, state %s, bytes past 48 %s\n", s, rc,
+		       ibv_port_state_str(pa.state), untouched ? "untouched" : "WRITTEN");
+		if (rc || pa.state != IBV_PORT_ACTIVE)
+			fail("%s: ibv_query_port (compat): rc %d state %d", s, rc, pa.state);
+		if (!untouched)
+			fail("%s: ibv_query_port (compat) wrote past the 48-byte compat struct", s);
+	}
+
+	memset(&ex, 0, sizeof(ex));
+	rc = ibv_query_device_ex(d0->ctx, NULL, &ex);
+	printf("%s: ibv_query_device_ex -> %d, max_qp_rd_atom %d, atomic_cap %d\n", s, rc,
+	       ex.orig_attr.max_qp_rd_atom, ex.orig_attr.atomic_cap);
+	if (rc || ex.orig_attr.max_qp_rd_atom <= 0 || ex.orig_attr.atomic_cap == IBV_ATOMIC_NONE)
+		fail("%s: ibv_query_device_ex: rc %d, rd_atom %d, atomic_cap %d", s, rc,
+		     ex.orig_attr.max_qp_rd_atom, ex.orig_attr.atomic_cap);
+
+	if (!is_uroce) {
+		printf("%s: %s is not uroce: unsupported-verb checks skipped\n", s, d0->name);
+		return;
+	}
+	ep_create(&e, d0); /* for a CQ */
+	memset(&qpx, 0, sizeof(qpx));
+	qpx.qp_type = IBV_QPT_RC;
+	qpx.send_cq = e.cq;
+	qpx.recv_cq = e.cq;
+	qpx.cap.max_send_wr = 1;
+	qpx.cap.max_recv_wr = 1;
+	qpx.cap.max_send_sge = 1;
+	qpx.cap.max_recv_sge = 1;
+	qpx.comp_mask = IBV_QP_INIT_ATTR_PD;
+	qpx.pd = d0->pd;
+	{
+		/* With only a PD, the header's wrapper falls back to ibv_create_qp. */
+		struct ibv_qp *qp = ibv_create_qp_ex(d0->ctx, &qpx);
+
+		printf("%s: ibv_create_qp_ex(PD only) -> %s\n", s, qp ? "QP (the legacy verb)" : "NULL");
+		if (!qp)
+			fail("%s: ibv_create_qp_ex(PD only) failed: %s", s, strerror(errno));
+		else if (ibv_destroy_qp(qp))
+			fail("%s: ibv_destroy_qp", s);
+	}
+	/* With send-ops flags it needs the extended verb (the ibv_wr_* API), which uroce lacks. */
+	qpx.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qpx.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	{
+		struct {
+			const char *what;
+			void *obj;
+			int err;
+		} r[3];
+
+		errno = 0;
+		r[0].what = "ibv_create_qp_ex(send_ops_flags)";
+		r[0].obj = ibv_create_qp_ex(d0->ctx, &qpx);
+		r[0].err = errno;
+		errno = 0;
+		r[1].what = "ibv_alloc_mw";
+		r[1].obj = ibv_alloc_mw(d0->pd, IBV_MW_TYPE_1);
+		r[1].err = errno;
+		errno = 0;
+		r[2].what = "ibv_reg_dmabuf_mr";
+		r[2].obj = ibv_reg_dmabuf_mr(d0->pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE);
+		r[2].err = errno;
+		for (int i = 0; i < 3; i++) {
+			printf("%s: %s -> %s, errno %s (%d)\n", s, r[i].what, r[i].obj ? "object" : "NULL",
+			       strerror(r[i].err), r[i].err);
+			if (r[i].obj || r[i].err != EOPNOTSUPP)
+				fail("%s: %s: expected NULL with EOPNOTSUPP", s, r[i].what);
+		}
+	}
+	ep_destroy(&e);
+}
+
 /* The cq_context of scenario f's CQ: an address ibv_get_cq_event must hand back. */
 static int comp_cq_tag;
 
@@ -944,11 +1047,14 @@ int main(void)
 	struct ibv_device **list;
 	struct ibv_device *ib0 = NULL, *ib1 = NULL;
 	struct dev d0, d1;
-	int n;
+	int n = -1;
 
+	/* ibv_get_device_list(3) always sets the count. */
 	list = ibv_get_device_list(&n);
 	if (!list)
 		die("ibv_get_device_list: %s", strerror(errno));
+	if (n < 0)
+		die("ibv_get_device_list left the device count unset");
 	for (int i = 0; i < n; i++) {
 		const char *name = ibv_get_device_name(list[i]);
 
@@ -975,6 +1081,7 @@ int main(void)
 	scenario_sync_failures(&d0);
 	scenario_comp_channel(&d0, &d1);
 	scenario_srq_limit(&d0, &d1);
+	scenario_abi(&d0);
 
 	close_dev(&d0);
 	close_dev(&d1);
