@@ -127,6 +127,19 @@ pub struct NetCounters {
     pub fault_corruptions: u64,
     /// Times the progress thread woke up.
     pub progress_wakeups: u64,
+    /// Asynchronous events no subscriber claimed (their object was destroyed meanwhile).
+    pub async_events_unclaimed: u64,
+}
+
+/// A subscription to asynchronous events ([`State::subscribe_async`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriberId(u64);
+
+struct AsyncSubscriber {
+    id: SubscriberId,
+    fd: Arc<EventFd>,
+    wants: Box<dyn Fn(&AsyncEvent) -> bool + Send>,
+    queue: VecDeque<AsyncEvent>,
 }
 
 /// A completion channel (`ibv_comp_channel`): a pollable eventfd and the CQs whose armed
@@ -243,7 +256,10 @@ pub struct State {
     piece_pool: Vec<Vec<Piece>>,
     channels: HashMap<CqHandle, Arc<Channel>>,
     async_events: VecDeque<AsyncEvent>,
-    async_notifier: Option<Arc<EventFd>>,
+    /// Where asynchronous events go when any subscriber exists (each C context of a device is
+    /// one); otherwise they wait in `async_events`.
+    async_subscribers: Vec<AsyncSubscriber>,
+    next_subscriber: u64,
     counters: NetCounters,
     /// Regions whose owner let go while work requests still named them.
     deferred_deregs: Vec<LKey>,
@@ -295,9 +311,52 @@ impl State {
         Some(mr)
     }
 
-    /// Signals `fd` whenever an asynchronous event is queued (`ibv_context.async_fd`).
-    pub fn set_async_notifier(&mut self, fd: Arc<EventFd>) {
-        self.async_notifier = Some(fd);
+    /// Subscribes to the asynchronous events `wants` claims (those of one `ibv_context`'s
+    /// objects): each is queued for the first subscriber that claims it, and its `fd` is
+    /// readable exactly while its queue holds events (`ibv_context.async_fd`). Events nobody
+    /// claims are dropped (and counted). Until the first subscription, events wait for
+    /// [`State::poll_async_event`].
+    pub fn subscribe_async(
+        &mut self,
+        fd: Arc<EventFd>,
+        wants: Box<dyn Fn(&AsyncEvent) -> bool + Send>,
+    ) -> SubscriberId {
+        let id = SubscriberId(self.next_subscriber);
+        self.next_subscriber += 1;
+        self.async_subscribers.push(AsyncSubscriber { id, fd, wants, queue: VecDeque::new() });
+        id
+    }
+
+    /// Ends a subscription; its queued events are dropped.
+    pub fn unsubscribe_async(&mut self, id: SubscriberId) {
+        self.async_subscribers.retain(|s| s.id != id);
+    }
+
+    /// The next asynchronous event of a subscriber.
+    pub fn poll_async_event_for(&mut self, id: SubscriberId) -> Option<AsyncEvent> {
+        let s = self.async_subscribers.iter_mut().find(|s| s.id == id)?;
+        let e = s.queue.pop_front();
+        if s.queue.is_empty() {
+            // Signalled under this same lock, so taking it here never loses an event.
+            s.fd.take();
+        }
+        e
+    }
+
+    /// Queues an engine event for its subscriber, or for `poll_async_event` when there are
+    /// none.
+    fn route_async(&mut self, e: AsyncEvent) {
+        if self.async_subscribers.is_empty() {
+            self.async_events.push_back(e);
+            return;
+        }
+        match self.async_subscribers.iter_mut().find(|s| (s.wants)(&e)) {
+            Some(s) => {
+                s.queue.push_back(e);
+                s.fd.signal();
+            }
+            None => self.counters.async_events_unclaimed += 1,
+        }
     }
 
     /// Regions still registered (deferred deregistrations included).
@@ -333,15 +392,7 @@ impl State {
 
     /// The next asynchronous event.
     pub fn poll_async_event(&mut self) -> Option<AsyncEvent> {
-        let e = self.async_events.pop_front();
-        if self.async_events.is_empty() {
-            // Readable exactly while events are queued (the notifier is signalled under this
-            // same lock): a `poll` on it never promises an event that is not there.
-            if let Some(fd) = &self.async_notifier {
-                fd.take();
-            }
-        }
-        e
+        self.async_events.pop_front()
     }
 
     /// Opens and closes group sockets to match the engine's multicast attachments.
@@ -490,10 +541,7 @@ impl State {
             }
         }
         while let Some(e) = self.engine.poll_async_event() {
-            self.async_events.push_back(e);
-            if let Some(fd) = &self.async_notifier {
-                fd.signal();
-            }
+            self.route_async(e);
         }
         self.retry_deregs();
     }
@@ -692,7 +740,8 @@ impl NetDevice {
             piece_pool: Vec::new(),
             channels: HashMap::new(),
             async_events: VecDeque::new(),
-            async_notifier: None,
+            async_subscribers: Vec::new(),
+            next_subscriber: 1,
             counters: NetCounters::default(),
             deferred_deregs: Vec::new(),
             copy_payloads: options.copy_payloads,

@@ -62,7 +62,7 @@ mod faults;
 #[allow(unsafe_code, reason = "all system calls and raw memory access live in this module")]
 mod sys;
 
-pub use device::{Channel, NetCounters, NetDevice, OpenError, Options, State};
+pub use device::{Channel, NetCounters, NetDevice, OpenError, Options, State, SubscriberId};
 pub use faults::{Faults, FaultsError};
 pub use sys::memory::Registry;
 pub use sys::{

@@ -25,7 +25,7 @@ use uroce_engine::{
     RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, SrqHandle, UdDest, WcOpcode, WorkCompletion,
     WrOpcode,
 };
-use uroce_net::{Channel, EventFd, NetDevice, OpenError, Options, RawRegion};
+use uroce_net::{Channel, EventFd, NetDevice, OpenError, Options, RawRegion, SubscriberId};
 
 use crate::abi::consts::*;
 use crate::abi::*;
@@ -222,7 +222,9 @@ pub(crate) struct Context {
     dev: &'static Device,
     net: Arc<NetDevice>,
     async_fd: Arc<EventFd>,
-    objects: Mutex<Objects>,
+    objects: Arc<Mutex<Objects>>,
+    /// This context's share of the device's asynchronous events: those of its objects.
+    events: SubscriberId,
 }
 
 /// The C objects of a context by engine handle: what completion and asynchronous events name.
@@ -231,6 +233,20 @@ struct Objects {
     cqs: HashMap<CqHandle, usize>,
     qps: HashMap<Qpn, usize>,
     srqs: HashMap<SrqHandle, usize>,
+}
+
+impl Objects {
+    /// The C object an event is about, and the event's `enum ibv_event_type`.
+    fn event(&self, e: &AsyncEvent) -> Option<(usize, c_int)> {
+        let (element, kind) = match *e {
+            AsyncEvent::QpFatal(q) => (self.qps.get(&q), IBV_EVENT_QP_FATAL),
+            AsyncEvent::CommEstablished(q) => (self.qps.get(&q), IBV_EVENT_COMM_EST),
+            AsyncEvent::LastWqeReached(q) => (self.qps.get(&q), IBV_EVENT_QP_LAST_WQE_REACHED),
+            AsyncEvent::CqError(c) => (self.cqs.get(&c), IBV_EVENT_CQ_ERR),
+            AsyncEvent::SrqLimitReached(s) => (self.srqs.get(&s), IBV_EVENT_SRQ_LIMIT_REACHED),
+        };
+        element.map(|&p| (p, kind))
+    }
 }
 
 const CONTEXT_OFFSET: usize = offset_of!(Context, vctx) + offset_of!(VerbsContext, context);
@@ -261,7 +277,11 @@ unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) -> *mut Ibv
         Ok(fd) => Arc::new(fd),
         Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
     };
-    net.with(|s| s.set_async_notifier(Arc::clone(&async_fd)));
+    // Several contexts may share one device: each takes the events of its own objects.
+    let objects = Arc::new(Mutex::new(Objects::default()));
+    let mine = Arc::clone(&objects);
+    let wants = Box::new(move |e: &AsyncEvent| lock(&mine).event(e).is_some());
+    let events = net.with(|s| s.subscribe_async(Arc::clone(&async_fd), wants));
     let ops = IbvContextOps {
         compat_query_device: None,
         compat_query_port: None,
@@ -297,7 +317,8 @@ unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) -> *mut Ibv
         dev,
         net,
         async_fd,
-        objects: Mutex::new(Objects::default()),
+        objects,
+        events,
     });
     let raw = Box::into_raw(ctx);
     // SAFETY: `raw` is the live box just made; the pointer to its field stays valid until
@@ -313,7 +334,8 @@ unsafe extern "C" fn uroce_verbs_close_device(context: *mut IbvContext) -> c_int
     let c = context.wrapping_byte_sub(CONTEXT_OFFSET).cast::<Context>();
     // SAFETY: made by `ibv_open_device` with Box::into_raw; closing it is the caller's last
     // use (ibv_close_device(3)).
-    drop(unsafe { Box::from_raw(c) });
+    let ctx = unsafe { Box::from_raw(c) };
+    ctx.net.with(|s| s.unsubscribe_async(ctx.events));
     0
 }
 
@@ -1882,21 +1904,9 @@ unsafe extern "C" fn uroce_verbs_get_async_event(
         return -1;
     }
     loop {
-        while let Some(e) = ctx.net.with(uroce_net::State::poll_async_event) {
-            let objects = lock(&ctx.objects);
-            let (element, kind) = match e {
-                AsyncEvent::QpFatal(q) => (objects.qps.get(&q), IBV_EVENT_QP_FATAL),
-                AsyncEvent::CommEstablished(q) => (objects.qps.get(&q), IBV_EVENT_COMM_EST),
-                AsyncEvent::LastWqeReached(q) => {
-                    (objects.qps.get(&q), IBV_EVENT_QP_LAST_WQE_REACHED)
-                }
-                AsyncEvent::CqError(c) => (objects.cqs.get(&c), IBV_EVENT_CQ_ERR),
-                AsyncEvent::SrqLimitReached(s) => {
-                    (objects.srqs.get(&s), IBV_EVENT_SRQ_LIMIT_REACHED)
-                }
-            };
-            // Events of objects of another context on the same device are not ours.
-            let Some(&element) = element else { continue };
+        while let Some(e) = ctx.net.with(|s| s.poll_async_event_for(ctx.events)) {
+            // An object destroyed since its event was queued: the event goes with it.
+            let Some((element, kind)) = lock(&ctx.objects).event(&e) else { continue };
             let out = IbvAsyncEvent { element: element as *mut c_void, event_type: kind };
             // SAFETY: the caller passes room for a struct ibv_async_event (checked).
             unsafe { event.write(out) };

@@ -47,7 +47,8 @@
  *      are acked and ignored. After the drain to EAGAIN the fd must not stay readable with no
  *      event to get (poll(2) then ibv_get_async_event, as ibv_get_async_event(3)'s non-blocking
  *      example does it). The limit disarms when it fires: ibv_query_srq then reports
- *      srq_limit 0 (ibv_query_srq(3): 0 means "not (or no longer) armed").
+ *      srq_limit 0 (ibv_query_srq(3): 0 means "not (or no longer) armed"). A second context
+ *      opened on the same device gets none of it: its async_fd stays unreadable.
  *   h. ABI details: ibv_query_port@IBVERBS_1.1 called directly writes 48 bytes, no more;
  *      ibv_query_device_ex falls back to the legacy verb; on uroce, ibv_create_qp_ex with
  *      send-ops flags, ibv_alloc_mw and ibv_reg_dmabuf_mr fail with EOPNOTSUPP.
@@ -889,7 +890,7 @@ static void scenario_srq_limit(struct dev *d0, struct dev *d1)
 		.attr = { .max_wr = 16, .max_sge = 1 },
 	};
 	struct ibv_srq_attr sattr = { .srq_limit = 3 };
-	struct ibv_context *ctx = d1->ctx;
+	struct ibv_context *ctx = d1->ctx, *other;
 	struct ibv_async_event ev;
 	struct timespec t0;
 	struct ibv_srq *srq;
@@ -917,6 +918,11 @@ static void scenario_srq_limit(struct dev *d0, struct dev *d1)
 	if (rc)
 		fail("%s: ibv_modify_srq(srq_limit 3): %s (%d)", s, strerror(rc), rc);
 	connect_pair(&snd, &rcv);
+	/* A second context on the receiver's device: events of the first one's objects are not
+	 * its (on hardware too: each uverbs file gets the events of its own objects). */
+	other = ibv_open_device(ctx->device);
+	if (!other)
+		die("ibv_open_device(%s) a second time: %s", d1->name, strerror(errno));
 
 	/* 2 SENDs: 4 - 2 = 2 WRs left, below 3. */
 	if (posted == 4 &&
@@ -1034,6 +1040,14 @@ static void scenario_srq_limit(struct dev *d0, struct dev *d1)
 	}
 	if (srq->srq_context != &srq_tag)
 		fail("%s: srq->srq_context %p, expected %p", s, srq->srq_context, (void *)&srq_tag);
+
+	r = fd_readable(other->async_fd, 100);
+	printf("%s: a second context on %s: async_fd %s\n", s, d1->name, readable_str(r));
+	if (r != 0)
+		fail("%s: the second context's async_fd is %s: it has no events of its own", s,
+		     readable_str(r));
+	if (ibv_close_device(other))
+		fail("cleanup: ibv_close_device(second context on %s)", d1->name);
 
 	ep_destroy(&snd);
 	ep_destroy(&rcv); /* the QP first: an SRQ in use cannot go */
