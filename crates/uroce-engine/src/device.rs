@@ -94,6 +94,15 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
     max_total_mcast_qp_attach: 1 << 16,
 };
 
+/// Why destroying an object failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DestroyError {
+    /// No such object.
+    Unknown,
+    /// Another object still uses it (a QP its CQ or SRQ).
+    InUse,
+}
+
 /// Why creating an object failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CreateError {
@@ -626,6 +635,20 @@ impl<M: MemoryAccess> Device<M> {
         Ok(cq)
     }
 
+    /// Destroys a completion queue (`ibv_destroy_cq`). Refused while a QP still uses it
+    /// (the verb fails with `EBUSY` then).
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), DestroyError> {
+        if !self.ctx.cqs.contains_key(&cq.0) {
+            return Err(DestroyError::Unknown);
+        }
+        if self.qps.values().any(|qp| qp.init.send_cq == cq || qp.init.recv_cq == cq) {
+            return Err(DestroyError::InUse);
+        }
+        self.ctx.cqs.remove(&cq.0);
+        self.ctx.cq_events.retain(|&c| c != cq);
+        Ok(())
+    }
+
     /// Takes up to `max` completions from `cq`, oldest first, appending them to `out`; returns
     /// how many.
     pub fn poll_cq(&mut self, cq: CqHandle, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
@@ -686,6 +709,19 @@ impl<M: MemoryAccess> Device<M> {
         self.next_srq += 1;
         self.ctx.srqs.insert(h.0, Srq::new(pd, max_wr, max_sge));
         Ok(h)
+    }
+
+    /// Destroys a shared receive queue (`ibv_destroy_srq`); its WQEs go with it. Refused while
+    /// a QP still takes receives from it (`EBUSY`).
+    pub fn destroy_srq(&mut self, srq: SrqHandle) -> Result<(), DestroyError> {
+        if !self.ctx.srqs.contains_key(&srq.0) {
+            return Err(DestroyError::Unknown);
+        }
+        if self.qps.values().any(|qp| qp.init.srq == Some(srq)) {
+            return Err(DestroyError::InUse);
+        }
+        self.ctx.srqs.remove(&srq.0);
+        Ok(())
     }
 
     /// Posts a receive WQE to a shared receive queue (`ibv_post_srq_recv`).

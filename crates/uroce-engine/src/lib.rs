@@ -31,8 +31,8 @@ pub mod types;
 
 pub use counters::{Counters, QpCounters};
 pub use device::{
-    AsyncEvent, CreateError, DEVICE_ATTR, Device, DeviceAttr, DeviceConfig, McastError, RxInfo,
-    Transmit,
+    AsyncEvent, CreateError, DEVICE_ATTR, DestroyError, Device, DeviceAttr, DeviceConfig,
+    McastError, RxInfo, Transmit,
 };
 pub use memory::{MemoryAccess, VecMemory};
 pub use mr::{AccessError, MemoryRegion};

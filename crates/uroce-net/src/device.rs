@@ -15,8 +15,8 @@ use std::thread::JoinHandle;
 
 use uroce_engine::device::Piece;
 use uroce_engine::{
-    Access, AsyncEvent, CqHandle, CreateError, Device, DeviceConfig, Instant, LKey, MemoryAccess,
-    MemoryRegion, Mtu, PdHandle, RxInfo,
+    Access, AsyncEvent, CqHandle, CreateError, DestroyError, Device, DeviceConfig, Instant, LKey,
+    MemoryAccess, MemoryRegion, Mtu, PdHandle, RxInfo,
 };
 use uroce_wire::ROCE_V2_PORT;
 use uroce_wire::pcap::PcapWriter;
@@ -37,6 +37,13 @@ pub struct Options {
     /// Run the background progress thread (default). Without it only calls into the device
     /// make progress: for single-threaded busy-polling benchmarks.
     pub no_progress_thread: bool,
+    /// Run the progress thread under `SCHED_FIFO` (needs `CAP_SYS_NICE`; `UROCE_PROGRESS_RT=1`).
+    /// A one-sided operation lands only when the progress thread runs; when every core is busy
+    /// with application threads spinning (perftest's `ib_write_lat` on two cores: both sides
+    /// spin on memory), an ordinary thread waits for the scheduler's next tick, milliseconds.
+    /// A real-time one runs at once, as a NIC would; it costs bandwidth when the application
+    /// polls (it preempts the poller), so it is not the default.
+    pub realtime_progress: bool,
     /// The port MTU. By default it is derived from the MTU of the address's interface as RoCE
     /// NICs derive it (Linux rxe: the largest IB MTU that fits the interface MTU less 80 bytes
     /// of headers): 4096 on loopback, 1024 on 1500-byte Ethernet.
@@ -57,6 +64,7 @@ impl Options {
         if let Ok(f) = std::env::var("UROCE_FAULTS") {
             o.faults = Faults::parse(&f)?;
         }
+        o.realtime_progress = std::env::var("UROCE_PROGRESS_RT").is_ok_and(|v| v == "1");
         Ok(o)
     }
 }
@@ -388,6 +396,13 @@ impl State {
     /// Routes `cq`'s notifications to `channel` (`ibv_create_cq` with a channel).
     pub fn bind_channel(&mut self, cq: CqHandle, channel: Arc<Channel>) {
         self.channels.insert(cq, channel);
+    }
+
+    /// Destroys a completion queue and lets go of its channel (`ibv_destroy_cq`).
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), DestroyError> {
+        self.engine.destroy_cq(cq)?;
+        self.channels.remove(&cq);
+        Ok(())
     }
 
     /// The next asynchronous event.
@@ -760,9 +775,18 @@ impl NetDevice {
             None
         } else {
             let s = Arc::clone(&shared);
+            let realtime = options.realtime_progress;
             let t = std::thread::Builder::new()
                 .name(format!("uroce-progress-{addr}"))
-                .spawn(move || progress_thread(&s))
+                .spawn(move || {
+                    if let Some(Err(e)) = realtime.then(|| sys::set_realtime(1)) {
+                        eprintln!(
+                            "uroce: the progress thread stays SCHED_OTHER: SCHED_FIFO: {e} (it \
+                             needs CAP_SYS_NICE)"
+                        );
+                    }
+                    progress_thread(&s);
+                })
                 .map_err(|e| OpenError::Io(local, e))?;
             Some(t)
         };

@@ -530,6 +530,13 @@ pub(crate) fn poll_readable_ns(fds: &[RawFd], timeout_ns: Option<u64>) -> io::Re
     Ok(())
 }
 
+/// Puts the calling thread under `SCHED_FIFO` at `priority`.
+pub(crate) fn set_realtime(priority: libc::c_int) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: pid 0 is the calling thread; `param` is a live sched_param.
+    check(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) }).map(|_| ())
+}
+
 /// Sets the calling thread's timer slack (how late the kernel may wake a timed wait, 50 µs by
 /// default) to `ns`.
 pub(crate) fn set_timer_slack_ns(ns: u64) {
