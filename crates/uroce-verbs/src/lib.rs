@@ -16,7 +16,8 @@
 //! `/etc/uroce/devices` (one address per line, `#` comments). Each has
 //! one port: Ethernet link layer, active, MTU from the interface MTU (4096 on loopback), GID
 //! index 0 = the address as a RoCEv2 GID.
-//! `UROCE_PCAP` and `UROCE_FAULTS` work as for every uroce device.
+//! `UROCE_PCAP` and `UROCE_FAULTS` work as for every uroce device; `UROCE_VERBS_DEBUG=1` prints
+//! on stderr why each refused verb was refused (the C API only returns an errno).
 //!
 //! # The ABI
 //!

@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use uroce_engine::{
-    Access, AddressVector, AhAttr, AhHandle, AsyncEvent, CqHandle, DEVICE_ATTR, LKey, Mtu,
-    PdHandle, PostError, Psn, QKey, QpAttr, QpCap, QpInitAttr, QpState, QpType, Qpn, RKey, RecvWr,
-    RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, SrqHandle, UdDest, WcOpcode, WorkCompletion,
-    WrOpcode,
+    Access, AddressVector, AhAttr, AhHandle, AsyncEvent, CqHandle, DEVICE_ATTR, DestroyError, LKey,
+    Mtu, PdHandle, PostError, Psn, QKey, QpAttr, QpCap, QpInitAttr, QpState, QpType, Qpn, RKey,
+    RecvWr, RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, SrqHandle, UdDest, WcOpcode,
+    WorkCompletion, WrOpcode,
 };
 use uroce_net::{Channel, EventFd, NetDevice, OpenError, Options, RawRegion, SubscriberId};
 
@@ -46,6 +46,22 @@ pub(crate) fn set_errno(e: c_int) {
 fn fail<T>(e: c_int) -> *mut T {
     set_errno(e);
     null_mut()
+}
+
+/// Whether `UROCE_VERBS_DEBUG` (set and not `0`) asks for the reason of every refused verb on
+/// stderr: the C API has only an errno to say what was wrong.
+fn debug() -> bool {
+    static DEBUG: OnceLock<bool> = OnceLock::new();
+    *DEBUG
+        .get_or_init(|| std::env::var("UROCE_VERBS_DEBUG").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// Says why `verb` was refused (with `UROCE_VERBS_DEBUG`) and returns `errno`.
+fn refuse(verb: &str, why: impl core::fmt::Display, errno: c_int) -> c_int {
+    if debug() {
+        eprintln!("uroce: {verb}: {why}");
+    }
+    errno
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -680,9 +696,16 @@ unsafe extern "C" fn uroce_verbs_reg_mr(
 ) -> *mut IbvMr {
     // SAFETY: the caller passes a PD it allocated.
     let Some((ctx, pdh)) = (unsafe { pd_parts(pd) }) else { return fail(libc::EINVAL) };
-    let Some(access) = mr_access(access) else { return fail(libc::EINVAL) };
+    let Some(access) = mr_access(access) else {
+        let why = format_args!(
+            "access {access:#x}: remote write or atomic access needs local write, and only \
+             LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC and the optional hints are \
+             supported"
+        );
+        return fail(refuse("ibv_reg_mr", why, libc::EINVAL));
+    };
     if length == 0 {
-        return fail(libc::EINVAL);
+        return fail(refuse("ibv_reg_mr", "length 0", libc::EINVAL));
     }
     // SAFETY: ibv_reg_mr(3): the memory stays valid until ibv_dereg_mr, which removes the
     // region from the engine before returning; the engine reaches it only for work requests
@@ -690,8 +713,9 @@ unsafe extern "C" fn uroce_verbs_reg_mr(
     let Ok(region) = (unsafe { RawRegion::borrowed(addr.cast(), length) }) else {
         return fail(libc::EINVAL);
     };
-    let Ok(mr) = ctx.net.with(|s| s.register(pdh, Arc::new(region), access)) else {
-        return fail(libc::ENOMEM);
+    let mr = match ctx.net.with(|s| s.register(pdh, Arc::new(region), access)) {
+        Ok(mr) => mr,
+        Err(e) => return fail(refuse("ibv_reg_mr", e, libc::ENOMEM)),
     };
     let boxed = Box::new(Mr {
         ibv: IbvMr {
@@ -838,8 +862,9 @@ unsafe extern "C" fn uroce_verbs_create_cq(
     if capacity == 0 {
         return fail(libc::EINVAL);
     }
-    let Ok(handle) = ctx.net.with(|s| s.engine().create_cq(capacity)) else {
-        return fail(libc::EINVAL);
+    let handle = match ctx.net.with(|s| s.engine().create_cq(capacity)) {
+        Ok(h) => h,
+        Err(e) => return fail(refuse("ibv_create_cq", e, libc::EINVAL)),
     };
     if !channel.is_null() {
         let ch = channel.cast::<CompChannel>();
@@ -874,6 +899,12 @@ unsafe extern "C" fn uroce_verbs_create_cq(
 unsafe extern "C" fn uroce_verbs_destroy_cq(cq: *mut IbvCq) -> c_int {
     // SAFETY: the caller passes a CQ it created.
     let Some((ctx, handle)) = (unsafe { cq_parts(cq) }) else { return libc::EINVAL };
+    // ibv_destroy_cq(3): EBUSY while a QP uses the CQ.
+    match ctx.net.with(|s| s.destroy_cq(handle)) {
+        Ok(()) => {}
+        Err(DestroyError::InUse) => return libc::EBUSY,
+        Err(DestroyError::Unknown) => return libc::EINVAL,
+    }
     lock(&ctx.objects).cqs.remove(&handle);
     // SAFETY: made by `ibv_create_cq`; destroying it is the caller's last use.
     let boxed = unsafe { Box::from_raw(cq.cast::<Cq>()) };
@@ -1059,8 +1090,9 @@ unsafe extern "C" fn uroce_verbs_create_srq(
         return fail(libc::EINVAL);
     }
     let max_sge = max_sge.max(1);
-    let Ok(handle) = ctx.net.with(|s| s.engine().create_srq(pdh, max_wr, max_sge)) else {
-        return fail(libc::EINVAL);
+    let handle = match ctx.net.with(|s| s.engine().create_srq(pdh, max_wr, max_sge)) {
+        Ok(h) => h,
+        Err(e) => return fail(refuse("ibv_create_srq", e, libc::EINVAL)),
     };
     // SAFETY: as above; ibv_create_srq(3) reports the actual sizes in `attr`.
     unsafe { (*init).attr = IbvSrqAttr { max_wr, max_sge, srq_limit: 0 } };
@@ -1145,6 +1177,12 @@ unsafe extern "C" fn uroce_verbs_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAt
 unsafe extern "C" fn uroce_verbs_destroy_srq(srq: *mut IbvSrq) -> c_int {
     // SAFETY: the caller passes an SRQ it created.
     let Some((ctx, s)) = (unsafe { srq_parts(srq) }) else { return libc::EINVAL };
+    // ibv_destroy_srq(3): EBUSY while a QP takes its receives from the SRQ.
+    match ctx.net.with(|st| st.engine().destroy_srq(s.handle)) {
+        Ok(()) => {}
+        Err(DestroyError::InUse) => return libc::EBUSY,
+        Err(DestroyError::Unknown) => return libc::EINVAL,
+    }
     lock(&ctx.objects).srqs.remove(&s.handle);
     // SAFETY: made by `ibv_create_srq`; destroying it is the caller's last use.
     drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
@@ -1204,8 +1242,11 @@ unsafe extern "C" fn post_srq_recv(
         while !cur.is_null() {
             // SAFETY: the caller passes a valid list.
             let posted = match unsafe { read_recv_wr(cur) } {
-                Some(w) => st.engine().post_srq_recv(s.handle, w).map_err(post_errno),
-                None => Err(libc::EINVAL),
+                Some(w) => st
+                    .engine()
+                    .post_srq_recv(s.handle, w)
+                    .map_err(|e| refuse("ibv_post_srq_recv", e, post_errno(e))),
+                None => Err(refuse("ibv_post_srq_recv", "a bad scatter/gather list", libc::EINVAL)),
             };
             if let Err(e) = posted {
                 // SAFETY: the caller passes room for the failed request's pointer.
@@ -1282,7 +1323,10 @@ unsafe extern "C" fn uroce_verbs_create_qp(pd: *mut IbvPd, init: *mut IbvQpInitA
         IBV_QPT_RC => QpType::Rc,
         IBV_QPT_UC => QpType::Uc,
         IBV_QPT_UD => QpType::Ud,
-        _ => return fail(libc::EOPNOTSUPP),
+        t => {
+            let why = format_args!("qp_type {t}: uroce has RC, UC and UD QPs");
+            return fail(refuse("ibv_create_qp", why, libc::EOPNOTSUPP));
+        }
     };
     // SAFETY: CQs passed by the caller are live CQs of this library (or NULL).
     let (Some((_, send_cq)), Some((_, recv_cq))) =
@@ -1305,8 +1349,9 @@ unsafe extern "C" fn uroce_verbs_create_qp(pd: *mut IbvPd, init: *mut IbvQpInitA
     };
     let attr =
         QpInitAttr { qp_type, pd: pdh, send_cq, recv_cq, cap, sq_sig_all: i.sq_sig_all != 0, srq };
-    let Ok(qpn) = ctx.net.with(|s| s.engine().create_qp(attr)) else {
-        return fail(libc::EINVAL);
+    let qpn = match ctx.net.with(|s| s.engine().create_qp(attr)) {
+        Ok(q) => q,
+        Err(e) => return fail(refuse("ibv_create_qp", e, libc::EINVAL)),
     };
     let actual = IbvQpCap {
         max_send_wr: cap.max_send_wr,
@@ -1377,15 +1422,14 @@ fn qp_state_enum(s: QpState) -> c_int {
 }
 
 /// The engine's attributes for an `ibv_modify_qp` call; `None` for a value the verb rejects.
-fn qp_attr(a: &IbvQpAttr, mask: c_int) -> Option<QpAttr> {
+fn qp_attr(a: &IbvQpAttr, mask: c_int) -> Result<QpAttr, &'static str> {
     let has = |bit: c_int| mask & bit != 0;
     let mut out = QpAttr::default();
     if has(IBV_QP_STATE) {
-        out.state = Some(qp_state_of(a.qp_state)?);
+        out.state = Some(qp_state_of(a.qp_state).ok_or("qp_state: no such state")?);
     }
     if has(IBV_QP_ALT_PATH) {
-        // No automatic path migration.
-        return None;
+        return Err("IBV_QP_ALT_PATH: no automatic path migration");
     }
     if has(IBV_QP_ACCESS_FLAGS) {
         let known = IBV_ACCESS_LOCAL_WRITE
@@ -1406,12 +1450,12 @@ fn qp_attr(a: &IbvQpAttr, mask: c_int) -> Option<QpAttr> {
     if has(IBV_QP_AV) {
         // RoCE addresses by GID: an address vector without a GRH names no IP destination.
         if a.ah_attr.is_global == 0 {
-            return None;
+            return Err("ah_attr: RoCE needs is_global = 1 and the peer's GID in grh.dgid");
         }
         out.av = Some(AddressVector { dest: addr_of_gid(&a.ah_attr.grh.dgid) });
     }
     if has(IBV_QP_PATH_MTU) {
-        out.path_mtu = Some(mtu_from_enum(a.path_mtu)?);
+        out.path_mtu = Some(mtu_from_enum(a.path_mtu).ok_or("path_mtu: not an enum ibv_mtu")?);
     }
     if has(IBV_QP_TIMEOUT) {
         out.timeout = Some(a.timeout);
@@ -1438,9 +1482,9 @@ fn qp_attr(a: &IbvQpAttr, mask: c_int) -> Option<QpAttr> {
         out.min_rnr_timer = Some(RnrTimer::from_masked(a.min_rnr_timer));
     }
     if has(IBV_QP_DEST_QPN) {
-        out.dest_qp_num = Some(Qpn::new(a.dest_qp_num)?);
+        out.dest_qp_num = Some(Qpn::new(a.dest_qp_num).ok_or("dest_qp_num: above 2^24")?);
     }
-    Some(out)
+    Ok(out)
 }
 
 /// Copies the attributes named by `mask` into the record `ibv_query_qp` answers from.
@@ -1509,12 +1553,12 @@ unsafe extern "C" fn uroce_verbs_modify_qp(
     }
     // SAFETY: the caller passes a valid struct ibv_qp_attr (checked non-NULL).
     let a = unsafe { attr.read() };
-    let Some(engine_attr) = qp_attr(&a, mask) else { return libc::EINVAL };
+    let engine_attr = match qp_attr(&a, mask) {
+        Ok(attr) => attr,
+        Err(why) => return refuse("ibv_modify_qp", why, libc::EINVAL),
+    };
     if let Err(e) = ctx.net.with(|s| s.engine().modify_qp(q.qpn, &engine_attr)) {
-        if std::env::var_os("UROCE_VERBS_DEBUG").is_some() {
-            eprintln!("uroce: ibv_modify_qp on QP {:#x}: {e}", q.qpn.get());
-        }
-        return libc::EINVAL;
+        return refuse("ibv_modify_qp", format_args!("QP {:#x}: {e}", q.qpn.get()), libc::EINVAL);
     }
     remember(&mut lock(&q.attr), &a, mask);
     if let Some(state) = engine_attr.state {
@@ -1678,8 +1722,14 @@ unsafe extern "C" fn post_send(
         while !cur.is_null() {
             // SAFETY: the caller passes a valid list for this QP.
             let posted = match unsafe { read_send_wr(cur, q.qp_type) } {
-                Ok(w) => s.engine().post_send(q.qpn, w).map_err(post_errno),
-                Err(e) => Err(e),
+                Ok(w) => s.engine().post_send(q.qpn, w).map_err(|e| {
+                    refuse(
+                        "ibv_post_send",
+                        format_args!("QP {:#x}: {e}", q.qpn.get()),
+                        post_errno(e),
+                    )
+                }),
+                Err(e) => Err(refuse("ibv_post_send", "an invalid work request", e)),
             };
             if let Err(e) = posted {
                 // SAFETY: the caller passes room for the failed request's pointer.
@@ -1705,8 +1755,14 @@ unsafe extern "C" fn post_recv(
         while !cur.is_null() {
             // SAFETY: the caller passes a valid list.
             let posted = match unsafe { read_recv_wr(cur) } {
-                Some(w) => s.engine().post_recv(q.qpn, w).map_err(post_errno),
-                None => Err(libc::EINVAL),
+                Some(w) => s.engine().post_recv(q.qpn, w).map_err(|e| {
+                    refuse(
+                        "ibv_post_recv",
+                        format_args!("QP {:#x}: {e}", q.qpn.get()),
+                        post_errno(e),
+                    )
+                }),
+                None => Err(refuse("ibv_post_recv", "a bad scatter/gather list", libc::EINVAL)),
             };
             if let Err(e) = posted {
                 // SAFETY: the caller passes room for the failed request's pointer.
@@ -1787,11 +1843,13 @@ unsafe extern "C" fn uroce_verbs_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr)
     let a = unsafe { attr.read() };
     // RoCE: the destination is the GID; without a GRH there is none.
     if a.is_global == 0 {
-        return fail(libc::EINVAL);
+        let why = "RoCE needs is_global = 1 and the destination's GID in grh.dgid";
+        return fail(refuse("ibv_create_ah", why, libc::EINVAL));
     }
     let ah_attr = AhAttr { dest: addr_of_gid(&a.grh.dgid), flow_label: a.grh.flow_label };
-    let Ok(handle) = ctx.net.with(|s| s.engine().create_ah(pdh, ah_attr)) else {
-        return fail(libc::EINVAL);
+    let handle = match ctx.net.with(|s| s.engine().create_ah(pdh, ah_attr)) {
+        Ok(h) => h,
+        Err(e) => return fail(refuse("ibv_create_ah", e, libc::EINVAL)),
     };
     let boxed =
         Box::new(Ah { ibv: IbvAh { context: ctx_ptr(ctx), pd, handle: handle.get() }, handle });

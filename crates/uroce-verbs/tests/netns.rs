@@ -129,8 +129,8 @@ impl Namespaces {
         pair(
             prog,
             args,
-            &Side { prefix: &sp, addr: SERVER },
-            &Side { prefix: &cp, addr: CLIENT },
+            &Side { prefix: &sp, addr: SERVER, env: &[] },
+            &Side { prefix: &cp, addr: CLIENT, env: &[] },
             PORT,
             limit,
         )

@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use common::{Side, have, lib_dir, pair, serial, verbs_cmd};
 
-const SERVER: Side<'static> = Side { prefix: &[], addr: "127.0.0.2" };
-const CLIENT: Side<'static> = Side { prefix: &[], addr: "127.0.0.3" };
+const SERVER: Side<'static> = Side { prefix: &[], addr: "127.0.0.2", env: &[] };
+const CLIENT: Side<'static> = Side { prefix: &[], addr: "127.0.0.3", env: &[] };
 /// The TCP port the rdma-core examples and perftest exchange addresses on.
 const PORT: u16 = 18515;
 
 fn run_alone(prog: &str, addr: &str, args: &[&str]) -> common::Outcome {
-    let child = verbs_cmd(&[], prog, addr, args).spawn().unwrap();
+    let child = verbs_cmd(&[], &[], prog, addr, args).spawn().unwrap();
     common::finish(child, Duration::from_secs(20))
 }
 
@@ -112,6 +112,27 @@ fn rdma_core_pingpongs_run_unmodified() {
     pingpong("ibv_srq_pingpong", &["-g", "0", "-e"]);
 }
 
+#[test]
+fn a_refused_verb_is_explained_on_request() {
+    if !have("ibv_rc_pingpong", "ibverbs-utils") {
+        return;
+    }
+    let _turn = serial();
+    // Without -g the example addresses its peer by LID alone: RoCE needs the GID (as on a
+    // RoCE NIC, where modify_qp to RTR fails the same way).
+    let mut server = verbs_cmd(&[], &[], "ibv_rc_pingpong", SERVER.addr, &[]);
+    server.env("UROCE_VERBS_DEBUG", "1");
+    let srv = server.spawn().unwrap();
+    assert!(common::wait_listening(&[], PORT), "the server never listened");
+    let cli = verbs_cmd(&[], &[], "ibv_rc_pingpong", CLIENT.addr, &[SERVER.addr]).spawn().unwrap();
+    let c = common::finish(cli, Duration::from_secs(20));
+    let s = common::finish(srv, Duration::from_secs(20));
+    // The server connects its QP first, fails, and hangs up on the client.
+    assert!(!c.ok() && !s.ok(), "{c}\n{s}");
+    assert!(s.stderr.contains("Failed to modify QP to RTR"), "{s}");
+    assert!(s.stderr.contains("uroce: ibv_modify_qp: ah_attr: RoCE needs is_global = 1"), "{s}");
+}
+
 /// Rows of a perftest result table: lines that start with a message size.
 fn table_rows(out: &str) -> usize {
     out.lines()
@@ -157,6 +178,27 @@ fn perftest_rc_runs_with_default_sizes_and_all_sizes() {
     {
         perftest(prog, &["-a", "-n", "20"], 23);
     }
+}
+
+#[test]
+fn perftest_with_a_real_time_progress_thread() {
+    if !have("ib_write_lat", "perftest") {
+        return;
+    }
+    let _turn = serial();
+    let env = ["UROCE_PROGRESS_RT=1"];
+    let server = Side { env: &env, ..SERVER };
+    let client = Side { env: &env, ..CLIENT };
+    let args = ["-x", "0", "-s", "8192"];
+    let (s, c) = pair("ib_write_lat", &args, &server, &client, PORT, Duration::from_secs(120));
+    assert!(c.ok() && s.ok(), "{c}\n{s}");
+    let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if root {
+        // Permitted, so it took effect: no warning.
+        assert!(!c.stderr.contains("SCHED_OTHER") && !s.stderr.contains("SCHED_OTHER"), "{c}\n{s}");
+    }
+    let table: Vec<&str> = c.stdout.lines().skip_while(|l| !l.contains("#bytes")).collect();
+    println!("ib_write_lat -s 8192, UROCE_PROGRESS_RT=1:\n{}", table.join("\n"));
 }
 
 #[test]

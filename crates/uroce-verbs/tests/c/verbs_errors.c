@@ -612,6 +612,12 @@ static void scenario_sync_failures(struct dev *d0)
 	else if (rc != EINVAL)
 		fail("%s: ibv_post_send on a QP in RESET: %d, expected EINVAL (%d)", s, rc, EINVAL);
 	expect_no_wc(s, "RESET QP", &e);
+	/* ibv_destroy_cq(3): EBUSY while a QP still uses the CQ (it stays usable). */
+	rc = ibv_destroy_cq(e.cq);
+	printf("%s: ibv_destroy_cq while its QP exists -> %d (%s)\n", s, rc,
+	       rc ? strerror(rc) : "destroyed");
+	if (rc != EBUSY)
+		fail("%s: ibv_destroy_cq with a QP on it: %d, expected EBUSY (%d)", s, rc, EBUSY);
 	ep_destroy(&e);
 
 	/* ibv_create_qp(3) with an XRC send QP type on a device without XRC: NULL. */
@@ -1048,6 +1054,13 @@ static void scenario_srq_limit(struct dev *d0, struct dev *d1)
 		     readable_str(r));
 	if (ibv_close_device(other))
 		fail("cleanup: ibv_close_device(second context on %s)", d1->name);
+
+	/* ibv_destroy_srq(3): EBUSY while a QP takes its receives from it. */
+	rc = ibv_destroy_srq(srq);
+	printf("%s: ibv_destroy_srq while its QP exists -> %d (%s)\n", s, rc,
+	       rc ? strerror(rc) : "destroyed");
+	if (rc != EBUSY)
+		fail("%s: ibv_destroy_srq with a QP on it: %d, expected EBUSY (%d)", s, rc, EBUSY);
 
 	ep_destroy(&snd);
 	ep_destroy(&rcv); /* the QP first: an SRQ in use cannot go */

@@ -57,14 +57,22 @@ pub(crate) fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A command running a verbs program on the drop-in library with `UROCE_ADDR=addr`.
-pub(crate) fn verbs_cmd(prefix: &[&str], prog: &str, addr: &str, args: &[&str]) -> Command {
+/// A command running a verbs program on the drop-in library with `UROCE_ADDR=addr` and the
+/// `K=V` settings of `env`.
+pub(crate) fn verbs_cmd(
+    prefix: &[&str],
+    env: &[&str],
+    prog: &str,
+    addr: &str,
+    args: &[&str],
+) -> Command {
     let mut all: Vec<&str> = prefix.to_vec();
     all.push("env");
     let lib = format!("LD_LIBRARY_PATH={}", lib_dir().display());
     let dev = format!("UROCE_ADDR={addr}");
     all.push(&lib);
     all.push(&dev);
+    all.extend_from_slice(env);
     all.push(prog);
     all.extend_from_slice(args);
     let mut cmd = Command::new(all[0]);
@@ -133,11 +141,25 @@ fn listening(prefix: &[&str], port: u16) -> bool {
     })
 }
 
+/// Waits up to 10 s for a listener on TCP `port`; whether one came.
+pub(crate) fn wait_listening(prefix: &[&str], port: u16) -> bool {
+    let start = Instant::now();
+    while !listening(prefix, port) {
+        if start.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
 /// Where each side of a pair runs: a command prefix (`ip netns exec NS`, or nothing) and the
 /// device address.
 pub(crate) struct Side<'a> {
     pub(crate) prefix: &'a [&'a str],
     pub(crate) addr: &'a str,
+    /// `K=V` settings for the program.
+    pub(crate) env: &'a [&'a str],
 }
 
 /// Runs `prog args` as a server on `server`, waits for it to listen on `port`, then as a client
@@ -150,18 +172,14 @@ pub(crate) fn pair(
     port: u16,
     limit: Duration,
 ) -> (Outcome, Outcome) {
-    let srv = verbs_cmd(server.prefix, prog, server.addr, args).spawn().unwrap();
-    let start = Instant::now();
-    while !listening(server.prefix, port) {
-        if start.elapsed() > Duration::from_secs(10) {
-            let s = finish(srv, Duration::ZERO);
-            panic!("{prog} server never listened on {port}:\n{s}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let srv = verbs_cmd(server.prefix, server.env, prog, server.addr, args).spawn().unwrap();
+    if !wait_listening(server.prefix, port) {
+        let s = finish(srv, Duration::ZERO);
+        panic!("{prog} server never listened on {port}:\n{s}");
     }
     let mut cargs = args.to_vec();
     cargs.push(server.addr);
-    let cli = verbs_cmd(client.prefix, prog, client.addr, &cargs).spawn().unwrap();
+    let cli = verbs_cmd(client.prefix, client.env, prog, client.addr, &cargs).spawn().unwrap();
     let c = finish(cli, limit);
     let s = finish(srv, if c.status.is_some() { Duration::from_secs(10) } else { Duration::ZERO });
     (s, c)
