@@ -37,12 +37,18 @@ fn ibv_devices_and_devinfo_show_the_configured_devices() {
     // Node GUIDs come from the addresses.
     assert!(list.stdout.contains("0200ffff7f000002"), "{list}");
 
-    let none = Command::new("ibv_devices")
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .env_remove("UROCE_ADDR")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&none.stderr);
+    // `ibv_devices` without UROCE_ADDR, reading the config file `config` names (or the default).
+    let unconfigured = |config: Option<&std::path::Path>| {
+        let mut cmd = Command::new("ibv_devices");
+        cmd.env("LD_LIBRARY_PATH", lib_dir()).env_remove("UROCE_ADDR").env_remove("UROCE_CONFIG");
+        if let Some(file) = config {
+            cmd.env("UROCE_CONFIG", file);
+        }
+        let out = cmd.output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (text(&out.stdout), text(&out.stderr))
+    };
+    let (_, stderr) = unconfigured(None);
     if !std::path::Path::new("/etc/uroce/devices").exists() {
         assert!(stderr.contains("no device configured"), "{stderr}");
     }
@@ -52,22 +58,10 @@ fn ibv_devices_and_devinfo_show_the_configured_devices() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("devices");
     std::fs::write(&file, "# uroce devices\n127.0.0.2\n127.0.0.3  # the second\n").unwrap();
-    let from_file = Command::new("ibv_devices")
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .env_remove("UROCE_ADDR")
-        .env("UROCE_CONFIG", &file)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&from_file.stdout);
+    let (out, _) = unconfigured(Some(&file));
     assert!(out.contains("uroce0") && out.contains("uroce1"), "{out}");
     std::fs::write(&file, "127.0.0.2\nnot-an-address\n").unwrap();
-    let bad = Command::new("ibv_devices")
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .env_remove("UROCE_ADDR")
-        .env("UROCE_CONFIG", &file)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&bad.stderr);
+    let (_, err) = unconfigured(Some(&file));
     assert!(err.contains("\"not-an-address\" is not an IP address"), "{err}");
 
     let info = run_alone("ibv_devinfo", "127.0.0.2", &["-v"]);
