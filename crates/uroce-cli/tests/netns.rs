@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use uroce::{Access, Context, Endpoint, Mtu, QKey, QpType, WcOpcode, WcStatus, WorkCompletion};
+use uroce_testkit::{Namespaces, netns_tools_present};
 
 const ROLE: &str = "UROCE_NETNS_ROLE";
 const SERVER: &str = "10.199.0.2";
@@ -38,115 +39,12 @@ const UD_DATAGRAMS: u32 = 1_000;
 const SLOT: usize = 64 << 10;
 const RING: usize = 256;
 
-fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd).args(args).output().unwrap();
-    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn tools_present() -> bool {
-    let root = std::env::var("USER").is_ok_and(|u| u == "root")
-        || Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0"));
-    let tool = |t: &str| Command::new(t).arg("-V").output().is_ok_and(|o| o.status.success());
-    let missing: Vec<&str> = [("root", root), ("ip", tool("ip")), ("nft", tool("nft"))]
-        .into_iter()
-        .filter(|(_, ok)| !ok)
-        .map(|(what, _)| what)
-        .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    assert!(
-        !ci,
-        "the namespace test needs {missing:?} under CI (apt-get install -y iproute2 nftables)"
-    );
-    eprintln!(
-        "SKIPPED: the namespace test needs {missing:?} (root; apt-get install -y iproute2 nftables)"
-    );
-    false
-}
-
-/// Two namespaces and their veth pair; deleted on drop.
-struct Namespaces {
-    a: String,
-    b: String,
-}
-
-impl Namespaces {
-    /// Namespaces and interfaces named by `tag` (one letter) and the process id, so tests
-    /// running at once do not collide.
-    fn new(tag: char) -> Self {
-        let id = std::process::id();
-        let (a, b) = (format!("uroce-{tag}a-{id}"), format!("uroce-{tag}b-{id}"));
-        let (va, vb) = (format!("u{tag}a{}", id % 100_000), format!("u{tag}b{}", id % 100_000));
-        run("ip", &["netns", "add", &a]);
-        let ns = Self { a, b };
-        run("ip", &["netns", "add", &ns.b]);
-        run(
-            "ip",
-            &[
-                "link", "add", &va, "netns", &ns.a, "type", "veth", "peer", "name", &vb, "netns",
-                &ns.b,
-            ],
-        );
-        for (n, v, addr, addr6) in [(&ns.a, &va, CLIENT, CLIENT6), (&ns.b, &vb, SERVER, SERVER6)] {
-            run("ip", &["-n", n, "addr", "add", &format!("{addr}/24"), "dev", v]);
-            run("ip", &["-n", n, "addr", "add", &format!("{addr6}/64"), "dev", v, "nodad"]);
-            run("ip", &["-n", n, "link", "set", v, "up"]);
-            run("ip", &["-n", n, "link", "set", "lo", "up"]);
-        }
-        ns
-    }
-
-    /// Drops `percent` % of the RoCEv2 packets arriving in each namespace.
-    fn set_loss(&self, percent: u32) {
-        for n in [&self.a, &self.b] {
-            let _ = Command::new("ip")
-                .args(["netns", "exec", n, "nft", "delete", "table", "inet", "uroce"])
-                .output();
-            let nft = |args: &[&str]| {
-                let mut all = vec!["netns", "exec", n, "nft"];
-                all.extend_from_slice(args);
-                run("ip", &all);
-            };
-            nft(&["add", "table", "inet", "uroce"]);
-            let hook = "{ type filter hook input priority 0; }";
-            nft(&["add", "chain", "inet", "uroce", "input", hook]);
-            let p = percent.to_string();
-            let rule = ["udp", "dport", "4791", "numgen", "random", "mod", "100", "<", &p];
-            let mut args = vec!["add", "rule", "inet", "uroce", "input"];
-            args.extend_from_slice(&rule);
-            args.extend_from_slice(&["counter", "drop"]);
-            nft(&args);
-        }
-    }
-
-    /// Packets nftables dropped, both sides.
-    fn dropped(&self) -> u64 {
-        [&self.a, &self.b]
-            .iter()
-            .map(|n| {
-                let out = Command::new("ip")
-                    .args(["netns", "exec", n, "nft", "list", "table", "inet", "uroce"])
-                    .output()
-                    .unwrap();
-                let text = String::from_utf8_lossy(&out.stdout).to_string();
-                text.split("packets ")
-                    .nth(1)
-                    .and_then(|t| t.split(' ').next())
-                    .and_then(|p| p.parse::<u64>().ok())
-                    .unwrap_or(0)
-            })
-            .sum()
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for n in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
+/// The two hosts: the client in namespace `a`, the server in `b`, each with an IPv4 and an
+/// IPv6 address.
+fn hosts(tag: char) -> Namespaces {
+    let (c4, c6) = (format!("{CLIENT}/24"), format!("{CLIENT6}/64"));
+    let (s4, s6) = (format!("{SERVER}/24"), format!("{SERVER6}/64"));
+    Namespaces::new(tag, &[&c4, &c6], &[&s4, &s6])
 }
 
 /// The protocols Wireshark's heuristics try on InfiniBand payloads (`tshark -G
@@ -464,10 +362,10 @@ fn run_at_loss(ns: &Namespaces, percent: u32, pcap: Option<&PathBuf>, v6: bool) 
 
 #[test]
 fn rc_uc_ud_across_namespaces_with_random_loss() {
-    if std::env::var(ROLE).is_ok() || !tools_present() {
+    if std::env::var(ROLE).is_ok() || !netns_tools_present() {
         return;
     }
-    let ns = Namespaces::new('l');
+    let ns = hosts('l');
     let dir = std::env::temp_dir().join(format!("uroce-netns-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("loss-1.pcap");
@@ -516,10 +414,10 @@ fn rc_uc_ud_across_namespaces_with_random_loss() {
 /// `uroce server` in one namespace, `uroce client` in the other, across the veth pair.
 #[test]
 fn uroce_server_and_client_across_namespaces() {
-    if std::env::var(ROLE).is_ok() || !tools_present() {
+    if std::env::var(ROLE).is_ok() || !netns_tools_present() {
         return;
     }
-    let ns = Namespaces::new('p');
+    let ns = hosts('p');
     ns.set_loss(0);
     let mut server = Command::new("ip")
         .args(["netns", "exec", &ns.b, env!("CARGO_BIN_EXE_uroce"), "server", "--addr", SERVER])

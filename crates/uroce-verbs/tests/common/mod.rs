@@ -13,10 +13,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-/// Whether this is a CI run (a missing tool fails instead of skipping).
-pub(crate) fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
+pub(crate) use uroce_testkit::ci;
 
 /// Whether `tool` can run; if not, says why the test skips (or fails under CI).
 pub(crate) fn have(tool: &str, package: &str) -> bool {

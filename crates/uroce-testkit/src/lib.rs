@@ -1,0 +1,132 @@
+//! What the integration tests of several uroce crates share: two hosts as two network
+//! namespaces joined by a veth pair, with nftables dropping a share of the RoCEv2 packets at
+//! random on each side (`numgen random mod 100 < N drop`: netem is not built into every
+//! kernel). Root, `ip` (iproute2) and `nft` (nftables) are needed; [`netns_tools_present`] says
+//! so, and under `CI=true` a missing one is a failure.
+#![allow(clippy::unwrap_used, reason = "test support: a panic is a test failure")]
+
+use std::process::Command;
+
+/// Whether this is a CI run (then a missing tool fails a test instead of skipping it).
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Runs a command, panicking with its stderr if it fails.
+pub fn run(cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Whether the namespace tests can run (root, `ip`, `nft`); if not, says why on stderr, or
+/// panics under CI.
+pub fn netns_tools_present() -> bool {
+    let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let tool = |t: &str| Command::new(t).arg("-V").output().is_ok_and(|o| o.status.success());
+    let missing: Vec<&str> = [("root", root), ("ip", tool("ip")), ("nft", tool("nft"))]
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(what, _)| what)
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        !ci(),
+        "the namespace test needs {missing:?} under CI (apt-get install -y iproute2 nftables)"
+    );
+    eprintln!(
+        "SKIPPED: the namespace test needs {missing:?} (root; apt-get install -y iproute2 nftables)"
+    );
+    false
+}
+
+/// Two namespaces, `a` and `b`, joined by a veth pair; deleted on drop.
+#[derive(Debug)]
+pub struct Namespaces {
+    /// The first host's namespace (`ip netns exec` name).
+    pub a: String,
+    /// The second host's.
+    pub b: String,
+}
+
+impl Namespaces {
+    /// Namespaces and interfaces named by `tag` (one letter) and the process id, so tests
+    /// running at once do not collide; `a_addrs` and `b_addrs` are `address/prefix` for each
+    /// side's end of the pair (IPv6 ones without duplicate address detection).
+    pub fn new(tag: char, a_addrs: &[&str], b_addrs: &[&str]) -> Self {
+        let id = std::process::id();
+        let (a, b) = (format!("uroce-{tag}a-{id}"), format!("uroce-{tag}b-{id}"));
+        let (va, vb) = (format!("u{tag}a{}", id % 100_000), format!("u{tag}b{}", id % 100_000));
+        run("ip", &["netns", "add", &a]);
+        let ns = Self { a, b };
+        run("ip", &["netns", "add", &ns.b]);
+        let link = ["link", "add", &va, "netns", &ns.a, "type", "veth", "peer", "name", &vb];
+        let mut args = link.to_vec();
+        args.extend_from_slice(&["netns", &ns.b]);
+        run("ip", &args);
+        for (n, v, addrs) in [(&ns.a, &va, a_addrs), (&ns.b, &vb, b_addrs)] {
+            for addr in addrs {
+                let mut args = vec!["-n", n, "addr", "add", addr, "dev", v];
+                if addr.contains(':') {
+                    args.push("nodad");
+                }
+                run("ip", &args);
+            }
+            run("ip", &["-n", n, "link", "set", v, "up"]);
+            run("ip", &["-n", n, "link", "set", "lo", "up"]);
+        }
+        ns
+    }
+
+    /// Drops `percent` % of the RoCEv2 packets arriving in each namespace (0: none, but the
+    /// rule and its counter exist).
+    pub fn set_loss(&self, percent: u32) {
+        for n in [&self.a, &self.b] {
+            let _ = Command::new("ip")
+                .args(["netns", "exec", n, "nft", "delete", "table", "inet", "uroce"])
+                .output();
+            let nft = |args: &[&str]| {
+                let mut all = vec!["netns", "exec", n, "nft"];
+                all.extend_from_slice(args);
+                run("ip", &all);
+            };
+            nft(&["add", "table", "inet", "uroce"]);
+            let hook = "{ type filter hook input priority 0; }";
+            nft(&["add", "chain", "inet", "uroce", "input", hook]);
+            let p = percent.to_string();
+            let rule = ["udp", "dport", "4791", "numgen", "random", "mod", "100", "<", &p];
+            let mut args = vec!["add", "rule", "inet", "uroce", "input"];
+            args.extend_from_slice(&rule);
+            args.extend_from_slice(&["counter", "drop"]);
+            nft(&args);
+        }
+    }
+
+    /// Packets nftables dropped, both sides, since the last [`Namespaces::set_loss`].
+    pub fn dropped(&self) -> u64 {
+        [&self.a, &self.b]
+            .iter()
+            .map(|n| {
+                let out = Command::new("ip")
+                    .args(["netns", "exec", n, "nft", "list", "table", "inet", "uroce"])
+                    .output()
+                    .unwrap();
+                let text = String::from_utf8_lossy(&out.stdout).to_string();
+                text.split("packets ")
+                    .nth(1)
+                    .and_then(|t| t.split(' ').next())
+                    .and_then(|p| p.parse::<u64>().ok())
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for n in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}
