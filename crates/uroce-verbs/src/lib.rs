@@ -13,11 +13,13 @@
 //!
 //! One device per configured address (`uroce0`, `uroce1`, …), from `UROCE_ADDR`
 //! (comma-separated) or, when it is unset, the file `UROCE_CONFIG` names, by default
-//! `/etc/uroce/devices` (one address per line, `#` comments). Each has
-//! one port: Ethernet link layer, active, MTU from the interface MTU (4096 on loopback), GID
-//! index 0 = the address as a RoCEv2 GID.
-//! `UROCE_PCAP` and `UROCE_FAULTS` work as for every uroce device; `UROCE_VERBS_DEBUG=1` prints
-//! on stderr why each refused verb was refused (the C API only returns an errno).
+//! `/etc/uroce/devices` (one address per line, `#` comments). Each has one port: Ethernet link
+//! layer, active, MTU from the interface MTU (4096 on loopback), GID index 0 = the address as a
+//! RoCEv2 GID.
+//!
+//! `UROCE_PCAP`, `UROCE_FAULTS` and `UROCE_PROGRESS_RT` work as for every uroce device
+//! (`uroce_net::Options::from_env`). `UROCE_VERBS_DEBUG=1` prints on stderr why each refused
+//! verb was refused (the C API only returns an errno).
 //!
 //! # The ABI
 //!
