@@ -44,6 +44,13 @@ pub struct Options {
     /// A real-time one runs at once, as a NIC would; it costs bandwidth when the application
     /// polls (it preempts the poller), so it is not the default.
     pub realtime_progress: bool,
+    /// After a round of progress that received datagrams, the progress thread keeps polling
+    /// the sockets this long (since the last datagram) before it sleeps
+    /// (`UROCE_PROGRESS_SPIN_US`). A passive RDMA READ or WRITE target then answers without
+    /// a thread wake-up per request, when a core is free to spin on; when every core is
+    /// already spinning (both sides of `ib_write_lat` on two cores) it only adds contention,
+    /// so it is off by default.
+    pub progress_spin: Option<Duration>,
     /// The port MTU. By default it is derived from the MTU of the address's interface as RoCE
     /// NICs derive it (Linux rxe: the largest IB MTU that fits the interface MTU less 80 bytes
     /// of headers): 4096 on loopback, 1024 on 1500-byte Ethernet.
@@ -65,6 +72,11 @@ impl Options {
             o.faults = Faults::parse(&f)?;
         }
         o.realtime_progress = std::env::var("UROCE_PROGRESS_RT").is_ok_and(|v| v == "1");
+        o.progress_spin = std::env::var("UROCE_PROGRESS_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&us| us > 0)
+            .map(Duration::from_micros);
         Ok(o)
     }
 }
@@ -682,6 +694,36 @@ impl Shared {
     fn now_ns(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
+
+    /// Whether an application thread busy-polled within the grace period before `now`.
+    fn busy_polled(&self, now: Instant) -> bool {
+        let last = self.last_busy_poll.load(Ordering::Acquire);
+        last != 0 && now.as_nanos().saturating_sub(last) < BUSY_POLL_GRACE_NS
+    }
+}
+
+/// Polls the sockets (a round of progress at a time, the lock released in between) until
+/// `spin_ns` pass without a datagram, the device stops, or an application thread takes over
+/// by busy-polling.
+fn spin(shared: &Shared, spin_ns: u64) {
+    let mut quiet_since = shared.now_ns();
+    let mut seen = None;
+    loop {
+        let (rx, now) = {
+            let mut s = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            s.progress();
+            (s.counters.rx_datagrams, s.now())
+        };
+        if seen != Some(rx) {
+            seen = Some(rx);
+            quiet_since = now.as_nanos();
+        }
+        let quiet = now.as_nanos().saturating_sub(quiet_since) >= spin_ns;
+        if quiet || shared.stop.load(Ordering::Acquire) || shared.busy_polled(now) {
+            return;
+        }
+        core::hint::spin_loop();
+    }
 }
 
 /// While an application thread busy-polls, it receives everything itself; the progress thread
@@ -776,6 +818,9 @@ impl NetDevice {
         } else {
             let s = Arc::clone(&shared);
             let realtime = options.realtime_progress;
+            let spin = options
+                .progress_spin
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
             let t = std::thread::Builder::new()
                 .name(format!("uroce-progress-{addr}"))
                 .spawn(move || {
@@ -785,7 +830,7 @@ impl NetDevice {
                              needs CAP_SYS_NICE)"
                         );
                     }
-                    progress_thread(&s);
+                    progress_thread(&s, spin);
                 })
                 .map_err(|e| OpenError::Io(local, e))?;
             Some(t)
@@ -868,17 +913,27 @@ impl Drop for NetDevice {
 /// The background thread: sleeps in `poll` on the sockets and its wake-up eventfd until a
 /// datagram arrives, a timer is due or a verb brings one forward; makes progress; repeats.
 /// With nothing to do it sleeps without a deadline: an idle device costs no CPU.
-fn progress_thread(shared: &Shared) {
+///
+/// With `spin_ns` > 0, a round that received datagrams is followed by polling the sockets
+/// until `spin_ns` pass without one ([`Options::progress_spin`]), unless an application thread
+/// is busy-polling (it receives then).
+fn progress_thread(shared: &Shared, spin_ns: u64) {
     // Timers are microseconds apart (ACK timeouts, busy-poll check-ins): wake on time.
     sys::set_timer_slack_ns(1_000);
+    let lock = || shared.state.lock().unwrap_or_else(PoisonError::into_inner);
     while !shared.stop.load(Ordering::Acquire) {
         let (fds, wait_ns) = {
-            let mut s = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut s = lock();
             s.counters.progress_wakeups += 1;
+            let before = s.counters.rx_datagrams;
             s.progress();
+            if spin_ns > 0 && s.counters.rx_datagrams != before && !shared.busy_polled(s.now()) {
+                drop(s);
+                spin(shared, spin_ns);
+                s = lock();
+            }
             let now = s.now();
-            let last = shared.last_busy_poll.load(Ordering::Acquire);
-            let busy = last != 0 && now.as_nanos().saturating_sub(last) < BUSY_POLL_GRACE_NS;
+            let busy = shared.busy_polled(now);
             let mut fds = vec![shared.wake.as_raw_fd()];
             if !busy {
                 fds.push(s.main.as_raw_fd());

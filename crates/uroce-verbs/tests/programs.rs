@@ -174,12 +174,20 @@ fn perftest_rc_runs_with_default_sizes_and_all_sizes() {
     }
 }
 
+/// The progress-thread options (uroce-net `Options::from_env`) through the drop-in: a
+/// real-time progress thread for `ib_write_lat`, a spinning one for `ib_read_lat`.
 #[test]
-fn perftest_with_a_real_time_progress_thread() {
+fn perftest_with_progress_thread_options() {
     if !have("ib_write_lat", "perftest") {
         return;
     }
     let _turn = serial();
+    let spin = ["UROCE_PROGRESS_SPIN_US=50"];
+    let (server, client) = (Side { env: &spin, ..SERVER }, Side { env: &spin, ..CLIENT });
+    let args = ["-x", "0"];
+    let (s, c) = pair("ib_read_lat", &args, &server, &client, PORT, Duration::from_secs(120));
+    assert!(c.ok() && s.ok() && table_rows(&c.stdout) >= 1, "{c}\n{s}");
+
     let env = ["UROCE_PROGRESS_RT=1"];
     let server = Side { env: &env, ..SERVER };
     let client = Side { env: &env, ..CLIENT };
