@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use uroce::{Access, Context, Endpoint, Mtu, QKey, QpType, WcOpcode, WcStatus, WorkCompletion};
-use uroce_testkit::{Namespaces, netns_tools_present};
+use uroce_testkit::{Namespaces, netns_tools_present, pattern, tshark_finds_nothing_malformed};
 
 const ROLE: &str = "UROCE_NETNS_ROLE";
 const SERVER: &str = "10.199.0.2";
@@ -45,32 +45,6 @@ fn hosts(tag: char) -> Namespaces {
     let (c4, c6) = (format!("{CLIENT}/24"), format!("{CLIENT6}/64"));
     let (s4, s6) = (format!("{SERVER}/24"), format!("{SERVER6}/64"));
     Namespaces::new(tag, &[&c4, &c6], &[&s4, &s6])
-}
-
-/// The protocols Wireshark's heuristics try on InfiniBand payloads (`tshark -G
-/// heuristic-decodes`, table `infiniband.payload`; `ethertype` excepted, Ethernet needs it).
-const PAYLOAD_PROTOCOLS: [&str; 9] = [
-    "smc",
-    "smb_direct",
-    "rpcordma",
-    "nvme-rdma",
-    "lnet",
-    "iser",
-    "infiniband.eoib",
-    "infiniband_sdp",
-    "fcoib",
-];
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Message `k`'s size: mostly small, a quarter up to 16 KiB, a few up to 64 KiB.
@@ -387,27 +361,7 @@ fn rc_uc_ud_across_namespaces_with_random_loss() {
         String::from_utf8_lossy(&decode.stderr)
     );
     assert!(lines > RC_MESSAGES as usize, "{lines} packets captured");
-    if Command::new("tshark").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        let out = Command::new("tshark")
-            .arg("-r")
-            .arg(&pcap)
-            // The payloads are random test bytes: keep the protocols Wireshark tries on InfiniBand
-            // payloads (FCoIB, SDP, iSER, …) from claiming them; the RoCE headers are judged.
-            .args(PAYLOAD_PROTOCOLS.iter().flat_map(|h| ["--disable-protocol", h]))
-            .args(["-Y", "_ws.malformed || _ws.expert.severity >= \"error\" || !infiniband"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.trim().is_empty(),
-            "tshark: {}",
-            text.lines().take(5).collect::<Vec<_>>().join("\n")
-        );
-    } else {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-        assert!(!ci, "tshark is required under CI");
-        eprintln!("SKIPPED the tshark check: tshark not found");
-    }
+    tshark_finds_nothing_malformed(&pcap);
     let _ = std::fs::remove_dir_all(dir);
 }
 

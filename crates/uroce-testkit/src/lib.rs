@@ -1,15 +1,82 @@
-//! What the integration tests of several uroce crates share: two hosts as two network
-//! namespaces joined by a veth pair, with nftables dropping a share of the RoCEv2 packets at
-//! random on each side (`numgen random mod 100 < N drop`: netem is not built into every
-//! kernel). Root, `ip` (iproute2) and `nft` (nftables) are needed; [`netns_tools_present`] says
-//! so, and under `CI=true` a missing one is a failure.
+//! What the integration tests of several uroce crates share:
+//! - two hosts as two network namespaces joined by a veth pair, with nftables dropping a share
+//!   of the RoCEv2 packets at random on each side (`numgen random mod 100 < N drop`: netem is
+//!   not built into every kernel). Root, `ip` (iproute2) and `nft` (nftables) are needed;
+//!   [`netns_tools_present`] says so, and under `CI=true` a missing one is a failure;
+//! - tshark as the judge of a capture ([`tshark_finds_nothing_malformed`]);
+//! - the payload bytes the tests send and check ([`pattern`]).
 #![allow(clippy::unwrap_used, reason = "test support: a panic is a test failure")]
 
+use std::path::Path;
 use std::process::Command;
 
 /// Whether this is a CI run (then a missing tool fails a test instead of skipping it).
 pub fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// `len` bytes of a seeded xorshift sequence: test payloads whose corruption, truncation or
+/// misplacement shows.
+#[expect(clippy::cast_possible_truncation, reason = "the low byte of each step is wanted")]
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Whether tshark runs; if not, says why the check skips, or panics under CI.
+pub fn tshark_available() -> bool {
+    let found = Command::new("tshark").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(!ci(), "tshark is required under CI (apt-get install -y tshark)");
+        eprintln!("SKIPPED the tshark check: tshark not found (apt-get install -y tshark)");
+    }
+    found
+}
+
+/// The protocols Wireshark's heuristics try on InfiniBand payloads (`tshark -G
+/// heuristic-decodes`, table `infiniband.payload`; `ethertype` excepted, Ethernet needs it).
+const PAYLOAD_PROTOCOLS: [&str; 9] = [
+    "smc",
+    "smb_direct",
+    "rpcordma",
+    "nvme-rdma",
+    "lnet",
+    "iser",
+    "infiniband.eoib",
+    "infiniband_sdp",
+    "fcoib",
+];
+
+/// tshark reads the capture `file` and finds no malformed packet, no error, and no packet it
+/// does not decode as InfiniBand. Skips (or fails under CI) without tshark.
+pub fn tshark_finds_nothing_malformed(file: &Path) {
+    if !tshark_available() {
+        return;
+    }
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(file)
+        // The payloads are random test bytes: keep the protocols Wireshark tries on InfiniBand
+        // payloads (FCoIB, SDP, iSER, …) from claiming them; the RoCE headers are judged.
+        .args(PAYLOAD_PROTOCOLS.iter().flat_map(|h| ["--disable-protocol", h]))
+        .args(["-Y", "_ws.malformed || _ws.expert.severity >= \"error\" || !infiniband"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first: Vec<&str> = text.lines().take(20).collect();
+    assert!(
+        text.trim().is_empty(),
+        "tshark found malformed or undecoded packets:\n{}",
+        first.join("\n")
+    );
 }
 
 /// Runs a command, panicking with its stderr if it fails.

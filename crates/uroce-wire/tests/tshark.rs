@@ -10,20 +10,11 @@
 use std::process::Command;
 use std::time::Duration;
 
+use uroce_testkit::tshark_available;
 use uroce_wire::icrc::PseudoHeader;
 use uroce_wire::pcap::PcapWriter;
 use uroce_wire::types::{Psn, Qpn};
 use uroce_wire::{ExtHeaders, Opcode, examples};
-
-fn tshark_available() -> bool {
-    let found = Command::new("tshark").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !found {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-        assert!(!ci, "tshark is required under CI (apt-get install -y tshark)");
-        eprintln!("SKIPPED: tshark not found (apt-get install -y tshark to run this test)");
-    }
-    found
-}
 
 /// One expected row: what we encoded, as tshark should print it.
 #[derive(Debug, PartialEq, Eq)]

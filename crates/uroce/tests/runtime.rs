@@ -5,14 +5,13 @@
 #![allow(clippy::cast_possible_truncation, reason = "test sizes are small")]
 
 use std::net::IpAddr;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use uroce::{
     Access, Context, Cq, Faults, Mr, Mtu, OpenError, Options, QKey, Qp, QpType, Qpn, WcOpcode,
     WcStatus, WorkCompletion,
 };
+use uroce_testkit::{pattern, tshark_finds_nothing_malformed};
 use uroce_wire::icrc::{self, PseudoHeader};
 use uroce_wire::pcap::read_frames;
 
@@ -20,32 +19,6 @@ const WAIT: Option<Duration> = Some(Duration::from_secs(30));
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-/// The protocols Wireshark's heuristics try on InfiniBand payloads (`tshark -G
-/// heuristic-decodes`, table `infiniband.payload`; `ethertype` excepted, Ethernet needs it).
-const PAYLOAD_PROTOCOLS: [&str; 9] = [
-    "smc",
-    "smb_direct",
-    "rpcordma",
-    "nvme-rdma",
-    "lnet",
-    "iser",
-    "infiniband.eoib",
-    "infiniband_sdp",
-    "fcoib",
-];
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 struct Side {
@@ -215,28 +188,6 @@ fn capture_holds_every_packet_and_each_verifies() {
     tshark_finds_nothing_malformed(&file);
     drop(b);
     let _ = std::fs::remove_dir_all(dir);
-}
-
-fn tshark_finds_nothing_malformed(file: &Path) {
-    let found = Command::new("tshark").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !found {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-        assert!(!ci, "tshark is required under CI (apt-get install -y tshark)");
-        eprintln!("SKIPPED the tshark check: tshark not found (apt-get install -y tshark)");
-        return;
-    }
-    let out = Command::new("tshark")
-        .args(["-r"])
-        .arg(file)
-        // The payloads are random test bytes: keep the protocols Wireshark tries on InfiniBand
-        // payloads (FCoIB, SDP, iSER, …) from claiming them; the RoCE headers are judged.
-        .args(PAYLOAD_PROTOCOLS.iter().flat_map(|h| ["--disable-protocol", h]))
-        .args(["-Y", "_ws.malformed || _ws.expert.severity >= \"error\" || !infiniband"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.trim().is_empty(), "tshark found malformed or undecoded packets:\n{text}");
 }
 
 /// A waiter blocked on the completion channel wakes when the peer's SEND lands.

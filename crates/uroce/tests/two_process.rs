@@ -17,23 +17,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use uroce::{Access, Context, Cq, Endpoint, Mtu, QKey, QpType, WcStatus, WorkCompletion};
+use uroce_testkit::pattern;
 
 const ROLE: &str = "UROCE_TEST_ROLE";
 const BIG: usize = 16 << 20;
 const ATOMICS: usize = BIG;
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// FNV-1a, for the digests the server reports.
 fn digest(bytes: &[u8]) -> u64 {
