@@ -556,17 +556,8 @@ fn readable_now(fd: RawFd) -> bool {
 /// Blocks until one of `fds` is readable or `timeout_ms` passes (-1: forever). `EINTR`
 /// counts as a timeout.
 pub(crate) fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<()> {
-    let mut pfds: Vec<libc::pollfd> =
-        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-    // SAFETY: `pfds` holds `pfds.len()` live pollfd structures.
-    let ret = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
-    if ret < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    Ok(())
+    let ns = u64::try_from(timeout_ms).ok().map(|ms| ms.saturating_mul(1_000_000));
+    poll_readable_ns(fds, ns)
 }
 
 /// A zeroed, page-aligned allocation that never moves: registered memory. Its bytes are only
