@@ -39,12 +39,43 @@ pub struct DeviceConfig {
     /// most a connected QP's path MTU should be. A runtime derives it from the interface MTU
     /// less the IP, UDP, BTH and ICRC overhead, as RoCE NICs do.
     pub port_mtu: Mtu,
+    /// The QPNs this device may hand out. Several engines serving one host-wide device (one
+    /// per process) each take a disjoint block, so QPNs stay unique per device (IBA 10.2.4:
+    /// a QPN names one QP of the channel adapter).
+    pub qpns: QpnBlock,
 }
 
 impl DeviceConfig {
     /// Defaults for a device at `addr`.
     pub const fn new(addr: IpAddr, seed: u64) -> Self {
-        Self { addr, seed, max_inflight_pkts: 256, ack_req_interval: 32, port_mtu: Mtu::Mtu4096 }
+        Self {
+            addr,
+            seed,
+            max_inflight_pkts: 256,
+            ack_req_interval: 32,
+            port_mtu: Mtu::Mtu4096,
+            qpns: QpnBlock::ALL,
+        }
+    }
+}
+
+/// A range of queue pair numbers, `first..first + len`, from which `create_qp` allocates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpnBlock {
+    /// The first QPN of the block.
+    pub first: u32,
+    /// How many QPNs it holds.
+    pub len: u32,
+}
+
+impl QpnBlock {
+    /// Every QPN a device may give an ordinary QP: above the special QPs 0 and 1 (and the
+    /// range rxe keeps for them, 0..0x10), below the multicast QPN 0xFFFFFF.
+    pub const ALL: Self = Self { first: 0x10, len: 0x00FF_FFFF - 0x10 };
+
+    /// Whether `qpn` lies in the block.
+    pub const fn contains(self, qpn: u32) -> bool {
+        qpn >= self.first && qpn - self.first < self.len
     }
 }
 
@@ -502,8 +533,9 @@ impl<M: MemoryAccess> Device<M> {
     /// A device at `config.addr` whose application memory is `mem`.
     pub fn new(config: DeviceConfig, mem: M) -> Self {
         let mut rng = Rng::new(config.seed);
-        // QPNs start at a seeded point above the special QPs 0 and 1 (rxe starts at 17).
-        let next_qpn = 0x10 + (rng.next_u32() & 0xFFFF);
+        // QPNs start at a seeded point of the block (rxe starts at 17, above QPs 0 and 1).
+        let block = config.qpns;
+        let next_qpn = block.first + rng.next_u32() % block.len.clamp(1, 0x1_0000);
         Self {
             ctx: Ctx {
                 config,
@@ -847,11 +879,24 @@ impl<M: MemoryAccess> Device<M> {
         within("max_qp_wr", u64::from(c.max_send_wr.max(c.max_recv_wr)), u64::from(a.max_qp_wr))?;
         within("max_sge", u64::from(c.max_send_sge.max(c.max_recv_sge)), u64::from(a.max_sge))?;
         within("max_inline_data", u64::from(c.max_inline_data), u64::from(a.max_inline_data))?;
-        let qpn = Qpn::from_masked(self.next_qpn);
-        self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
-        if self.next_qpn < 0x10 || self.next_qpn == Qpn::MULTICAST.get() {
-            self.next_qpn = 0x10;
+        let block = self.ctx.config.qpns;
+        // The block may be nearly full of live QPs: skip the numbers still in use.
+        let mut candidate = self.next_qpn;
+        for _ in 0..block.len {
+            if !block.contains(candidate) {
+                candidate = block.first;
+            }
+            if !self.qps.contains_key(&candidate) && candidate != Qpn::MULTICAST.get() {
+                break;
+            }
+            candidate += 1;
         }
+        if self.qps.contains_key(&candidate) || !block.contains(candidate) {
+            let max = u64::from(block.len);
+            return Err(CreateError::ExceedsLimit { limit: "max_qp", requested: max + 1, max });
+        }
+        let qpn = Qpn::from_masked(candidate);
+        self.next_qpn = candidate + 1;
         let mut qp = Qp::new(qpn, init);
         if init.qp_type == QpType::Ud {
             qp.mtu = self.ctx.config.port_mtu;

@@ -32,7 +32,7 @@ pub mod types;
 pub use counters::{Counters, QpCounters};
 pub use device::{
     AsyncEvent, CreateError, DEVICE_ATTR, DestroyError, Device, DeviceAttr, DeviceConfig,
-    McastError, RxInfo, Transmit,
+    McastError, QpnBlock, RxInfo, Transmit,
 };
 pub use memory::{MemoryAccess, VecMemory};
 pub use mr::{AccessError, MemoryRegion};

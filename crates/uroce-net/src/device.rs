@@ -6,7 +6,6 @@ use core::time::Duration;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{self, BufWriter};
-use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,14 +15,21 @@ use std::thread::JoinHandle;
 use uroce_engine::device::Piece;
 use uroce_engine::{
     Access, AsyncEvent, CqHandle, CreateError, DestroyError, Device, DeviceConfig, Instant, LKey,
-    MemoryAccess, MemoryRegion, Mtu, PdHandle, RxInfo,
+    MemoryRegion, Mtu, PdHandle, QpnBlock, RxInfo,
 };
 use uroce_wire::ROCE_V2_PORT;
 use uroce_wire::pcap::PcapWriter;
 
-use crate::faults::{FaultRng, Faults, FaultsError};
+use crate::fabric::capture::Capture;
+use crate::fabric::faulty::Faulty;
+use crate::fabric::host::HostFabric;
+use crate::fabric::shm::Shm;
+use crate::fabric::udp::Udp;
+use crate::fabric::{Fabric, Outgoing};
+use crate::faults::{Faults, FaultsError};
+use crate::host::{HostDir, SlotId};
 use crate::sys::memory::Registry;
-use crate::sys::{self, EventFd, RawRegion, RecvBatch};
+use crate::sys::{self, EventFd, RawRegion};
 
 /// How a device is opened. [`Options::from_env`] reads `UROCE_PCAP` and `UROCE_FAULTS`.
 #[derive(Debug, Clone, Default)]
@@ -58,6 +64,9 @@ pub struct Options {
     /// Copy every payload into its packet instead of sending it from registered memory (for
     /// measuring what zero copy buys).
     pub copy_payloads: bool,
+    /// Send every packet through the kernel's UDP path, even to endpoints of this host
+    /// (`UROCE_FABRIC=udp`): for measurement, and for debugging with tcpdump.
+    pub udp_only: bool,
 }
 
 impl Options {
@@ -72,6 +81,7 @@ impl Options {
             o.faults = Faults::parse(&f)?;
         }
         o.realtime_progress = std::env::var("UROCE_PROGRESS_RT").is_ok_and(|v| v == "1");
+        o.udp_only = std::env::var("UROCE_FABRIC").is_ok_and(|v| v == "udp");
         o.progress_spin = std::env::var("UROCE_PROGRESS_SPIN_US")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
@@ -100,6 +110,8 @@ pub enum OpenError {
     Faults(FaultsError),
     /// The capture file could not be created.
     Capture(PathBuf, io::Error),
+    /// The host directory (the device's shared state in `/dev/shm`) could not be used.
+    HostDirectory(IpAddr, io::Error),
     /// Any other failure of the system.
     Io(SocketAddr, io::Error),
 }
@@ -114,6 +126,9 @@ impl core::fmt::Display for OpenError {
             Self::Faults(e) => write!(f, "{e}"),
             Self::Capture(p, e) => write!(f, "cannot write capture {}: {e}", p.display()),
             Self::Io(a, e) => write!(f, "cannot open a device on {a}: {e}"),
+            Self::HostDirectory(a, e) => {
+                write!(f, "cannot join the host-wide device on {a}: host directory: {e}")
+            }
         }
     }
 }
@@ -149,6 +164,47 @@ pub struct NetCounters {
     pub progress_wakeups: u64,
     /// Asynchronous events no subscriber claimed (their object was destroyed meanwhile).
     pub async_events_unclaimed: u64,
+    /// Packets sent to an endpoint of this host through shared memory (no system call).
+    pub shm_tx_packets: u64,
+    /// Packets lost because the ring to a local endpoint was full (as a congested switch
+    /// drops; RC retransmits them).
+    pub shm_tx_ring_full: u64,
+    /// Packets for a local endpoint that had left by the time they were sent.
+    pub shm_tx_no_endpoint: u64,
+    /// Packets received from local endpoints through shared memory.
+    pub shm_rx_packets: u64,
+    /// Ring contents that were not records (another process wrote garbage): skipped.
+    pub shm_rx_malformed: u64,
+    /// Wake-ups written to sleeping local endpoints.
+    pub shm_wakeups_sent: u64,
+    /// Datagrams the kernel gave this process for a QPN another process of the device owns,
+    /// handed to it through shared memory (the device's port is shared).
+    pub udp_rx_forwarded: u64,
+}
+
+impl core::ops::AddAssign for NetCounters {
+    fn add_assign(&mut self, o: Self) {
+        self.tx_datagrams += o.tx_datagrams;
+        self.tx_batches += o.tx_batches;
+        self.tx_errors += o.tx_errors;
+        self.tx_zero_copy += o.tx_zero_copy;
+        self.tx_zero_copy_bytes += o.tx_zero_copy_bytes;
+        self.rx_datagrams += o.rx_datagrams;
+        self.rx_batches += o.rx_batches;
+        self.fault_drops += o.fault_drops;
+        self.fault_dups += o.fault_dups;
+        self.fault_reorders += o.fault_reorders;
+        self.fault_corruptions += o.fault_corruptions;
+        self.progress_wakeups += o.progress_wakeups;
+        self.async_events_unclaimed += o.async_events_unclaimed;
+        self.shm_tx_packets += o.shm_tx_packets;
+        self.shm_tx_ring_full += o.shm_tx_ring_full;
+        self.shm_tx_no_endpoint += o.shm_tx_no_endpoint;
+        self.shm_rx_packets += o.shm_rx_packets;
+        self.shm_rx_malformed += o.shm_rx_malformed;
+        self.shm_wakeups_sent += o.shm_wakeups_sent;
+        self.udp_rx_forwarded += o.udp_rx_forwarded;
+    }
 }
 
 /// A subscription to asynchronous events ([`State::subscribe_async`]).
@@ -227,50 +283,12 @@ impl AsRawFd for Channel {
     }
 }
 
-/// A packet ready to go: its source port, destination and bytes — all of them, or (when
-/// `payload_at` is set) the headers and trailer around payload pieces of registered memory.
-struct Outgoing {
-    port: u16,
-    dst: SocketAddr,
-    bytes: Vec<u8>,
-    payload_at: Option<usize>,
-    pieces: Vec<Piece>,
-}
-
-impl Outgoing {
-    /// The whole packet in `bytes` (for capture and fault injection, which need it in one
-    /// piece): copies the payload in from registered memory.
-    fn materialize(&mut self, mem: &Registry) {
-        let Some(h) = self.payload_at.take() else { return };
-        let trailer = self.bytes.split_off(h);
-        for &(addr, len) in &self.pieces {
-            let at = self.bytes.len();
-            self.bytes.resize(at + len as usize, 0);
-            mem.read(addr, &mut self.bytes[at..]);
-        }
-        self.bytes.extend_from_slice(&trailer);
-        self.pieces.clear();
-    }
-}
-
 /// Everything behind the device lock.
 pub struct State {
     engine: Device<Registry>,
-    addr: IpAddr,
     origin: std::time::Instant,
-    /// Wall-clock time at `origin`, for capture timestamps.
-    wall_origin: Duration,
-    main: Arc<UdpSocket>,
-    /// Send sockets by UDP source port (each QP's flow entropy; RoCEv2 sends to 4791 from a
-    /// per-flow port, and a UDP socket sends from the port it is bound to).
-    send_socks: HashMap<u16, UdpSocket>,
-    /// Receive sockets of the multicast groups QPs are attached to.
-    mcast_socks: HashMap<IpAddr, Arc<UdpSocket>>,
-    pcap: Option<PcapWriter<BufWriter<File>>>,
-    faults: Faults,
-    rng: FaultRng,
-    held_tx: Option<Outgoing>,
-    recv: RecvBatch,
+    /// How packets move: UDP and shared memory, with capture and faults around them.
+    fabric: Box<dyn Fabric>,
     out: Vec<Outgoing>,
     pool: Vec<Vec<u8>>,
     piece_pool: Vec<Vec<Piece>>,
@@ -425,15 +443,7 @@ impl State {
     /// Opens and closes group sockets to match the engine's multicast attachments.
     pub fn sync_multicast(&mut self) -> io::Result<()> {
         let groups: Vec<IpAddr> = self.engine.multicast_groups().collect();
-        self.mcast_socks.retain(|g, _| groups.contains(g));
-        for g in groups {
-            if !self.mcast_socks.contains_key(&g) {
-                let s = sys::udp_socket(SocketAddr::new(g, ROCE_V2_PORT), true)?;
-                sys::join_multicast(&s, g, self.addr)?;
-                self.mcast_socks.insert(g, Arc::new(s));
-            }
-        }
-        Ok(())
+        self.fabric.sync_multicast(&groups)
     }
 
     fn now(&self) -> Instant {
@@ -441,86 +451,19 @@ impl State {
         Instant::from_nanos(ns)
     }
 
-    /// One round of progress: everything the sockets hold, due timers, then everything the
+    /// One round of progress: everything the fabric holds, due timers, then everything the
     /// engine has to send, and the events it raised.
     fn progress(&mut self) {
         let now = self.now();
-        let main = Arc::clone(&self.main);
-        self.drain(&main, now);
-        if !self.mcast_socks.is_empty() {
-            let groups: Vec<Arc<UdpSocket>> = self.mcast_socks.values().cloned().collect();
-            for sock in &groups {
-                self.drain(sock, now);
-            }
-        }
+        let Self { engine, fabric, counters, .. } = self;
+        fabric.receive(counters, &mut |rx: &RxInfo, bytes: &[u8]| {
+            engine.handle_datagram(now, rx, bytes);
+        });
         let now = self.now();
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
         }
         self.flush(now);
-    }
-
-    /// Hands the engine what `sock` holds, a batch at a time.
-    fn drain(&mut self, sock: &UdpSocket, now: Instant) {
-        // Bounded: a flood cannot keep one caller here for ever.
-        for _ in 0..16 {
-            let Ok(n) = self.recv.recv(sock) else { break };
-            if n == 0 {
-                break;
-            }
-            self.counters.rx_batches += 1;
-            self.counters.rx_datagrams += n as u64;
-            for i in 0..n {
-                self.receive(i, now);
-            }
-            if n < RECV_BATCH {
-                break;
-            }
-        }
-    }
-
-    /// Datagram `i` of the last batch, straight from the receive buffer (a corrupting fault
-    /// works on a copy).
-    fn receive(&mut self, i: usize, now: Instant) {
-        let meta = self.recv.meta[i];
-        let payload = self.recv.payload(i);
-        let dst = meta.dst.unwrap_or(self.addr);
-        if let Some(w) = &mut self.pcap {
-            let ts = self.wall_origin + self.origin.elapsed();
-            let _ = w.write_roce(ts, meta.src, SocketAddr::new(dst, ROCE_V2_PORT), payload);
-        }
-        let rx = RxInfo {
-            src: meta.src,
-            dst,
-            tclass: meta.tclass,
-            hop_limit: meta.hop_limit,
-            flow_label: 0,
-        };
-        if !self.faults.any() {
-            self.engine.handle_datagram(now, &rx, payload);
-            return;
-        }
-        let fate = self.rng.fate(&self.faults, payload.len());
-        if fate.drop {
-            self.counters.fault_drops += 1;
-            return;
-        }
-        let corrupted;
-        let bytes = match fate.flip {
-            Some(bit) => {
-                let mut copy = payload.to_vec();
-                copy[bit / 8] ^= 1 << (bit % 8);
-                self.counters.fault_corruptions += 1;
-                corrupted = copy;
-                &corrupted[..]
-            }
-            None => payload,
-        };
-        self.engine.handle_datagram(now, &rx, bytes);
-        if fate.dup {
-            self.counters.fault_dups += 1;
-            self.engine.handle_datagram(now, &rx, bytes);
-        }
     }
 
     fn pool_buf(&mut self) -> Vec<u8> {
@@ -543,23 +486,16 @@ impl State {
                 self.piece_pool.push(pieces);
                 break;
             };
-            let mut o = Outgoing {
+            self.out.push(Outgoing {
                 port: tx.src_port,
                 dst: tx.dst,
                 bytes: buf,
                 payload_at: tx.payload_at,
                 pieces,
-            };
-            if self.pcap.is_some() || self.faults.any() {
-                o.materialize(self.engine.memory());
-            }
-            self.stage(o);
+            });
             if self.out.len() >= 64 {
                 self.send_out();
             }
-        }
-        if let Some(held) = self.held_tx.take() {
-            self.out.push(held);
         }
         self.send_out();
         while let Some(cq) = self.engine.poll_cq_event() {
@@ -573,109 +509,18 @@ impl State {
         self.retry_deregs();
     }
 
-    /// Applies the send faults and queues the packet.
-    fn stage(&mut self, mut o: Outgoing) {
-        if !self.faults.any() {
-            self.out.push(o);
-            return;
-        }
-        let fate = self.rng.fate(&self.faults, o.bytes.len());
-        if fate.drop {
-            self.counters.fault_drops += 1;
-            self.pool.push(o.bytes);
-            return;
-        }
-        if let Some(bit) = fate.flip {
-            o.bytes[bit / 8] ^= 1 << (bit % 8);
-            self.counters.fault_corruptions += 1;
-        }
-        if fate.dup {
-            self.counters.fault_dups += 1;
-            let copy = Outgoing { bytes: o.bytes.clone(), pieces: Vec::new(), ..o };
-            self.out.push(copy);
-        }
-        if fate.hold && self.held_tx.is_none() {
-            self.counters.fault_reorders += 1;
-            self.held_tx = Some(o);
-            return;
-        }
-        self.out.push(o);
-        if let Some(held) = self.held_tx.take() {
-            self.out.push(held);
-        }
-    }
-
-    /// Hands the queued packets to the kernel, one `sendmmsg` per run of one source port.
+    /// Hands the queued packets to the fabric and takes their buffers back.
     fn send_out(&mut self) {
-        let out = core::mem::take(&mut self.out);
-        let mut start = 0;
-        while start < out.len() {
-            let port = out[start].port;
-            let end =
-                out[start..].iter().position(|o| o.port != port).map_or(out.len(), |k| start + k);
-            let run = &out[start..end];
-            if let Some(w) = &mut self.pcap {
-                let ts = self.wall_origin + self.origin.elapsed();
-                for o in run {
-                    let _ = w.write_roce(ts, SocketAddr::new(self.addr, port), o.dst, &o.bytes);
-                }
-            }
-            let sent = if self.send_sock(port).is_some() {
-                let (mem, sock) = (self.engine.memory(), &self.send_socks[&port]);
-                // Headers, the payload where it lies in registered memory, the trailer.
-                let list: Vec<(SocketAddr, Vec<&[u8]>)> = run
-                    .iter()
-                    .map(|o| {
-                        let parts = match o.payload_at {
-                            None => vec![&o.bytes[..]],
-                            Some(h) => {
-                                let mut p = Vec::with_capacity(o.pieces.len() + 2);
-                                p.push(&o.bytes[..h]);
-                                p.extend(
-                                    o.pieces.iter().filter_map(|&(a, l)| mem.slice(a, l as usize)),
-                                );
-                                p.push(&o.bytes[h..]);
-                                p
-                            }
-                        };
-                        (o.dst, parts)
-                    })
-                    .collect();
-                sys::send_batch(sock, &list).unwrap_or(0)
-            } else {
-                0
-            };
-            for o in run.iter().take(sent).filter(|o| o.payload_at.is_some()) {
-                self.counters.tx_zero_copy += 1;
-                self.counters.tx_zero_copy_bytes +=
-                    o.pieces.iter().map(|&(_, l)| u64::from(l)).sum::<u64>();
-            }
-            self.counters.tx_batches += 1;
-            self.counters.tx_datagrams += sent as u64;
-            self.counters.tx_errors += (run.len() - sent) as u64;
-            start = end;
+        if self.out.is_empty() {
+            return;
         }
-        if let Some(w) = &mut self.pcap {
-            let _ = w.flush();
-        }
-        for o in out {
+        self.fabric.transmit(&mut self.out, self.engine.memory(), &mut self.counters);
+        for o in self.out.drain(..) {
             self.pool.push(o.bytes);
             self.piece_pool.push(o.pieces);
         }
     }
-
-    /// The socket that sends from UDP source port `port`, bound on first use.
-    fn send_sock(&mut self, port: u16) -> Option<&UdpSocket> {
-        if !self.send_socks.contains_key(&port) {
-            let s = sys::udp_socket(SocketAddr::new(self.addr, port), false).ok()?;
-            sys::set_multicast_if(&s, self.addr).ok()?;
-            self.send_socks.insert(port, s);
-        }
-        self.send_socks.get(&port)
-    }
 }
-
-const RECV_BATCH: usize = 32;
 
 struct Shared {
     state: Mutex<State>,
@@ -735,6 +580,27 @@ const BUSY_POLL_GRACE_NS: u64 = 1_000_000;
 pub struct NetDevice {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    endpoint: Option<Endpoint>,
+}
+
+/// This process's claim on the host directory, released when the device closes.
+struct Endpoint {
+    dir: Arc<HostDir>,
+    slot: SlotId,
+}
+
+impl Endpoint {
+    fn claim(addr: IpAddr) -> io::Result<Self> {
+        let dir = Arc::new(HostDir::open()?);
+        let slot = dir.claim(addr)?;
+        Ok(Self { dir, slot })
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.dir.release(self.slot);
+    }
 }
 
 impl core::fmt::Debug for NetDevice {
@@ -744,10 +610,12 @@ impl core::fmt::Debug for NetDevice {
 }
 
 impl NetDevice {
-    /// Opens the device of `addr`: binds UDP port 4791 there.
+    /// Opens this process's endpoint of the host-wide device at `addr`: claims a slot of the
+    /// host directory (its block of QPNs and its shared-memory rings) and binds the device's
+    /// UDP port 4791, shared with the device's other processes.
     pub fn open(addr: IpAddr, options: Options) -> Result<Self, OpenError> {
         let local = SocketAddr::new(addr, ROCE_V2_PORT);
-        let main = sys::udp_socket(local, false).map_err(|e| match e.raw_os_error() {
+        let udp = Udp::bind(addr).map_err(|e| match e.raw_os_error() {
             Some(libc::EADDRINUSE) => OpenError::AddressInUse(local),
             Some(libc::EADDRNOTAVAIL) => OpenError::AddressNotAvailable(addr),
             _ => OpenError::Io(local, e),
@@ -778,20 +646,23 @@ impl NetDevice {
         let mut config = DeviceConfig::new(addr, seed);
         config.port_mtu = options
             .port_mtu
-            .unwrap_or_else(|| sys::interface_mtu(&main, addr).map_or(Mtu::Mtu4096, port_mtu_for));
+            .unwrap_or_else(|| udp.interface_mtu().map_or(Mtu::Mtu4096, port_mtu_for));
+        let endpoint = Endpoint::claim(addr).map_err(|e| OpenError::HostDirectory(addr, e))?;
+        config.qpns = QpnBlock { first: u32::from(endpoint.slot.index) << 16, len: 0x1_0000 };
+        let shm = Shm::new(Arc::clone(&endpoint.dir), endpoint.slot)
+            .map_err(|e| OpenError::HostDirectory(addr, e))?;
+        let mut fabric: Box<dyn Fabric> =
+            Box::new(HostFabric::new(addr, udp, Some(shm), options.udp_only));
+        if let Some(pcap) = pcap {
+            fabric = Box::new(Capture::new(fabric, pcap, addr, origin, wall_origin));
+        }
+        if options.faults.any() {
+            fabric = Box::new(Faulty::new(fabric, options.faults, seed ^ 0xFA17));
+        }
         let state = State {
             engine: Device::new(config, Registry::default()),
-            addr,
             origin,
-            wall_origin,
-            main: Arc::new(main),
-            send_socks: HashMap::new(),
-            mcast_socks: HashMap::new(),
-            pcap,
-            faults: options.faults,
-            rng: FaultRng::new(seed ^ 0xFA17),
-            held_tx: None,
-            recv: RecvBatch::new(RECV_BATCH),
+            fabric,
             out: Vec::with_capacity(64),
             pool: Vec::new(),
             piece_pool: Vec::new(),
@@ -835,7 +706,13 @@ impl NetDevice {
                 .map_err(|e| OpenError::Io(local, e))?;
             Some(t)
         };
-        Ok(Self { shared, thread })
+        Ok(Self { shared, thread, endpoint: Some(endpoint) })
+    }
+
+    /// This process's slot on the host-wide device: its index (the top byte of every QPN it
+    /// hands out) and generation.
+    pub fn endpoint_slot(&self) -> (u8, u32) {
+        self.endpoint.as_ref().map_or((0, 0), |e| (e.slot.index, e.slot.generation))
     }
 
     /// The device's address.
@@ -907,6 +784,9 @@ impl Drop for NetDevice {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // The slot goes free once the engine and its rings are gone (`Shared` drops with
+        // the last reference, here or in a thread that still holds it).
+        drop(self.endpoint.take());
     }
 }
 
@@ -921,23 +801,35 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
     // Timers are microseconds apart (ACK timeouts, busy-poll check-ins): wake on time.
     sys::set_timer_slack_ns(1_000);
     let lock = || shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut slept_on_fabric = false;
+    let mut fds = Vec::new();
     while !shared.stop.load(Ordering::Acquire) {
-        let (fds, wait_ns) = {
+        let wait_ns = {
             let mut s = lock();
+            if core::mem::take(&mut slept_on_fabric) {
+                s.fabric.woken();
+            }
             s.counters.progress_wakeups += 1;
-            let before = s.counters.rx_datagrams;
+            let before = s.counters.rx_datagrams + s.counters.shm_rx_packets;
             s.progress();
-            if spin_ns > 0 && s.counters.rx_datagrams != before && !shared.busy_polled(s.now()) {
+            let received = s.counters.rx_datagrams + s.counters.shm_rx_packets != before;
+            if spin_ns > 0 && received && !shared.busy_polled(s.now()) {
                 drop(s);
                 spin(shared, spin_ns);
                 s = lock();
             }
             let now = s.now();
             let busy = shared.busy_polled(now);
-            let mut fds = vec![shared.wake.as_raw_fd()];
+            fds.clear();
+            fds.push(shared.wake.as_raw_fd());
             if !busy {
-                fds.push(s.main.as_raw_fd());
-                fds.extend(s.mcast_socks.values().map(|m| m.as_raw_fd()));
+                // Ask the fabric's senders for a wake-up; if something arrived meanwhile,
+                // go round again instead of sleeping.
+                if !s.fabric.prepare_sleep() {
+                    continue;
+                }
+                slept_on_fabric = true;
+                s.fabric.wait_fds(&mut fds);
             }
             let mut deadline = s.engine.poll_timeout();
             if busy {
@@ -947,8 +839,7 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
             shared
                 .sleeping_until
                 .store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);
-            let wait_ns = deadline.map(|t| t.as_nanos().saturating_sub(now.as_nanos()));
-            (fds, wait_ns)
+            deadline.map(|t| t.as_nanos().saturating_sub(now.as_nanos()))
         };
         let _ = sys::poll_readable_ns(&fds, wait_ns);
         shared.wake.take();

@@ -58,7 +58,9 @@
 #![deny(unsafe_code)]
 
 mod device;
+mod fabric;
 mod faults;
+mod host;
 #[allow(unsafe_code, reason = "all system calls and raw memory access live in this module")]
 mod sys;
 

@@ -11,6 +11,7 @@
 )]
 
 pub(crate) mod memory;
+pub(crate) mod shm;
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::io;
@@ -40,7 +41,11 @@ fn setsockopt_int(
 /// `IP_PMTUDISC_DO` (DF set and, on an unconnected socket, IPv4 identification 0 — which the
 /// ICRC covers, so the receiver can compute it), and the control messages that give each
 /// received datagram its destination address, TOS and TTL.
-pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool) -> io::Result<UdpSocket> {
+///
+/// `reuse` sets `SO_REUSEADDR` (multicast group sockets: every member gets a copy); `share`
+/// sets `SO_REUSEPORT`, by which the processes of one host-wide device (one user: the kernel
+/// admits only sockets of the same effective uid to a group) bind the device's port together.
+pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool, share: bool) -> io::Result<UdpSocket> {
     let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: socket(2) with constant arguments; the result is checked before use.
     let fd = check(unsafe {
@@ -50,6 +55,9 @@ pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool) -> io::Result<UdpSocket>
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     if reuse {
         setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    }
+    if share {
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
     }
     // A deep receive buffer: a window of MTU-sized packets arrives in a burst, and what the
     // buffer cannot hold is lost and retransmitted. The kernel caps the request at

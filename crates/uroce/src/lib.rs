@@ -140,8 +140,9 @@ pub struct Context {
 }
 
 impl Context {
-    /// Opens the device of `addr` (binding UDP port 4791 there), with `UROCE_PCAP` and
-    /// `UROCE_FAULTS` applied from the environment.
+    /// Opens this process's endpoint of the host-wide device of `addr` (other processes may
+    /// have it open too: the device's UDP port 4791 and its shared-memory paths are shared),
+    /// with `UROCE_PCAP`, `UROCE_FAULTS` and `UROCE_FABRIC` applied from the environment.
     pub fn open(addr: IpAddr) -> Result<Self> {
         let options = Options::from_env().map_err(|e| Error::Open(OpenError::Faults(e)))?;
         Self::open_with(addr, options)
@@ -155,6 +156,12 @@ impl Context {
     /// The device's address (GID index 0).
     pub fn addr(&self) -> IpAddr {
         self.dev.addr()
+    }
+
+    /// This process's slot on the host-wide device: its index (the top byte of every QPN this
+    /// context creates) and generation.
+    pub fn endpoint_slot(&self) -> (u8, u32) {
+        self.dev.endpoint_slot()
     }
 
     /// Allocates a protection domain.

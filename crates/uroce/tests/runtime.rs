@@ -62,12 +62,18 @@ fn wait_ok(cq: &Cq) -> WorkCompletion {
     wc
 }
 
+/// A device is host-wide: a second open of one address shares the device (a slot of its own,
+/// so QPNs of its block); a socket that is no uroce device's holding the port is named.
 #[test]
-fn opening_a_taken_or_foreign_address_is_an_error_naming_it() {
-    let _held = Context::open_with(ip("127.0.3.2"), Options::default()).unwrap();
-    let err = Context::open_with(ip("127.0.3.2"), Options::default()).unwrap_err();
+fn an_address_is_shared_and_a_foreign_or_taken_one_is_an_error_naming_it() {
+    let first = Context::open_with(ip("127.0.3.2"), Options::default()).unwrap();
+    let second = Context::open_with(ip("127.0.3.2"), Options::default()).unwrap();
+    assert_ne!(first.endpoint_slot().0, second.endpoint_slot().0, "one slot each");
+    drop((first, second));
+    let _plain = std::net::UdpSocket::bind("127.0.3.4:4791").unwrap();
+    let err = Context::open_with(ip("127.0.3.4"), Options::default()).unwrap_err();
     assert!(matches!(err, uroce::Error::Open(OpenError::AddressInUse(_))), "{err}");
-    assert!(err.to_string().contains("127.0.3.2:4791"), "{err}");
+    assert!(err.to_string().contains("127.0.3.4:4791"), "{err}");
     // TEST-NET-1 (RFC 5737): never an address of this host.
     let err = Context::open_with(ip("192.0.2.1"), Options::default()).unwrap_err();
     assert!(matches!(err, uroce::Error::Open(OpenError::AddressNotAvailable(_))), "{err}");
@@ -180,7 +186,10 @@ fn capture_holds_every_packet_and_each_verifies() {
     drop(a);
     let bytes = std::fs::read(&file).unwrap();
     let frames = read_frames(&bytes).unwrap();
-    assert_eq!(frames.len() as u64, na.tx_datagrams + na.rx_datagrams, "every packet, both ways");
+    let sent = na.tx_datagrams + na.shm_tx_packets;
+    let received = na.rx_datagrams + na.shm_rx_packets;
+    assert!(na.shm_tx_packets > 0 && na.shm_rx_packets > 0, "local traffic took shared memory");
+    assert_eq!(frames.len() as u64, sent + received, "every packet, both ways");
     for f in &frames {
         let (pseudo, payload) = PseudoHeader::from_datagram(f.ip_packet().unwrap()).unwrap();
         assert!(icrc::verify(&pseudo, payload).is_ok(), "captured packet fails its ICRC");

@@ -1,0 +1,129 @@
+//! How datagrams move: the seam between the runtime (engine lock, clock, progress, channels,
+//! events) and the paths packets take.
+//!
+//! A [`Fabric`] takes the packets the engine built and hands received ones to the engine. Two
+//! carry packets — [`udp::Udp`], the kernel's UDP path (between hosts), and [`shm::Shm`], rings
+//! in shared memory (between processes of one host) — and [`host::HostFabric`] joins them for a
+//! host-wide device. Two wrap any fabric: [`capture::Capture`] (`UROCE_PCAP`) and
+//! [`faulty::Faulty`] (`UROCE_FAULTS`). Every path carries whole RoCEv2 packets (BTH to ICRC),
+//! so a capture reads the same whichever path a packet took.
+
+pub(crate) mod capture;
+pub(crate) mod faulty;
+pub(crate) mod host;
+pub(crate) mod shm;
+pub(crate) mod udp;
+
+use core::net::{IpAddr, SocketAddr};
+use std::io;
+use std::os::fd::RawFd;
+
+use uroce_engine::device::Piece;
+use uroce_engine::{MemoryAccess, RxInfo};
+
+use crate::device::NetCounters;
+use crate::sys::memory::Registry;
+
+/// A packet ready to go: its source port, destination and bytes — all of them, or (when
+/// `payload_at` is set) the headers and trailer around payload pieces of registered memory.
+pub(crate) struct Outgoing {
+    pub(crate) port: u16,
+    pub(crate) dst: SocketAddr,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) payload_at: Option<usize>,
+    pub(crate) pieces: Vec<Piece>,
+}
+
+impl Outgoing {
+    /// The whole packet in `bytes` (for capture and fault injection, which need it in one
+    /// piece): copies the payload in from registered memory.
+    pub(crate) fn materialize(&mut self, mem: &Registry) {
+        let Some(h) = self.payload_at.take() else { return };
+        let trailer = self.bytes.split_off(h);
+        for &(addr, len) in &self.pieces {
+            let at = self.bytes.len();
+            self.bytes.resize(at + len as usize, 0);
+            mem.read(addr, &mut self.bytes[at..]);
+        }
+        self.bytes.extend_from_slice(&trailer);
+        self.pieces.clear();
+    }
+
+    /// The packet's parts: headers, the payload where it lies in registered memory, trailer.
+    pub(crate) fn parts<'a>(&'a self, mem: &'a Registry) -> impl Iterator<Item = &'a [u8]> {
+        let (head, tail) = match self.payload_at {
+            None => (&self.bytes[..], &[][..]),
+            Some(h) => self.bytes.split_at(h),
+        };
+        let pieces = self.payload_at.map_or(&[][..], |_| &self.pieces[..]);
+        core::iter::once(head)
+            .chain(pieces.iter().filter_map(|&(a, l)| mem.slice(a, l as usize)))
+            .chain(core::iter::once(tail).filter(|t| !t.is_empty()))
+    }
+
+    /// The payload bytes sent from registered memory.
+    pub(crate) fn zero_copy_bytes(&self) -> u64 {
+        self.payload_at.map_or(0, |_| self.pieces.iter().map(|&(_, l)| u64::from(l)).sum())
+    }
+}
+
+/// The destination QPN of a RoCEv2 packet (BTH bytes 5..8, IBA 9.2), if it has a BTH.
+pub(crate) fn dest_qpn(packet: &[u8]) -> Option<u32> {
+    let b = packet.get(5..8)?;
+    Some(u32::from_be_bytes([0, b[0], b[1], b[2]]))
+}
+
+/// Where the engine's received packets go.
+pub(crate) type Sink<'a> = dyn FnMut(&RxInfo, &[u8]) + 'a;
+
+/// A way packets move. Implementations count what they do in [`NetCounters`]; a packet they
+/// cannot deliver is lost, as on a wire, and counted.
+pub(crate) trait Fabric: Send {
+    /// Sends `out` (emptied: what is left in it afterwards is recycled by the caller).
+    fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters);
+
+    /// Hands what has arrived to `sink`, a bounded amount at a time (a flood cannot keep the
+    /// caller here for ever). Returns how many packets it handed over.
+    fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize;
+
+    /// The descriptors a sleeping progress thread waits on.
+    fn wait_fds(&self, fds: &mut Vec<RawFd>);
+
+    /// Called before the progress thread sleeps on [`Fabric::wait_fds`]: `false` if packets
+    /// are already waiting (sleeping now could miss them).
+    fn prepare_sleep(&mut self) -> bool {
+        true
+    }
+
+    /// Called when the progress thread wakes from that sleep.
+    fn woken(&mut self) {}
+
+    /// Receives the traffic of exactly these multicast groups.
+    fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()>;
+}
+
+impl<F: Fabric + ?Sized> Fabric for Box<F> {
+    fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
+        (**self).transmit(out, mem, c);
+    }
+
+    fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
+        (**self).receive(c, sink)
+    }
+
+    fn wait_fds(&self, fds: &mut Vec<RawFd>) {
+        (**self).wait_fds(fds);
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        (**self).prepare_sleep()
+    }
+
+    fn woken(&mut self) {
+        (**self).woken();
+    }
+
+    fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {
+        (**self).sync_multicast(groups)
+    }
+}

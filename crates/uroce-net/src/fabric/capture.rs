@@ -1,0 +1,79 @@
+//! Capture (`UROCE_PCAP`): every packet the wrapped fabric sends or delivers, written to a
+//! pcap file with Ethernet framing, whichever path it took.
+
+use core::net::{IpAddr, SocketAddr};
+use core::time::Duration;
+use std::fs::File;
+use std::io::{self, BufWriter};
+use std::os::fd::RawFd;
+
+use uroce_engine::RxInfo;
+use uroce_wire::ROCE_V2_PORT;
+use uroce_wire::pcap::PcapWriter;
+
+use super::{Fabric, Outgoing, Sink};
+use crate::device::NetCounters;
+use crate::sys::memory::Registry;
+
+/// A fabric whose traffic is captured.
+pub(crate) struct Capture<F> {
+    inner: F,
+    pcap: PcapWriter<BufWriter<File>>,
+    addr: IpAddr,
+    origin: std::time::Instant,
+    /// Wall-clock time at `origin`, for timestamps.
+    wall_origin: Duration,
+}
+
+impl<F: Fabric> Capture<F> {
+    pub(crate) fn new(
+        inner: F,
+        pcap: PcapWriter<BufWriter<File>>,
+        addr: IpAddr,
+        origin: std::time::Instant,
+        wall_origin: Duration,
+    ) -> Self {
+        Self { inner, pcap, addr, origin, wall_origin }
+    }
+}
+
+impl<F: Fabric> Fabric for Capture<F> {
+    fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
+        let ts = self.wall_origin + self.origin.elapsed();
+        for o in out.iter_mut() {
+            o.materialize(mem);
+            let _ = self.pcap.write_roce(ts, SocketAddr::new(self.addr, o.port), o.dst, &o.bytes);
+        }
+        let _ = self.pcap.flush();
+        self.inner.transmit(out, mem, c);
+    }
+
+    fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
+        let (pcap, origin, wall) = (&mut self.pcap, self.origin, self.wall_origin);
+        let n = self.inner.receive(c, &mut |rx: &RxInfo, bytes: &[u8]| {
+            let ts = wall + origin.elapsed();
+            let _ = pcap.write_roce(ts, rx.src, SocketAddr::new(rx.dst, ROCE_V2_PORT), bytes);
+            sink(rx, bytes);
+        });
+        if n > 0 {
+            let _ = self.pcap.flush();
+        }
+        n
+    }
+
+    fn wait_fds(&self, fds: &mut Vec<RawFd>) {
+        self.inner.wait_fds(fds);
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        self.inner.prepare_sleep()
+    }
+
+    fn woken(&mut self) {
+        self.inner.woken();
+    }
+
+    fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {
+        self.inner.sync_multicast(groups)
+    }
+}

@@ -1,0 +1,112 @@
+//! Fault injection (`UROCE_FAULTS`): loss, duplication, reordering and corruption of what the
+//! wrapped fabric sends and delivers, drawn from a seeded generator.
+
+use core::net::IpAddr;
+use std::io;
+use std::os::fd::RawFd;
+
+use uroce_engine::RxInfo;
+
+use super::{Fabric, Outgoing, Sink};
+use crate::device::NetCounters;
+use crate::faults::{FaultRng, Faults};
+use crate::sys::memory::Registry;
+
+/// A fabric with faults.
+pub(crate) struct Faulty<F> {
+    inner: F,
+    faults: Faults,
+    rng: FaultRng,
+    /// A packet held back to be sent after the next one (reordering).
+    held: Option<Outgoing>,
+    staged: Vec<Outgoing>,
+}
+
+impl<F: Fabric> Faulty<F> {
+    pub(crate) fn new(inner: F, faults: Faults, seed: u64) -> Self {
+        Self { inner, faults, rng: FaultRng::new(seed), held: None, staged: Vec::new() }
+    }
+}
+
+impl<F: Fabric> Fabric for Faulty<F> {
+    fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
+        for mut o in out.drain(..) {
+            o.materialize(mem);
+            let fate = self.rng.fate(&self.faults, o.bytes.len());
+            if fate.drop {
+                c.fault_drops += 1;
+                continue;
+            }
+            if let Some(bit) = fate.flip {
+                o.bytes[bit / 8] ^= 1 << (bit % 8);
+                c.fault_corruptions += 1;
+            }
+            if fate.dup {
+                c.fault_dups += 1;
+                let copy = Outgoing { bytes: o.bytes.clone(), pieces: Vec::new(), ..o };
+                self.staged.push(copy);
+            }
+            if fate.hold && self.held.is_none() {
+                c.fault_reorders += 1;
+                self.held = Some(o);
+                continue;
+            }
+            self.staged.push(o);
+            if let Some(held) = self.held.take() {
+                self.staged.push(held);
+            }
+        }
+        // A held packet goes with this batch's end at the latest: reordered, never stranded.
+        if let Some(held) = self.held.take() {
+            self.staged.push(held);
+        }
+        self.inner.transmit(&mut self.staged, mem, c);
+        out.append(&mut self.staged);
+    }
+
+    fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
+        let (faults, rng) = (&self.faults, &mut self.rng);
+        let mut side = NetCounters::default();
+        let n = self.inner.receive(c, &mut |rx: &RxInfo, bytes: &[u8]| {
+            let fate = rng.fate(faults, bytes.len());
+            if fate.drop {
+                side.fault_drops += 1;
+                return;
+            }
+            let corrupted;
+            let bytes = match fate.flip {
+                Some(bit) => {
+                    let mut copy = bytes.to_vec();
+                    copy[bit / 8] ^= 1 << (bit % 8);
+                    side.fault_corruptions += 1;
+                    corrupted = copy;
+                    &corrupted[..]
+                }
+                None => bytes,
+            };
+            sink(rx, bytes);
+            if fate.dup {
+                side.fault_dups += 1;
+                sink(rx, bytes);
+            }
+        });
+        *c += side;
+        n
+    }
+
+    fn wait_fds(&self, fds: &mut Vec<RawFd>) {
+        self.inner.wait_fds(fds);
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        self.inner.prepare_sleep()
+    }
+
+    fn woken(&mut self) {
+        self.inner.woken();
+    }
+
+    fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {
+        self.inner.sync_multicast(groups)
+    }
+}

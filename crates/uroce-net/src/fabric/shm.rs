@@ -1,0 +1,537 @@
+//! Shared-memory rings between the endpoints of one host: no system call on the data path
+//! while both sides poll.
+//!
+//! Each ordered pair of endpoints (slots of the [`HostDir`]) that exchanges packets has one
+//! single-producer single-consumer byte ring, a file `ring-S-G-T-H` of the host directory that
+//! the sender creates and the receiver finds through the inbound bitmap of its slot. A record
+//! is a 64-byte header (length, the datagram's addresses, TOS and TTL) and the whole RoCEv2
+//! packet, padded to 64 bytes; the producer publishes a batch with one store of its tail, the
+//! consumer frees a batch with one store of its head.
+//!
+//! **Bounds.** A ring holds [`RING_BYTES`]. A packet that does not fit is dropped and counted
+//! (`shm_tx_ring_full`), as a full switch queue drops: RC retransmits, UC and UD lose it.
+//!
+//! **Sleep.** A receiver about to sleep sets its slot's `waiting` flag and looks at its rings
+//! once more; a producer that publishes checks the flag after its tail store and, if set,
+//! clears it and writes a byte to the receiver's FIFO (`wake-T-H`), which the sleeping
+//! progress thread polls. While the receiver polls, senders make no system call.
+//!
+//! **Trust.** A record is copied out of the ring before the engine sees it and every header
+//! field is checked: another process of the same user can write anything into a ring it
+//! can open, and at worst that is a forged packet, which the engine judges as it judges
+//! packets from the wire (ICRC, QPN, PSN, keys).
+
+use core::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+
+use uroce_engine::RxInfo;
+
+use super::{Outgoing, Sink};
+use crate::device::NetCounters;
+use crate::host::{HostDir, LAST_SLOT, SLOTS, SlotId, open_shared};
+use crate::sys::memory::Registry;
+use crate::sys::shm::{self, Mapping};
+
+/// Bytes of records a ring holds (power of two).
+pub(crate) const RING_BYTES: usize = 2 << 20;
+const HEAD: usize = 0; // u64: consumer position (bytes, ever increasing)
+const TAIL: usize = 64; // u64: producer position
+const DATA: usize = 4096;
+const FILE_BYTES: usize = DATA + RING_BYTES;
+
+const RECORD_HEADER: usize = 64;
+const KIND_PACKET: u32 = 1;
+const KIND_PAD: u32 = 2;
+/// The largest packet a record carries (a 4096-byte MTU packet with every header is 4,140).
+const MAX_PACKET: usize = 9216;
+/// Records a receive takes from one ring before it moves on.
+const RX_BUDGET: usize = 64;
+
+struct OutRing {
+    to: SlotId,
+    map: Mapping,
+    wake: Option<OwnedFd>,
+    tail: u64,
+    /// The consumer's head as last read (it only grows, so a stale value only underestimates
+    /// the free space).
+    head: u64,
+    dirty: bool,
+}
+
+struct InRing {
+    from: SlotId,
+    map: Mapping,
+    head: u64,
+}
+
+/// The shared-memory side of one endpoint.
+pub(crate) struct Shm {
+    dir: Arc<HostDir>,
+    me: SlotId,
+    wake: OwnedFd,
+    out: Vec<Option<OutRing>>,
+    inbound: Vec<Option<InRing>>,
+    /// Inbound rings not found when looked for, by sender slot: the generation looked for.
+    missing: Vec<Option<u32>>,
+    seen_epoch: u32,
+    buf: Vec<u8>,
+}
+
+impl Shm {
+    /// The shared-memory side of endpoint `me`; creates its wake-up FIFO.
+    pub(crate) fn new(dir: Arc<HostDir>, me: SlotId) -> io::Result<Self> {
+        let path = dir.wake_path(me);
+        shm::make_fifo(&path)?;
+        let wake = shm::open_fifo(&path, true)?;
+        Ok(Self {
+            dir,
+            me,
+            wake,
+            out: (0..SLOTS).map(|_| None).collect(),
+            inbound: (0..SLOTS).map(|_| None).collect(),
+            missing: vec![None; SLOTS],
+            seen_epoch: u32::MAX,
+            buf: vec![0; MAX_PACKET],
+        })
+    }
+
+    /// The live local endpoint that owns `qpn` at `ip`, if any (never this one).
+    pub(crate) fn owner_of(&self, ip: IpAddr, qpn: u32) -> Option<u8> {
+        let slot = u8::try_from(qpn >> 16).ok()?;
+        if slot == self.me.index || slot > LAST_SLOT {
+            return None;
+        }
+        let (_, addr) = self.dir.live(slot)?;
+        (addr == ip).then_some(slot)
+    }
+
+    /// The ring to slot `to` at `ip`, opened (created) if need be; `None` if that slot is no
+    /// longer a live endpoint of `ip`.
+    fn ring_to(&mut self, to: u8, ip: IpAddr) -> Option<&mut OutRing> {
+        let (generation, addr) = self.dir.live(to)?;
+        if addr != ip {
+            return None;
+        }
+        let i = usize::from(to);
+        let fresh = self.out[i].as_ref().is_some_and(|r| r.to.generation == generation);
+        if !fresh {
+            let to = SlotId { index: to, generation };
+            self.out[i] = self.open_out(to).ok();
+        }
+        self.out[i].as_mut()
+    }
+
+    fn open_out(&self, to: SlotId) -> io::Result<OutRing> {
+        let file = open_shared(&self.dir.ring_path(self.me, to), FILE_BYTES)?;
+        let map = Mapping::new(&file, FILE_BYTES)?;
+        let tail = map.u64_at(TAIL).load(Ordering::Acquire);
+        let head = map.u64_at(HEAD).load(Ordering::Acquire);
+        // Announce the ring: the bit names this sender, the epoch says "look again".
+        let bit = usize::from(self.me.index);
+        self.dir.inbound(to.index, bit / 64).fetch_or(1 << (bit % 64), Ordering::AcqRel);
+        self.dir.rings_epoch(to.index).fetch_add(1, Ordering::AcqRel);
+        let wake = shm::open_fifo(&self.dir.wake_path(to), false).ok();
+        Ok(OutRing { to, map, wake, tail, head, dirty: false })
+    }
+
+    /// Queues `packet` (with its datagram metadata) for the local endpoint `to`; `false` if
+    /// it is gone or its ring is full (the packet is lost and counted).
+    pub(crate) fn push(
+        &mut self,
+        to: u8,
+        rx: &RxInfo,
+        parts: &mut dyn Iterator<Item = &[u8]>,
+        len: usize,
+        c: &mut NetCounters,
+    ) -> bool {
+        let Some(ring) = self.ring_to(to, rx.dst) else {
+            c.shm_tx_no_endpoint += 1;
+            return false;
+        };
+        if len > MAX_PACKET {
+            c.shm_tx_ring_full += 1;
+            return false;
+        }
+        let need = (RECORD_HEADER + len).next_multiple_of(64) as u64;
+        let cap = RING_BYTES as u64;
+        let at = ring.tail % cap;
+        let pad = if at + need > cap { cap - at } else { 0 };
+        if (ring.tail + pad + need).saturating_sub(ring.head) > cap {
+            ring.head = ring.map.u64_at(HEAD).load(Ordering::Acquire);
+            if (ring.tail + pad + need).saturating_sub(ring.head) > cap {
+                c.shm_tx_ring_full += 1;
+                return false;
+            }
+        }
+        if pad > 0 {
+            let mut h = [0u8; 8];
+            h[..4].copy_from_slice(&u32::try_from(pad).unwrap_or(0).to_le_bytes());
+            h[4..].copy_from_slice(&KIND_PAD.to_le_bytes());
+            ring.map.write(DATA + usize::try_from(at).unwrap_or(0), &h);
+            ring.tail += pad;
+        }
+        let base = DATA + usize::try_from(ring.tail % cap).unwrap_or(0);
+        ring.map.write(base, &record_header(need, rx, len));
+        let mut off = base + RECORD_HEADER;
+        for p in parts {
+            ring.map.write(off, p);
+            off += p.len();
+        }
+        ring.tail += need;
+        ring.dirty = true;
+        c.shm_tx_packets += 1;
+        true
+    }
+
+    /// Queues an engine packet for the local endpoint `to`.
+    pub(crate) fn push_outgoing(
+        &mut self,
+        to: u8,
+        src: SocketAddr,
+        o: &Outgoing,
+        mem: &Registry,
+        c: &mut NetCounters,
+    ) -> bool {
+        let rx = RxInfo::new(src, o.dst.ip());
+        let len: usize = o.parts(mem).map(<[u8]>::len).sum();
+        let pushed = self.push(to, &rx, &mut o.parts(mem), len, c);
+        if pushed && o.payload_at.is_some() {
+            c.tx_zero_copy += 1;
+            c.tx_zero_copy_bytes += o.zero_copy_bytes();
+        }
+        pushed
+    }
+
+    /// Publishes what was queued, and wakes the receivers that sleep.
+    pub(crate) fn commit(&mut self, c: &mut NetCounters) {
+        for ring in self.out.iter_mut().flatten().filter(|r| r.dirty) {
+            ring.dirty = false;
+            ring.map.u64_at(TAIL).store(ring.tail, Ordering::Release);
+            // Pairs with the receiver's fence between setting `waiting` and its last look.
+            fence(Ordering::SeqCst);
+            let waiting = self.dir.waiting(ring.to.index);
+            if waiting.load(Ordering::Relaxed) != 0 && waiting.swap(0, Ordering::AcqRel) != 0 {
+                if ring.wake.is_none() {
+                    ring.wake = shm::open_fifo(&self.dir.wake_path(ring.to), false).ok();
+                }
+                if let Some(fd) = &ring.wake {
+                    shm::poke(fd.as_raw_fd());
+                    c.shm_wakeups_sent += 1;
+                }
+            }
+        }
+    }
+
+    /// Refreshes the inbound rings from the bitmap: opens new senders' rings, forgets those
+    /// of senders that left.
+    fn refresh_inbound(&mut self) {
+        let epoch = self.dir.rings_epoch(self.me.index).load(Ordering::Acquire);
+        if epoch != self.seen_epoch {
+            self.seen_epoch = epoch;
+            self.missing.iter_mut().for_each(|m| *m = None);
+        }
+        for k in 0..4 {
+            let bits = self.dir.inbound(self.me.index, k).load(Ordering::Acquire);
+            let mut b = bits;
+            while b != 0 {
+                let bit = b.trailing_zeros() as usize;
+                b &= b - 1;
+                let s = k * 64 + bit;
+                let Ok(index) = u8::try_from(s) else { continue };
+                let Some((generation, _)) = self.dir.live(index) else {
+                    self.inbound[s] = None;
+                    continue;
+                };
+                if self.inbound[s].as_ref().is_some_and(|r| r.from.generation == generation)
+                    || self.missing[s] == Some(generation)
+                {
+                    continue;
+                }
+                let from = SlotId { index, generation };
+                match self.open_in(from) {
+                    Ok(r) => self.inbound[s] = Some(r),
+                    Err(_) => {
+                        self.inbound[s] = None;
+                        self.missing[s] = Some(generation);
+                    }
+                }
+            }
+        }
+    }
+
+    fn open_in(&self, from: SlotId) -> io::Result<InRing> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.dir.ring_path(from, self.me))?;
+        if file.metadata()?.len() < FILE_BYTES as u64 {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        let map = Mapping::new(&file, FILE_BYTES)?;
+        let head = map.u64_at(HEAD).load(Ordering::Acquire);
+        Ok(InRing { from, map, head })
+    }
+
+    /// Hands every record waiting in the inbound rings to `sink`, a bounded number per ring.
+    pub(crate) fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
+        self.refresh_inbound();
+        let mut total = 0;
+        let buf = &mut self.buf;
+        for ring in self.inbound.iter_mut().flatten() {
+            let tail = ring.map.u64_at(TAIL).load(Ordering::Acquire);
+            let mut taken = 0;
+            while ring.head < tail && taken < RX_BUDGET {
+                match read_record(&ring.map, ring.head, tail, buf) {
+                    Ok((advance, Some((rx, len)))) => {
+                        ring.head += advance;
+                        taken += 1;
+                        c.shm_rx_packets += 1;
+                        sink(&rx, &buf[..len]);
+                    }
+                    Ok((advance, None)) => ring.head += advance,
+                    Err(()) => {
+                        // Not a record this protocol writes: skip all that was published.
+                        c.shm_rx_malformed += 1;
+                        ring.head = tail;
+                    }
+                }
+            }
+            if taken > 0 || ring.head == tail {
+                ring.map.u64_at(HEAD).store(ring.head, Ordering::Release);
+            }
+            total += taken;
+        }
+        total
+    }
+
+    /// Whether any inbound ring holds records (or a new one appeared).
+    fn pending(&self) -> bool {
+        if self.dir.rings_epoch(self.me.index).load(Ordering::Acquire) != self.seen_epoch {
+            return true;
+        }
+        self.inbound.iter().flatten().any(|r| r.map.u64_at(TAIL).load(Ordering::Acquire) != r.head)
+    }
+
+    /// Before sleeping: ask senders for a wake-up, then look once more.
+    pub(crate) fn prepare_sleep(&mut self) -> bool {
+        self.dir.waiting(self.me.index).store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.pending() {
+            self.dir.waiting(self.me.index).store(0, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// After waking: no more wake-ups wanted; empty the FIFO.
+    pub(crate) fn woken(&mut self) {
+        self.dir.waiting(self.me.index).store(0, Ordering::Release);
+        shm::drain(self.wake.as_raw_fd());
+    }
+
+    /// The FIFO a sleeper waits on.
+    pub(crate) fn wake_fd(&self) -> RawFd {
+        self.wake.as_raw_fd()
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        // The rings this endpoint created, and its FIFO, die with it; receivers holding a
+        // mapping keep it until they notice the slot's new generation.
+        for ring in self.out.iter().flatten() {
+            let _ = std::fs::remove_file(self.dir.ring_path(self.me, ring.to));
+        }
+        let _ = std::fs::remove_file(self.dir.wake_path(self.me));
+    }
+}
+
+fn mapped(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+fn unmapped(b: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(b);
+    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+}
+
+/// A record header: total length, kind, packet length, source port, TOS, TTL, source and
+/// destination addresses, flow label.
+fn record_header(total: u64, rx: &RxInfo, len: usize) -> [u8; RECORD_HEADER] {
+    let mut h = [0u8; RECORD_HEADER];
+    h[0..4].copy_from_slice(&u32::try_from(total).unwrap_or(0).to_le_bytes());
+    h[4..8].copy_from_slice(&KIND_PACKET.to_le_bytes());
+    h[8..12].copy_from_slice(&u32::try_from(len).unwrap_or(0).to_le_bytes());
+    h[12..14].copy_from_slice(&rx.src.port().to_le_bytes());
+    h[14] = rx.tclass;
+    h[15] = rx.hop_limit;
+    h[16..32].copy_from_slice(&mapped(rx.src.ip()));
+    h[32..48].copy_from_slice(&mapped(rx.dst));
+    h[48..52].copy_from_slice(&rx.flow_label.to_le_bytes());
+    h
+}
+
+/// Reads the record at `pos` (below `tail`) into `buf`: how far to advance, and the packet's
+/// metadata and length if it is a packet (a pad record carries none). `Err` for anything that
+/// is not a well-formed record.
+fn read_record(
+    map: &Mapping,
+    pos: u64,
+    tail: u64,
+    buf: &mut [u8],
+) -> Result<(u64, Option<(RxInfo, usize)>), ()> {
+    let cap = RING_BYTES as u64;
+    let at = DATA + usize::try_from(pos % cap).map_err(|_| ())?;
+    let mut h = [0u8; RECORD_HEADER];
+    let room = usize::try_from(cap - pos % cap).map_err(|_| ())?;
+    let hl = RECORD_HEADER.min(room);
+    if !map.read(at, &mut h[..hl]) {
+        return Err(());
+    }
+    let word = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let total = u64::from(word(0));
+    if total == 0 || total % 64 != 0 || total > tail - pos || total > cap - pos % cap {
+        return Err(());
+    }
+    match word(4) {
+        KIND_PAD => Ok((total, None)),
+        KIND_PACKET => {
+            let len = usize::try_from(word(8)).map_err(|_| ())?;
+            if len > buf.len() || (RECORD_HEADER + len) as u64 > total {
+                return Err(());
+            }
+            if !map.read(at + RECORD_HEADER, &mut buf[..len]) {
+                return Err(());
+            }
+            let ip = |i: usize| {
+                let mut b = [0u8; 16];
+                b.copy_from_slice(&h[i..i + 16]);
+                unmapped(b)
+            };
+            let rx = RxInfo {
+                src: SocketAddr::new(ip(16), u16::from_le_bytes([h[12], h[13]])),
+                dst: ip(32),
+                tclass: h[14],
+                hop_limit: h[15],
+                flow_label: word(48) & 0xF_FFFF,
+            };
+            Ok((total, Some((rx, len))))
+        }
+        _ => Err(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> (Arc<HostDir>, std::path::PathBuf) {
+        let p = std::env::temp_dir().join(format!("uroce-shm-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        (Arc::new(HostDir::open_at(&p, shm::effective_uid()).expect("dir")), p)
+    }
+
+    fn rx(dst: IpAddr) -> RxInfo {
+        RxInfo::new("127.0.0.9:49152".parse().expect("addr"), dst)
+    }
+
+    #[test]
+    fn packets_cross_in_order_with_their_metadata_and_wrap_around() {
+        let (dir, p) = dir("order");
+        let ip: IpAddr = "127.0.0.2".parse().expect("ip");
+        let (a, b) = (dir.claim(ip).expect("a"), dir.claim(ip).expect("b"));
+        let mut tx = Shm::new(Arc::clone(&dir), a).expect("tx");
+        let mut rxs = Shm::new(Arc::clone(&dir), b).expect("rx");
+        let mut c = NetCounters::default();
+        let mut got = Vec::new();
+        // Enough rounds of odd sizes to wrap the ring several times.
+        let mut sent = 0u32;
+        for round in 0..200u32 {
+            for k in 0..20u32 {
+                let len = 100 + ((round * 20 + k) * 37 % 4000) as usize;
+                let pkt: Vec<u8> = (0..len).map(|i| (i as u32 ^ sent) as u8).collect();
+                assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), len, &mut c));
+                sent += 1;
+            }
+            tx.commit(&mut c);
+            rxs.receive(&mut c, &mut |info: &RxInfo, bytes: &[u8]| {
+                assert_eq!(info.dst, ip);
+                assert_eq!(info.src.port(), 49152);
+                got.push(bytes.to_vec());
+            });
+        }
+        assert_eq!(got.len(), sent as usize);
+        for (n, pkt) in got.iter().enumerate() {
+            assert!(pkt.iter().enumerate().all(|(i, &x)| x == (i as u32 ^ n as u32) as u8));
+        }
+        assert_eq!(c.shm_rx_malformed, 0);
+        let _ = std::fs::remove_dir_all(&p);
+    }
+
+    #[test]
+    fn a_full_ring_drops_and_counts_and_garbage_is_skipped_not_trusted() {
+        let (dir, p) = dir("full");
+        let ip: IpAddr = "127.0.0.2".parse().expect("ip");
+        let (a, b) = (dir.claim(ip).expect("a"), dir.claim(ip).expect("b"));
+        let mut tx = Shm::new(Arc::clone(&dir), a).expect("tx");
+        let mut rxs = Shm::new(Arc::clone(&dir), b).expect("rx");
+        let mut c = NetCounters::default();
+        let pkt = vec![7u8; 4000];
+        let mut pushed = 0;
+        for _ in 0..1000 {
+            if tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), &mut c) {
+                pushed += 1;
+            }
+        }
+        assert_eq!(pushed, RING_BYTES / 4096);
+        assert_eq!(c.shm_tx_ring_full, 1000 - pushed as u64);
+        tx.commit(&mut c);
+        // Another process scribbles over a record's header.
+        let ring = tx.out[usize::from(b.index)].as_ref().expect("ring");
+        ring.map.write(DATA, &[0xFF; 8]);
+        let mut n = 0;
+        rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8]| n += 1);
+        assert_eq!((n, c.shm_rx_malformed), (0, 1));
+        // The ring goes on working after the garbage.
+        assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), &mut c));
+        tx.commit(&mut c);
+        rxs.receive(&mut c, &mut |_: &RxInfo, bytes: &[u8]| {
+            assert_eq!(bytes, &pkt[..]);
+            n += 1;
+        });
+        assert_eq!(n, 1);
+        let _ = std::fs::remove_dir_all(&p);
+    }
+
+    #[test]
+    fn a_sleeping_receiver_is_woken_and_a_polling_one_is_not() {
+        let (dir, p) = dir("wake");
+        let ip: IpAddr = "127.0.0.2".parse().expect("ip");
+        let (a, b) = (dir.claim(ip).expect("a"), dir.claim(ip).expect("b"));
+        let mut tx = Shm::new(Arc::clone(&dir), a).expect("tx");
+        let mut rxs = Shm::new(Arc::clone(&dir), b).expect("rx");
+        let mut c = NetCounters::default();
+        let pkt = [1u8; 64];
+        assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), 64, &mut c));
+        tx.commit(&mut c);
+        assert_eq!(c.shm_wakeups_sent, 0, "nobody asked for a wake-up");
+        assert!(!rxs.prepare_sleep(), "a packet is waiting: do not sleep");
+        rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8]| {});
+        assert!(rxs.prepare_sleep());
+        assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), 64, &mut c));
+        tx.commit(&mut c);
+        assert_eq!(c.shm_wakeups_sent, 1);
+        crate::sys::poll_readable(&[rxs.wake_fd()], 1000).expect("poll");
+        rxs.woken();
+        let _ = std::fs::remove_dir_all(&p);
+    }
+}

@@ -1,0 +1,354 @@
+//! The host directory: which processes serve which device on this host, and where their
+//! shared-memory rings are.
+//!
+//! One directory per user and network namespace, `/dev/shm/uroce-<uid>-<netns inode>/`, mode
+//! 0700: only its owner (and root) can enter it, so another user can neither read nor write
+//! the segments, nor wake anyone. It holds:
+//!
+//! - `slots`: [`SLOTS`] endpoint slots of [`SLOT_SIZE`] bytes. An endpoint is one process's
+//!   instance of one device (one `NetDevice`). Slot `s` owns the QPNs `s << 16 ..= s << 16 |
+//!   0xFFFF` on its device, so QPNs are unique per device (and host) without any coordination
+//!   after the claim, and the destination QPN of a packet names the process that owns it.
+//!   Slot 0 is kept for the port's own QPs (QP1, the GSI); slot 255 holds the multicast QPN
+//!   0xFFFFFF.
+//! - `ring-S-G-T-H`: the ring on which slot S (generation G) sends to slot T (generation H).
+//! - `wake-T-H`: the FIFO that wakes slot T (generation H) when it sleeps.
+//!
+//! A slot's word is `generation << 32 | pid`: free when the pid is 0, being set up while the
+//! generation is odd, live otherwise. Claiming takes a free slot, or the slot of a process that
+//! no longer exists, with one compare-and-swap; releasing stores pid 0 under a new generation.
+//! Every ring and FIFO name carries both generations, so nothing of a dead process's
+//! incarnation is ever mistaken for its successor's.
+
+use core::net::{IpAddr, Ipv6Addr};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::sys::shm::{self, Mapping};
+
+/// Endpoint slots per host directory.
+pub(crate) const SLOTS: usize = 256;
+/// The first and last slot a process may claim (0 is the port's, 255 the multicast QPN's).
+pub(crate) const FIRST_SLOT: u8 = 1;
+pub(crate) const LAST_SLOT: u8 = 254;
+/// Bytes per slot (two cache lines).
+pub(crate) const SLOT_SIZE: usize = 128;
+
+// Slot layout.
+const WORD: usize = 0; // u64: generation << 32 | pid
+const START_TIME: usize = 8; // u64: the owner's start time (clock ticks after boot)
+const ADDR: usize = 16; // 16 bytes: the device address, IPv4-mapped for IPv4
+const WAITING: usize = 32; // u32: 1 while the owner sleeps and wants a FIFO wake-up
+const RINGS_EPOCH: usize = 36; // u32: bumped whenever a ring to this slot is created
+const INBOUND: usize = 64; // 4 × u64: bit s set when slot s has a ring to this slot
+
+/// The host directory of this user and network namespace, mapped.
+#[derive(Debug)]
+pub(crate) struct HostDir {
+    path: PathBuf,
+    slots: Mapping,
+}
+
+/// A slot's identity: its index and generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotId {
+    pub(crate) index: u8,
+    pub(crate) generation: u32,
+}
+
+impl HostDir {
+    /// Opens (creating if needed) this user's directory for the current network namespace.
+    pub(crate) fn open() -> io::Result<Self> {
+        let base =
+            std::env::var_os("UROCE_SHM_DIR").map_or_else(|| "/dev/shm".into(), PathBuf::from);
+        let netns = fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
+        let uid = shm::effective_uid();
+        Self::open_at(&base.join(format!("uroce-{uid}-{netns}")), uid)
+    }
+
+    /// Opens the directory at `path` for user `uid`.
+    pub(crate) fn open_at(path: &Path, uid: u32) -> io::Result<Self> {
+        match fs::DirBuilder::new().mode(0o700).create(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        // Someone else's directory, or one others may enter, could be a trap: refuse it.
+        let meta = fs::symlink_metadata(path)?;
+        if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} is not a directory of uid {uid} with mode 0700", path.display()),
+            ));
+        }
+        let file = open_shared(&path.join("slots"), SLOTS * SLOT_SIZE)?;
+        let slots = Mapping::new(&file, SLOTS * SLOT_SIZE)?;
+        Ok(Self { path: path.to_path_buf(), slots })
+    }
+
+    fn at(&self, index: u8, field: usize) -> usize {
+        usize::from(index) * SLOT_SIZE + field
+    }
+
+    fn word(&self, index: u8) -> &AtomicU64 {
+        self.slots.u64_at(self.at(index, WORD))
+    }
+
+    /// Claims a slot for this process's endpoint of the device at `addr`.
+    pub(crate) fn claim(&self, addr: IpAddr) -> io::Result<SlotId> {
+        let me = std::process::id();
+        let my_start = start_time(me).unwrap_or(0);
+        for index in FIRST_SLOT..=LAST_SLOT {
+            let word = self.word(index);
+            let w = word.load(Ordering::Acquire);
+            let (generation, pid) = split(w);
+            if generation % 2 == 1 {
+                continue; // being set up by someone
+            }
+            if pid != 0 {
+                let start = self.slots.u64_at(self.at(index, START_TIME)).load(Ordering::Acquire);
+                if owner_alive(pid, start) {
+                    continue;
+                }
+            }
+            let setting_up = join(generation.wrapping_add(1), me);
+            if word.compare_exchange(w, setting_up, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                continue;
+            }
+            self.slots.u64_at(self.at(index, START_TIME)).store(my_start, Ordering::Release);
+            self.slots.write(self.at(index, ADDR), &mapped(addr).octets());
+            self.slots.u32_at(self.at(index, WAITING)).store(0, Ordering::Release);
+            for k in 0..4 {
+                self.slots.u64_at(self.at(index, INBOUND + 8 * k)).store(0, Ordering::Release);
+            }
+            let live = generation.wrapping_add(2);
+            word.store(join(live, me), Ordering::Release);
+            let id = SlotId { index, generation: live };
+            self.remove_stale(index, live);
+            return Ok(id);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            format!("all {} endpoint slots of {} are taken", LAST_SLOT, self.path.display()),
+        ))
+    }
+
+    /// Removes the rings and FIFOs of earlier incarnations of slot `index`.
+    fn remove_stale(&self, index: u8, live: u32) {
+        let Ok(entries) = fs::read_dir(&self.path) else { return };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let mut parts = name.split('-');
+            let kind = parts.next();
+            let nums: Vec<u32> = parts.filter_map(|p| p.parse().ok()).collect();
+            let stale = match (kind, nums.as_slice()) {
+                (Some("ring"), &[s, g, t, h]) => {
+                    (s == u32::from(index) && g != live) || (t == u32::from(index) && h != live)
+                }
+                (Some("wake"), &[t, h]) => t == u32::from(index) && h != live,
+                _ => false,
+            };
+            if stale {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+
+    /// Lets go of a slot (an endpoint closing): pid 0 under a new generation.
+    pub(crate) fn release(&self, id: SlotId) {
+        let word = self.word(id.index);
+        let w = word.load(Ordering::Acquire);
+        if split(w) == (id.generation, std::process::id()) {
+            let _ = word.compare_exchange(
+                w,
+                join(id.generation.wrapping_add(2), 0),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+    }
+
+    /// The live generation of slot `index` and its device address, or `None` if it is free,
+    /// being set up, or out of range.
+    pub(crate) fn live(&self, index: u8) -> Option<(u32, IpAddr)> {
+        if !(FIRST_SLOT..=LAST_SLOT).contains(&index) {
+            return None;
+        }
+        let word = self.word(index);
+        let w = word.load(Ordering::Acquire);
+        let (generation, pid) = split(w);
+        if pid == 0 || generation % 2 == 1 {
+            return None;
+        }
+        let mut a = [0u8; 16];
+        self.slots.read(self.at(index, ADDR), &mut a);
+        // Read again: the address belongs to this generation only if the word is unchanged.
+        if word.load(Ordering::Acquire) != w {
+            return None;
+        }
+        let v6 = Ipv6Addr::from(a);
+        Some((generation, v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)))
+    }
+
+    /// The owner's pid of a live slot.
+    pub(crate) fn owner(&self, index: u8) -> Option<u32> {
+        let (generation, pid) = split(self.word(index).load(Ordering::Acquire));
+        (pid != 0 && generation % 2 == 0).then_some(pid)
+    }
+
+    /// Slot `index`'s sleep flag.
+    pub(crate) fn waiting(&self, index: u8) -> &AtomicU32 {
+        self.slots.u32_at(self.at(index, WAITING))
+    }
+
+    /// Slot `index`'s ring epoch, bumped when a ring to it appears.
+    pub(crate) fn rings_epoch(&self, index: u8) -> &AtomicU32 {
+        self.slots.u32_at(self.at(index, RINGS_EPOCH))
+    }
+
+    /// Word `k` (0..4) of slot `index`'s inbound bitmap.
+    pub(crate) fn inbound(&self, index: u8, k: usize) -> &AtomicU64 {
+        self.slots.u64_at(self.at(index, INBOUND + 8 * (k % 4)))
+    }
+
+    /// The path of the ring from `from` to `to`.
+    pub(crate) fn ring_path(&self, from: SlotId, to: SlotId) -> PathBuf {
+        self.path
+            .join(format!("ring-{}-{}-{}-{}", from.index, from.generation, to.index, to.generation))
+    }
+
+    /// The path of slot `to`'s wake-up FIFO.
+    pub(crate) fn wake_path(&self, to: SlotId) -> PathBuf {
+        self.path.join(format!("wake-{}-{}", to.index, to.generation))
+    }
+
+    /// Every live slot: index, generation, address, pid.
+    pub(crate) fn endpoints(&self) -> Vec<(SlotId, IpAddr, u32)> {
+        (FIRST_SLOT..=LAST_SLOT)
+            .filter_map(|i| {
+                let (generation, addr) = self.live(i)?;
+                let pid = self.owner(i)?;
+                let start = self.slots.u64_at(self.at(i, START_TIME)).load(Ordering::Acquire);
+                owner_alive(pid, start).then_some((SlotId { index: i, generation }, addr, pid))
+            })
+            .collect()
+    }
+}
+
+/// Opens (creating, mode 0600) a shared file of at least `len` bytes. Creation races are
+/// harmless: every creator sizes it the same, and a new file reads as zeroes.
+pub(crate) fn open_shared(path: &Path, len: usize) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let want = len as u64;
+    if file.metadata()?.len() < want {
+        file.set_len(want)?;
+    }
+    Ok(file)
+}
+
+fn split(w: u64) -> (u32, u32) {
+    // Halves of a u64: both fit.
+    #[expect(clippy::cast_possible_truncation, reason = "the halves of a u64")]
+    ((w >> 32) as u32, w as u32)
+}
+
+fn join(generation: u32, pid: u32) -> u64 {
+    u64::from(generation) << 32 | u64::from(pid)
+}
+
+fn mapped(addr: IpAddr) -> Ipv6Addr {
+    match addr {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    }
+}
+
+/// Whether the process that claimed a slot still runs: its pid exists and (where it could be
+/// read) started when the claim says, so a recycled pid is not taken for it.
+fn owner_alive(pid: u32, start: u64) -> bool {
+    if !shm::process_exists(pid) {
+        return false;
+    }
+    match start_time(pid) {
+        Some(now) => start == 0 || now == start,
+        None => true,
+    }
+}
+
+/// A process's start time, in clock ticks after boot (`/proc/PID/stat`, field 22).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("uroce-host-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        p
+    }
+
+    #[test]
+    fn claims_distinct_slots_and_reuses_released_ones_under_a_new_generation() {
+        let p = temp_dir("claim");
+        let dir = HostDir::open_at(&p, shm::effective_uid()).expect("open");
+        let a: IpAddr = "127.0.0.2".parse().expect("addr");
+        let s1 = dir.claim(a).expect("claim");
+        let s2 = dir.claim(a).expect("claim");
+        assert_ne!(s1.index, s2.index);
+        assert_eq!(dir.live(s1.index), Some((s1.generation, a)));
+        dir.release(s1);
+        assert_eq!(dir.live(s1.index), None);
+        let s3 = dir.claim("::1".parse().expect("addr")).expect("claim");
+        assert_eq!(s3.index, s1.index);
+        assert_ne!(s3.generation, s1.generation);
+        assert_eq!(dir.live(s3.index).map(|l| l.1), Some("::1".parse().expect("addr")));
+        let _ = fs::remove_dir_all(&p);
+    }
+
+    #[test]
+    fn a_dead_owners_slot_is_taken_over() {
+        let p = temp_dir("dead");
+        let dir = HostDir::open_at(&p, shm::effective_uid()).expect("open");
+        // A child that has exited and been reaped: its pid no longer exists.
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let pid = child.id();
+        child.wait().expect("wait");
+        dir.word(FIRST_SLOT).store(join(2, pid), Ordering::Release);
+        let s = dir.claim("127.0.0.2".parse().expect("addr")).expect("claim");
+        assert_eq!((s.index, s.generation), (FIRST_SLOT, 4));
+        let _ = fs::remove_dir_all(&p);
+    }
+
+    #[test]
+    fn refuses_a_directory_others_can_enter() {
+        let p = temp_dir("mode");
+        fs::DirBuilder::new().mode(0o755).create(&p).expect("mkdir");
+        // DirBuilder's mode is masked by the umask; make sure group/other have access.
+        std::os::unix::fs::PermissionsExt::set_mode(
+            &mut fs::metadata(&p).expect("m").permissions(),
+            0o755,
+        );
+        fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let e = HostDir::open_at(&p, shm::effective_uid()).expect_err("must refuse");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        let _ = fs::remove_dir_all(&p);
+    }
+}
