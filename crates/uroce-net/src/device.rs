@@ -511,7 +511,7 @@ impl State {
 
     /// Hands the queued packets to the fabric and takes their buffers back.
     fn send_out(&mut self) {
-        if self.out.is_empty() {
+        if self.out.is_empty() && !self.fabric.backlogged() {
             return;
         }
         self.fabric.transmit(&mut self.out, self.engine.memory(), &mut self.counters);
@@ -575,6 +575,9 @@ fn spin(shared: &Shared, spin_ns: u64) {
 /// then leaves the sockets to it (a second reader would only steal packets and, on a small
 /// machine, the CPU) and looks in this often for timers, or to take over once polling stops.
 const BUSY_POLL_GRACE_NS: u64 = 1_000_000;
+
+/// How soon the progress thread retries packets that found a ring full.
+const BACKLOG_RETRY_NS: u64 = 20_000;
 
 /// A uroce device bound to one address, with its progress thread.
 pub struct NetDevice {
@@ -832,6 +835,11 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
                 s.fabric.wait_fds(&mut fds);
             }
             let mut deadline = s.engine.poll_timeout();
+            if s.fabric.backlogged() {
+                // Packets wait for a ring's consumer: look again shortly.
+                let soon = now + uroce_engine::Duration::from_nanos(BACKLOG_RETRY_NS);
+                deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
+            }
             if busy {
                 let look_again = now + uroce_engine::Duration::from_nanos(BUSY_POLL_GRACE_NS);
                 deadline = Some(deadline.map_or(look_again, |d| d.min(look_again)));

@@ -98,6 +98,12 @@ pub(crate) trait Fabric: Send {
     /// Called when the progress thread wakes from that sleep.
     fn woken(&mut self) {}
 
+    /// Whether packets wait for room on a path (the progress thread then comes back soon
+    /// to send them, instead of sleeping until something arrives).
+    fn backlogged(&self) -> bool {
+        false
+    }
+
     /// Receives the traffic of exactly these multicast groups.
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()>;
 }
@@ -121,6 +127,10 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
 
     fn woken(&mut self) {
         (**self).woken();
+    }
+
+    fn backlogged(&self) -> bool {
+        (**self).backlogged()
     }
 
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {

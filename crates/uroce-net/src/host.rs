@@ -194,12 +194,6 @@ impl HostDir {
         Some((generation, v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)))
     }
 
-    /// The owner's pid of a live slot.
-    pub(crate) fn owner(&self, index: u8) -> Option<u32> {
-        let (generation, pid) = split(self.word(index).load(Ordering::Acquire));
-        (pid != 0 && generation % 2 == 0).then_some(pid)
-    }
-
     /// Slot `index`'s sleep flag.
     pub(crate) fn waiting(&self, index: u8) -> &AtomicU32 {
         self.slots.u32_at(self.at(index, WAITING))
@@ -224,18 +218,6 @@ impl HostDir {
     /// The path of slot `to`'s wake-up FIFO.
     pub(crate) fn wake_path(&self, to: SlotId) -> PathBuf {
         self.path.join(format!("wake-{}-{}", to.index, to.generation))
-    }
-
-    /// Every live slot: index, generation, address, pid.
-    pub(crate) fn endpoints(&self) -> Vec<(SlotId, IpAddr, u32)> {
-        (FIRST_SLOT..=LAST_SLOT)
-            .filter_map(|i| {
-                let (generation, addr) = self.live(i)?;
-                let pid = self.owner(i)?;
-                let start = self.slots.u64_at(self.at(i, START_TIME)).load(Ordering::Acquire);
-                owner_alive(pid, start).then_some((SlotId { index: i, generation }, addr, pid))
-            })
-            .collect()
     }
 }
 

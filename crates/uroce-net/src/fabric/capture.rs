@@ -73,6 +73,10 @@ impl<F: Fabric> Fabric for Capture<F> {
         self.inner.woken();
     }
 
+    fn backlogged(&self) -> bool {
+        self.inner.backlogged()
+    }
+
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {
         self.inner.sync_multicast(groups)
     }

@@ -52,6 +52,15 @@ const MAX_PACKET: usize = 9216;
 /// Records a receive takes from one ring before it moves on.
 const RX_BUDGET: usize = 64;
 
+/// Why a packet could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Full {
+    /// The ring has no room now.
+    Ring,
+    /// The endpoint has left (or the packet is larger than any record).
+    Gone,
+}
+
 struct OutRing {
     to: SlotId,
     map: Mapping,
@@ -139,8 +148,7 @@ impl Shm {
         Ok(OutRing { to, map, wake, tail, head, dirty: false })
     }
 
-    /// Queues `packet` (with its datagram metadata) for the local endpoint `to`; `false` if
-    /// it is gone or its ring is full (the packet is lost and counted).
+    /// Queues `packet` (with its datagram metadata) for the local endpoint `to`.
     pub(crate) fn push(
         &mut self,
         to: u8,
@@ -149,13 +157,35 @@ impl Shm {
         len: usize,
         c: &mut NetCounters,
     ) -> bool {
+        match self.try_push(to, rx, parts, len) {
+            Ok(()) => {
+                c.shm_tx_packets += 1;
+                true
+            }
+            Err(Full::Gone) => {
+                c.shm_tx_no_endpoint += 1;
+                false
+            }
+            Err(Full::Ring) => {
+                c.shm_tx_ring_full += 1;
+                false
+            }
+        }
+    }
+
+    /// As [`Shm::push`], saying why a packet did not go.
+    pub(crate) fn try_push(
+        &mut self,
+        to: u8,
+        rx: &RxInfo,
+        parts: &mut dyn Iterator<Item = &[u8]>,
+        len: usize,
+    ) -> Result<(), Full> {
         let Some(ring) = self.ring_to(to, rx.dst) else {
-            c.shm_tx_no_endpoint += 1;
-            return false;
+            return Err(Full::Gone);
         };
         if len > MAX_PACKET {
-            c.shm_tx_ring_full += 1;
-            return false;
+            return Err(Full::Gone);
         }
         let need = (RECORD_HEADER + len).next_multiple_of(64) as u64;
         let cap = RING_BYTES as u64;
@@ -164,8 +194,7 @@ impl Shm {
         if (ring.tail + pad + need).saturating_sub(ring.head) > cap {
             ring.head = ring.map.u64_at(HEAD).load(Ordering::Acquire);
             if (ring.tail + pad + need).saturating_sub(ring.head) > cap {
-                c.shm_tx_ring_full += 1;
-                return false;
+                return Err(Full::Ring);
             }
         }
         if pad > 0 {
@@ -184,8 +213,7 @@ impl Shm {
         }
         ring.tail += need;
         ring.dirty = true;
-        c.shm_tx_packets += 1;
-        true
+        Ok(())
     }
 
     /// Queues an engine packet for the local endpoint `to`.
@@ -196,15 +224,16 @@ impl Shm {
         o: &Outgoing,
         mem: &Registry,
         c: &mut NetCounters,
-    ) -> bool {
+    ) -> Result<(), Full> {
         let rx = RxInfo::new(src, o.dst.ip());
         let len: usize = o.parts(mem).map(<[u8]>::len).sum();
-        let pushed = self.push(to, &rx, &mut o.parts(mem), len, c);
-        if pushed && o.payload_at.is_some() {
+        self.try_push(to, &rx, &mut o.parts(mem), len)?;
+        c.shm_tx_packets += 1;
+        if o.payload_at.is_some() {
             c.tx_zero_copy += 1;
             c.tx_zero_copy_bytes += o.zero_copy_bytes();
         }
-        pushed
+        Ok(())
     }
 
     /// Publishes what was queued, and wakes the receivers that sleep.
@@ -431,6 +460,7 @@ fn read_record(
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation, reason = "test patterns wrap on purpose")]
 mod tests {
     use super::*;
 

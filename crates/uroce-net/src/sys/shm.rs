@@ -58,17 +58,21 @@ impl Mapping {
     /// The `u64` at `offset`, as an atomic. `offset` is one of the caller's layout constants:
     /// it must be 8-aligned and in range, or this panics (a bug, never input).
     pub(crate) fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && self.in_range(offset, 8), "u64 outside the mapping");
+        assert!(offset.is_multiple_of(8) && self.in_range(offset, 8), "u64 outside the mapping");
+        // SAFETY: in range (checked above), so the pointer stays in the mapping.
+        let at = unsafe { self.ptr.as_ptr().add(offset) };
         // SAFETY: in range and aligned (checked above; the mapping is page-aligned); the bytes
         // live as long as `self`, and are only ever accessed atomically at this offset.
-        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
+        unsafe { &*at.cast::<AtomicU64>() }
     }
 
     /// The `u32` at `offset`, as an atomic; as [`Mapping::u64_at`].
     pub(crate) fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset % 4 == 0 && self.in_range(offset, 4), "u32 outside the mapping");
+        assert!(offset.is_multiple_of(4) && self.in_range(offset, 4), "u32 outside the mapping");
+        // SAFETY: in range (checked above), so the pointer stays in the mapping.
+        let at = unsafe { self.ptr.as_ptr().add(offset) };
         // SAFETY: as in `u64_at`.
-        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU32>() }
+        unsafe { &*at.cast::<AtomicU32>() }
     }
 
     /// Copies `src` in at `offset`; `false` (and nothing written) if out of range.
