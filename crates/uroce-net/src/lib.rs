@@ -1,13 +1,61 @@
-//! uroce devices on real UDP sockets: the engine of `uroce-engine` driven by the wall clock,
-//! fed by the kernel's UDP path, with capture and fault injection.
+//! uroce devices: the engine of `uroce-engine` driven by the wall clock, with packets moved
+//! by the kernel's UDP path between hosts and by shared memory between the processes of one
+//! host, with capture and fault injection.
 //!
-//! # Packets
+//! # The host-wide device
 //!
-//! A device binds UDP port 4791 on one address (IPv4 or IPv6); its GID is that address. Every
-//! packet is RoCEv2: BTH, extension headers, payload, pad and ICRC, sent to port 4791 from a UDP
-//! source port per QP (the flow's entropy; one small socket per source port, bound on first
-//! use, because a UDP socket sends from the port it is bound to). Received packets have their
-//! ICRC verified by the engine; mismatches are counted and dropped.
+//! A device is an address (its RoCEv2 GID), and like a NIC it is host-wide: any number of
+//! processes open it at once, each with its own PDs, MRs, CQs and QPs. Each process's
+//! [`NetDevice`] is one *endpoint* of the device. There is no daemon: the processes coordinate
+//! through a directory in shared memory, and the kernel does the rest.
+//!
+//! - **What owns the port.** Every endpoint binds the device's UDP port 4791 with
+//!   `SO_REUSEPORT`; the kernel admits only sockets of the same effective uid to the group, so
+//!   another user cannot attach to a device's traffic. A datagram from the wire reaches one
+//!   endpoint, chosen by the kernel's flow hash; when an endpoint exits or is killed its socket
+//!   closes with it, and the others keep the port.
+//! - **QPNs and routing.** The host directory (`/dev/shm/uroce-<uid>-<netns>/`, mode 0700) has
+//!   254 endpoint slots; claiming one is a compare-and-swap on its word (generation and pid),
+//!   and a slot whose process no longer exists is taken over. Slot `s` hands out QPNs
+//!   `s << 16 ..= s << 16 | 0xFFFF` (the engine's [`uroce_engine::QpnBlock`]), so QPNs are
+//!   unique per device without further coordination, and a packet's destination QPN names its
+//!   endpoint: as a NIC demultiplexes by QPN, an endpoint that receives a datagram for another
+//!   endpoint's QPN hands it over unchanged through shared memory (`udp_rx_forwarded`).
+//! - **The shared-memory path.** A packet whose destination address is a device on this host
+//!   and whose QPN belongs to a live endpoint there goes into a single-producer
+//!   single-consumer ring from this endpoint to that one (a file of the directory, mapped by
+//!   both): no system call while both sides poll. A receiver about to sleep asks for a wake-up
+//!   (a flag in its slot) and sleeps on a FIFO that senders write one byte to; an idle
+//!   endpoint costs nothing. A full ring pauses its sender, as priority flow control pauses a
+//!   RoCE link: the packets wait in a bounded backlog, in order. Packets are whole RoCEv2
+//!   packets with their ICRC on this path too, so capture and `uroce decode` read them as any
+//!   other; `UROCE_FABRIC=udp` sends everything through the kernel instead. The counters
+//!   ([`NetCounters`]) say which path each packet took.
+//! - **Discovery.** The directory's slots say which devices are open on the host, and by
+//!   which processes; a process that opens an address another already has joins its device.
+//! - **When a process dies.** Its socket and FIFO close with it; its slot is taken over by
+//!   the next process that claims one (its pid is gone); rings named after its generation are
+//!   removed then, and nothing of it is ever mistaken for its successor's (every ring and FIFO
+//!   name carries both endpoints' generations). Packets to it wait in its ring, then in its
+//!   senders' backlogs, until their RC QPs give up with `RETRY_EXC_ERR`, as with a vanished
+//!   host; its UC and UD peers lose those packets. No other endpoint is affected.
+//! - **Isolation.** Another user cannot enter the directory (0700, checked on open) nor join
+//!   the port's group. A process of the same user sees only packets: what it writes into a
+//!   ring is judged by the engine exactly as a packet from the wire (ICRC, QPN, PSN, rkeys and
+//!   bounds), and no process's memory is reachable except through an rkey it was given.
+//! - **QP1** (the GSI, for the connection manager) will live in slot 0, kept for the port.
+//!
+//! How datagrams move is a seam inside the crate (`src/fabric.rs`): one `Fabric` interface,
+//! implemented by the UDP sockets and by the shared-memory rings, joined for a host-wide
+//! device, with capture and fault injection as wrappers that work on any fabric. The runtime
+//! (lock, clock, progress, channels, events, deferred deregistration) sees only the interface.
+//!
+//! # Packets on UDP
+//!
+//! Every packet is RoCEv2: BTH, extension headers, payload, pad and ICRC, sent to port 4791 from
+//! a UDP source port per QP (the flow's entropy; one small socket per source port, bound on
+//! first use, because a UDP socket sends from the port it is bound to). Received packets have
+//! their ICRC verified by the engine; mismatches are counted and dropped.
 //!
 //! The ICRC covers the IPv4 identification field, which user space does not choose. Sockets are
 //! unconnected with `IP_PMTUDISC_DO`, for which Linux sends identification 0 — the value the
@@ -27,25 +75,23 @@
 //!   ([`uroce_engine::Device::poll_transmit_gather`]); the ICRC is computed reading the payload
 //!   where it lies, and `sendmmsg` gets iovecs for headers, the payload's pieces of registered
 //!   memory, and trailer, so the kernel's copy into its socket buffer is the only one
-//!   ([`NetCounters::tx_zero_copy`] counts these packets). Inline data is copied at post time,
-//!   as verbs define it, and into the packet; with capture or fault injection on, each packet is
+//!   ([`NetCounters::tx_zero_copy`] counts these packets). On the shared-memory path that one
+//!   copy goes from registered memory into the ring. Inline data is copied at post time, as
+//!   verbs define it, and into the packet; with capture or fault injection on, each packet is
 //!   assembled in one buffer first (one more copy).
-//! - uroce receive: two. Kernel → receive buffer (`recvmmsg`), then → registered memory (the
-//!   scatter, once every check has passed: where bytes go is known only after the headers are
-//!   parsed and checked, and nothing may be written before that).
-//!
-//! So a message costs uroce three copies to TCP's two; the receive-side staging copy is the one
-//! left to remove (reading headers first, then the payload straight into its destination).
+//! - uroce receive: two. Kernel → receive buffer (`recvmmsg`), or ring → receive buffer (a
+//!   record is copied out before it is parsed: another process may write the ring at any time),
+//!   then → registered memory (the scatter, once every check has passed).
 //!
 //! # Progress
 //!
 //! The engine sits behind one lock. Every verb ([`NetDevice::with`]) runs under it and then
 //! sends what it produced; polling a CQ first makes a round of progress in the calling thread
 //! ([`NetDevice::progress`]), so a busy-polling application never waits for another thread. A
-//! background thread sleeps in `poll(2)` on the sockets, its wake-up eventfd and the engine's
-//! next deadline, and makes progress when any fires: ACKs, retransmissions and one-sided
-//! operations (an RDMA WRITE or READ whose target never polls) move without the application,
-//! and an idle device sleeps without a deadline, using no CPU.
+//! background thread sleeps in `ppoll(2)` on the sockets, the shared-memory wake-up FIFO, its
+//! own wake-up eventfd and the engine's next deadline, and makes progress when any fires: ACKs,
+//! retransmissions and one-sided operations (an RDMA WRITE or READ whose target never polls)
+//! move without the application, and an idle device sleeps without a deadline, using no CPU.
 //!
 //! Completion channels ([`Channel`]) are eventfds: the progress thread signals them when an
 //! armed CQ's notification fires, so a blocked waiter wakes without polling.
@@ -53,8 +99,9 @@
 //! # Capture and faults
 //!
 //! `UROCE_PCAP=FILE` writes every packet sent and received to a pcap (Ethernet framing, as
-//! `uroce decode` and Wireshark read it); `UROCE_FAULTS=loss=0.01,dup=0.001,reorder=0.01,corrupt=0.0001`
-//! injects faults on send and on receive. [`Options`] sets both from code.
+//! `uroce decode` and Wireshark read it), whichever path it took;
+//! `UROCE_FAULTS=loss=0.01,dup=0.001,reorder=0.01,corrupt=0.0001` injects faults on send and on
+//! receive, on every path. [`Options`] sets both from code.
 #![deny(unsafe_code)]
 
 mod device;

@@ -7,23 +7,29 @@
 //! intact, the killed process's four peers end with RETRY_EXC_ERR, and a new process then opens
 //! the device and runs.
 //!
-//! The test process coordinates; it re-runs its own executable as the workers (the
-//! `worker_role` test, which does nothing unless `UROCE_TEST_ROLE` is set).
+//! A third puts each device in a network namespace of its own, two processes per namespace on
+//! its one address, joined by a veth pair on which nftables drops 1 % of the RoCEv2 packets:
+//! RC recovers every byte over UDP, UD datagrams arrive whole or not at all.
+//!
+//! The test process coordinates over a Unix socket (reachable from any namespace); it re-runs
+//! its own executable as the workers (the `worker_role` test, which does nothing unless
+//! `UROCE_TEST_ROLE` is set).
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 #![allow(clippy::cast_possible_truncation, reason = "test sizes are small")]
 #![allow(clippy::disallowed_methods, reason = "a multi-process test bounds its waits by the clock")]
 #![allow(clippy::needless_range_loop, reason = "indices name peers and sizes on both sides")]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::IpAddr;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use uroce::{Access, Context, Endpoint, Mtu, QKey, QpType, WcOpcode, WcStatus, WorkCompletion};
-use uroce_testkit::pattern;
+use uroce_testkit::{Namespaces, netns_tools_present, pattern};
 
 const ROLE: &str = "UROCE_TEST_ROLE";
-const PER_SIDE: usize = 4;
 /// 1 B, 4 B, … 16 MiB.
 const SIZES: [usize; 13] = [
     1,
@@ -58,17 +64,58 @@ fn key(from: usize, to: usize, what: usize) -> u64 {
 }
 
 /// Where SEND `k` lands in a peer's inbox.
-fn inbox_at(k: usize) -> usize {
-    SIZES[..k].iter().sum()
+fn inbox_at(sizes: &[usize], k: usize) -> usize {
+    sizes[..k].iter().sum()
+}
+
+/// A run's shape, passed to the workers in the environment.
+#[derive(Clone, Copy)]
+struct Config {
+    per_side: usize,
+    mtu: Mtu,
+    /// The largest message.
+    max: usize,
+    /// Packets may be lost (nftables on a veth): UD datagrams need not all arrive.
+    lossy: bool,
+}
+
+impl Config {
+    const LOCAL: Self = Self { per_side: 4, mtu: Mtu::Mtu4096, max: BIG, lossy: false };
+
+    fn from_env() -> Self {
+        let get = |k: &str| std::env::var(k).unwrap().parse::<usize>().unwrap();
+        Self {
+            per_side: get("UROCE_TEST_PER_SIDE"),
+            mtu: if get("UROCE_TEST_MTU") == 1024 { Mtu::Mtu1024 } else { Mtu::Mtu4096 },
+            max: get("UROCE_TEST_MAX"),
+            lossy: get("UROCE_TEST_LOSSY") == 1,
+        }
+    }
+
+    fn env(&self, c: &mut Command) {
+        c.env("UROCE_TEST_PER_SIDE", self.per_side.to_string())
+            .env("UROCE_TEST_MTU", self.mtu.bytes().to_string())
+            .env("UROCE_TEST_MAX", self.max.to_string())
+            .env("UROCE_TEST_LOSSY", u8::from(self.lossy).to_string());
+    }
+
+    fn sizes(&self) -> Vec<usize> {
+        SIZES.iter().copied().filter(|&s| s <= self.max).collect()
+    }
+
+    /// Datagram `i`'s length: all different, each within the path MTU.
+    fn ud_len(&self, i: usize) -> usize {
+        if self.mtu.bytes() >= 4096 { 1000 + 100 * i } else { 100 + 50 * i }
+    }
 }
 
 struct Line {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
+    r: BufReader<UnixStream>,
+    w: UnixStream,
 }
 
 impl Line {
-    fn new(s: TcpStream) -> Self {
+    fn new(s: UnixStream) -> Self {
         s.set_read_timeout(Some(Duration::from_secs(180))).unwrap();
         Self { r: BufReader::new(s.try_clone().unwrap()), w: s }
     }
@@ -136,33 +183,36 @@ impl Waiter<'_> {
 fn worker_role() {
     let Ok(role) = std::env::var(ROLE) else { return };
     let env = |k: &str| std::env::var(k).unwrap();
-    let port: u16 = env("UROCE_TEST_PORT").parse().unwrap();
+    let sock = PathBuf::from(env("UROCE_TEST_SOCK"));
     let addrs: Vec<IpAddr> =
         env("UROCE_TEST_ADDRS").split(',').map(|a| a.parse().unwrap()).collect();
     if role == "fresh" {
-        return fresh(port, &addrs);
+        return fresh(&sock, &addrs);
     }
+    let cfg = Config::from_env();
+    let (per_side, mtu, sizes, lossy) = (cfg.per_side, cfg.mtu, cfg.sizes(), cfg.lossy);
+    let ud_len = |i: usize| cfg.ud_len(i);
     let me: usize = env("UROCE_TEST_ME").parse().unwrap();
     let victim: Option<usize> = std::env::var("UROCE_TEST_VICTIM").ok().map(|v| v.parse().unwrap());
-    let side = me / PER_SIDE;
-    let peers: Vec<usize> = (0..PER_SIDE).map(|i| (1 - side) * PER_SIDE + i).collect();
-    let mut line = Line::new(TcpStream::connect(("127.0.0.1", port)).unwrap());
+    let side = me / per_side;
+    let peers: Vec<usize> = (0..per_side).map(|i| (1 - side) * per_side + i).collect();
+    let mut line = Line::new(UnixStream::connect(&sock).unwrap());
     let ctx = Context::open(addrs[side]).unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(16_384).unwrap();
     let all =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let inbox_len: usize = SIZES.iter().sum();
+    let inbox_len: usize = sizes.iter().sum();
     let (mut rcs, mut targets, mut locals, mut inboxes) = (vec![], vec![], vec![], vec![]);
     for _ in &peers {
-        rcs.push(pd.qp(QpType::Rc, &cq).mtu(Mtu::Mtu4096).retries(16, 7, 7).build().unwrap());
+        rcs.push(pd.qp(QpType::Rc, &cq).mtu(mtu).retries(16, 7, 7).build().unwrap());
         targets.push(pd.register(BIG + 4096, all).unwrap());
         locals.push(pd.register(2 * BIG + 4096, Access::LOCAL_WRITE).unwrap());
         inboxes.push(pd.register(inbox_len, Access::LOCAL_WRITE).unwrap());
     }
     let ud = pd.qp(QpType::Ud, &cq).qkey(QKEY).build().unwrap();
-    let ud_bufs = pd.register(PER_SIDE * UD_N * 8192, Access::LOCAL_WRITE).unwrap();
-    let mut eps: Vec<String> = (0..PER_SIDE)
+    let ud_bufs = pd.register(per_side * UD_N * 8192, Access::LOCAL_WRITE).unwrap();
+    let mut eps: Vec<String> = (0..per_side)
         .map(|p| hex(&rcs[p].endpoint().with_region(targets[p].remote()).to_bytes()))
         .collect();
     eps.push(hex(&ud.endpoint().to_bytes()));
@@ -170,14 +220,14 @@ fn worker_role() {
     // For each peer: its RC endpoint for us, then its UD endpoint.
     let theirs: Vec<Endpoint> =
         line.recv().split(' ').map(|h| Endpoint::from_bytes(&unhex(h)).unwrap()).collect();
-    for p in 0..PER_SIDE {
+    for p in 0..per_side {
         rcs[p].connect(&theirs[2 * p]).unwrap();
-        for k in 0..SIZES.len() {
-            let at = inbox_at(k);
-            rcs[p].post_recv(k as u64, &inboxes[p], at..at + SIZES[k]).unwrap();
+        for k in 0..sizes.len() {
+            let at = inbox_at(&sizes, k);
+            rcs[p].post_recv(k as u64, &inboxes[p], at..at + sizes[k]).unwrap();
         }
     }
-    for k in 0..PER_SIDE * UD_N {
+    for k in 0..per_side * UD_N {
         ud.post_recv(k as u64, &ud_bufs, k * 8192..k * 8192 + 40 + 4096).unwrap();
     }
     line.send("ready");
@@ -190,18 +240,18 @@ fn worker_role() {
         failed: None,
         recvs: Vec::new(),
     };
-    for (k, &s) in SIZES.iter().enumerate() {
-        for p in (0..PER_SIDE).filter(|&p| !w.gone(p)) {
+    for (k, &s) in sizes.iter().enumerate() {
+        for p in (0..per_side).filter(|&p| !w.gone(p)) {
             locals[p].write(0, &pattern(key(me, peers[p], k), s)).unwrap();
             rcs[p].send(1, &locals[p], 0..s).unwrap();
             rcs[p].write(2, &locals[p], 0..s, targets_of(&theirs, p)).unwrap();
         }
-        w.wait(vec![2; PER_SIDE]);
-        for p in (0..PER_SIDE).filter(|&p| !w.gone(p)) {
+        w.wait(vec![2; per_side]);
+        for p in (0..per_side).filter(|&p| !w.gone(p)) {
             rcs[p].read(3, &locals[p], BIG..BIG + s, targets_of(&theirs, p).at(0)).unwrap();
         }
-        w.wait(vec![1; PER_SIDE]);
-        for p in (0..PER_SIDE).filter(|&p| !w.gone(p)) {
+        w.wait(vec![1; per_side]);
+        for p in (0..per_side).filter(|&p| !w.gone(p)) {
             let back = locals[p].to_vec(BIG..BIG + s).unwrap();
             assert!(
                 back == pattern(key(me, peers[p], k), s),
@@ -214,7 +264,7 @@ fn worker_role() {
     // a compare-and-swap chain returns each value it expected.
     let word = |p: usize, i: u64| targets_of(&theirs, p).at(BIG as u64 + 8 * i);
     for i in 0..ATOMICS {
-        for p in (0..PER_SIDE).filter(|&p| !w.gone(p)) {
+        for p in (0..per_side).filter(|&p| !w.gone(p)) {
             rcs[p].fetch_add(4, &locals[p], 2 * BIG + 8 * i, word(p, 0), 1).unwrap();
             rcs[p]
                 .compare_swap(
@@ -227,9 +277,9 @@ fn worker_role() {
                 )
                 .unwrap();
         }
-        w.wait(vec![2; PER_SIDE]);
+        w.wait(vec![2; per_side]);
     }
-    for p in (0..PER_SIDE).filter(|&p| !w.gone(p)) {
+    for p in (0..per_side).filter(|&p| !w.gone(p)) {
         for i in 0..ATOMICS {
             let mut v = [0u8; 8];
             locals[p].read(2 * BIG + 8 * i, &mut v).unwrap();
@@ -244,7 +294,7 @@ fn worker_role() {
         while w.failed.is_none() {
             assert!(Instant::now() < deadline, "the killed peer's QP never failed");
             rcs[v].write(6, &locals[v], 0..65_536, targets_of(&theirs, v)).unwrap();
-            let mut n = vec![0; PER_SIDE];
+            let mut n = vec![0; per_side];
             n[v] = 1;
             w.wait(n);
         }
@@ -252,19 +302,19 @@ fn worker_role() {
     }
     // UD: 16 datagrams to each peer, 1,000 to 2,500 bytes.
     let ahs: Vec<uroce::Ah> =
-        (0..PER_SIDE).map(|p| pd.create_ah(theirs[2 * p + 1].gid).unwrap()).collect();
+        (0..per_side).map(|p| pd.create_ah(theirs[2 * p + 1].gid).unwrap()).collect();
     let ud_src = pd.register(UD_N * 4096, Access::LOCAL_WRITE).unwrap();
-    let live: Vec<usize> = (0..PER_SIDE).filter(|&p| !w.gone(p)).collect();
+    let live: Vec<usize> = (0..per_side).filter(|&p| !w.gone(p)).collect();
     for p in live {
         for i in 0..UD_N {
-            let len = 1000 + 100 * i;
+            let len = ud_len(i);
             ud_src.write(i * 4096, &pattern(key(me, peers[p], 100 + i), len)).unwrap();
         }
         for i in 0..UD_N {
             ud.send_to(
                 7,
                 &ud_src,
-                i * 4096..i * 4096 + 1000 + 100 * i,
+                i * 4096..i * 4096 + ud_len(i),
                 &ahs[p],
                 theirs[2 * p + 1].qpn,
                 QKEY,
@@ -294,14 +344,17 @@ fn worker_role() {
             }
         }
     }
+    // Every worker has sent everything once all say so.
+    line.send("sent");
+    assert_eq!(line.recv(), "all sent");
     // Every SEND and datagram from a live peer must arrive; the killed one's may not.
-    let live_peers = PER_SIDE - usize::from(victim_peer.is_some());
-    let want = live_peers * (SIZES.len() + UD_N);
+    let live_peers = per_side - usize::from(victim_peer.is_some());
+    let want = live_peers * (sizes.len() + if lossy { 0 } else { UD_N });
     let deadline = Instant::now() + Duration::from_secs(60);
     let arrived = |w: &Waiter<'_>| {
         w.recvs
             .iter()
-            .filter(|r| r.status == WcStatus::SUCCESS)
+            .filter(|r| r.status == WcStatus::SUCCESS && !(lossy && r.qp_num == ud.qpn()))
             .filter(|r| {
                 let from = if r.qp_num == ud.qpn() {
                     theirs.iter().skip(1).step_by(2).position(|e| e.qpn == r.src_qp)
@@ -320,11 +373,29 @@ fn worker_role() {
             }
         }
     }
+    if lossy {
+        // Datagrams still on their way: wait until 500 ms pass without one.
+        while let Ok(wcs) = cq.wait(Some(Duration::from_millis(500))) {
+            if wcs.is_empty() {
+                break;
+            }
+            let ok =
+                |c: &WorkCompletion| c.opcode == WcOpcode::Recv && c.status == WcStatus::SUCCESS;
+            w.recvs.extend(wcs.into_iter().filter(ok));
+        }
+    }
+    let datagrams = w.recvs.iter().filter(|r| r.qp_num == ud.qpn()).count();
+    assert!(
+        datagrams * 2 >= live_peers * UD_N,
+        "{datagrams} of {} datagrams; counters {:?}",
+        live_peers * UD_N,
+        ctx.counters()
+    );
     for r in &w.recvs {
         if r.qp_num == ud.qpn() {
             let p = theirs.iter().skip(1).step_by(2).position(|e| e.qpn == r.src_qp).unwrap();
             let len = r.byte_len as usize - 40;
-            let i = (len - 1000) / 100;
+            let i = (0..UD_N).position(|i| ud_len(i) == len).unwrap();
             let at = r.wr_id as usize * 8192 + 40;
             assert!(
                 ud_bufs.to_vec(at..at + len).unwrap() == pattern(key(peers[p], me, 100 + i), len),
@@ -334,22 +405,28 @@ fn worker_role() {
         } else {
             let p = w.peer_of(r);
             let k = r.wr_id as usize;
-            assert_eq!(r.byte_len as usize, SIZES[k]);
-            let at = inbox_at(k);
+            assert_eq!(r.byte_len as usize, sizes[k]);
+            let at = inbox_at(&sizes, k);
             assert!(
-                inboxes[p].to_vec(at..at + SIZES[k]).unwrap()
-                    == pattern(key(peers[p], me, k), SIZES[k]),
+                inboxes[p].to_vec(at..at + sizes[k]).unwrap()
+                    == pattern(key(peers[p], me, k), sizes[k]),
                 "SEND of {} B from {}",
-                SIZES[k],
+                sizes[k],
                 peers[p]
             );
         }
     }
     let (_, net) = ctx.counters();
-    assert!(net.shm_tx_packets > 0 && net.shm_rx_packets > 0, "{net:?}");
+    if lossy {
+        assert!(net.tx_datagrams > 0, "another host is reached over UDP: {net:?}");
+    } else {
+        // Both devices are on this host: everything goes through shared memory.
+        assert!(net.shm_tx_packets > 0 && net.shm_rx_packets > 0, "{net:?}");
+        assert_eq!(net.tx_datagrams, 0, "nothing through the kernel: {net:?}");
+    }
     line.send(&format!(
-        "done {me} shm_tx={} udp_tx={} failed={:?}",
-        net.shm_tx_packets, net.tx_datagrams, w.failed
+        "done {me} shm_tx={} udp_tx={} udp_forwarded={} datagrams={datagrams} failed={:?}",
+        net.shm_tx_packets, net.tx_datagrams, net.udp_rx_forwarded, w.failed
     ));
     // Stay until every worker is done: our QPs are others' peers.
     assert_eq!(line.recv(), "bye");
@@ -361,8 +438,8 @@ fn targets_of(theirs: &[Endpoint], p: usize) -> uroce::RemoteMr {
 
 /// A process that opens both devices after the others (and one killed) and runs an RC WRITE
 /// and READ back between them.
-fn fresh(port: u16, addrs: &[IpAddr]) {
-    let mut line = Line::new(TcpStream::connect(("127.0.0.1", port)).unwrap());
+fn fresh(sock: &Path, addrs: &[IpAddr]) {
+    let mut line = Line::new(UnixStream::connect(sock).unwrap());
     let (a, b) = (Context::open(addrs[0]).unwrap(), Context::open(addrs[1]).unwrap());
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
@@ -383,27 +460,45 @@ fn fresh(port: u16, addrs: &[IpAddr]) {
     line.send(&format!("fresh ok slot={}", a.endpoint_slot().0));
 }
 
-fn spawn(role: &str, port: u16, addrs: &str, me: usize, victim: Option<usize>) -> Child {
-    let mut c = Command::new(std::env::current_exe().unwrap());
+struct Run<'a> {
+    sock: &'a Path,
+    addrs: &'a str,
+    cfg: Config,
+    victim: Option<usize>,
+    /// Per side, the command prefix that puts a worker on its host (`ip netns exec NS`).
+    prefix: [&'a [&'a str]; 2],
+}
+
+fn spawn(r: &Run<'_>, role: &str, me: usize) -> Child {
+    let exe = std::env::current_exe().unwrap();
+    let mut c = match r.prefix[me / r.cfg.per_side].split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     c.args(["--exact", "worker_role", "--nocapture", "--test-threads=1"])
         .env(ROLE, role)
-        .env("UROCE_TEST_PORT", port.to_string())
-        .env("UROCE_TEST_ADDRS", addrs)
+        .env("UROCE_TEST_SOCK", r.sock)
+        .env("UROCE_TEST_ADDRS", r.addrs)
         .env("UROCE_TEST_ME", me.to_string())
         .stdout(Stdio::null());
-    if let Some(v) = victim {
+    r.cfg.env(&mut c);
+    if let Some(v) = r.victim {
         c.env("UROCE_TEST_VICTIM", v.to_string());
     }
     c.spawn().unwrap()
 }
 
-/// Runs eight workers; with `victim`, kills it with SIGKILL shortly after traffic starts.
-fn run(addrs: &str, victim: Option<usize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let n = 2 * PER_SIDE;
-    let mut children: Vec<Child> =
-        (0..n).map(|me| spawn("worker", port, addrs, me, victim)).collect();
+/// Runs the workers; with `victim`, kills it with SIGKILL shortly after traffic starts.
+fn run(r: &Run<'_>) {
+    let _ = std::fs::remove_file(r.sock);
+    let listener = UnixListener::bind(r.sock).unwrap();
+    let (per_side, victim) = (r.cfg.per_side, r.victim);
+    let n = 2 * per_side;
+    let mut children: Vec<Child> = (0..n).map(|me| spawn(r, "worker", me)).collect();
     let mut lines: Vec<Option<Line>> = (0..n).map(|_| None).collect();
     let mut eps: Vec<Vec<String>> = vec![Vec::new(); n];
     for _ in 0..n {
@@ -417,12 +512,12 @@ fn run(addrs: &str, victim: Option<usize>) {
     }
     let mut lines: Vec<Line> = lines.into_iter().map(Option::unwrap).collect();
     for me in 0..n {
-        let side = me / PER_SIDE;
-        let mine = me % PER_SIDE;
-        let theirs: Vec<String> = (0..PER_SIDE)
+        let side = me / per_side;
+        let mine = me % per_side;
+        let theirs: Vec<String> = (0..per_side)
             .flat_map(|i| {
-                let peer = (1 - side) * PER_SIDE + i;
-                [eps[peer][mine].clone(), eps[peer][PER_SIDE].clone()]
+                let peer = (1 - side) * per_side + i;
+                [eps[peer][mine].clone(), eps[peer][per_side].clone()]
             })
             .collect();
         lines[me].send(&theirs.join(" "));
@@ -438,16 +533,22 @@ fn run(addrs: &str, victim: Option<usize>) {
         children[v].kill().unwrap();
         children[v].wait().unwrap();
     }
+    for l in lines.iter_mut().enumerate().filter(|(me, _)| Some(*me) != victim).map(|x| x.1) {
+        assert_eq!(l.recv(), "sent");
+    }
+    for l in lines.iter_mut().enumerate().filter(|(me, _)| Some(*me) != victim).map(|x| x.1) {
+        l.send("all sent");
+    }
     for (me, l) in lines.iter_mut().enumerate().filter(|(me, _)| Some(*me) != victim) {
         let done = l.recv();
         eprintln!("{done}");
         assert!(done.starts_with(&format!("done {me} ")), "worker {me}: {done:?}");
-        let killed_peer = victim.is_some_and(|v| v / PER_SIDE != me / PER_SIDE);
+        let killed_peer = victim.is_some_and(|v| v / per_side != me / per_side);
         let failed = format!("failed={:?}", killed_peer.then_some(WcStatus::RETRY_EXC_ERR));
         assert!(done.ends_with(&failed), "worker {me}: {done}");
     }
     if victim.is_some() {
-        let mut fresh = spawn("fresh", port, addrs, 0, None);
+        let mut fresh = spawn(r, "fresh", 0);
         let mut l = Line::new(listener.accept().unwrap().0);
         let got = l.recv();
         eprintln!("{got}");
@@ -461,12 +562,44 @@ fn run(addrs: &str, victim: Option<usize>) {
     }
 }
 
+fn sock(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("uroce-host-{name}-{}.sock", std::process::id()))
+}
+
+const HERE: &[&str] = &[];
+
 #[test]
 fn eight_processes_on_two_shared_devices_rc_and_ud() {
-    run("127.0.8.2,127.0.8.3", None);
+    let s = sock("eight");
+    let addrs = "127.0.8.2,127.0.8.3";
+    run(&Run { sock: &s, addrs, cfg: Config::LOCAL, victim: None, prefix: [HERE, HERE] });
+    let _ = std::fs::remove_file(s);
 }
 
 #[test]
 fn a_killed_process_harms_only_its_own_connections() {
-    run("127.0.9.2,127.0.9.3", Some(0));
+    let s = sock("kill");
+    let addrs = "127.0.9.2,127.0.9.3";
+    run(&Run { sock: &s, addrs, cfg: Config::LOCAL, victim: Some(0), prefix: [HERE, HERE] });
+    let _ = std::fs::remove_file(s);
+}
+
+/// Two hosts (namespaces) on a veth pair, one address each, two processes per host sharing
+/// it; nftables drops 1 % of the RoCEv2 packets arriving on either side.
+#[test]
+fn two_processes_per_namespace_across_a_lossy_veth() {
+    if !netns_tools_present() {
+        return;
+    }
+    let ns = Namespaces::new('h', &["10.197.0.1/24"], &["10.197.0.2/24"]);
+    ns.set_loss(1);
+    let s = sock("netns");
+    let (pa, pb) = (["ip", "netns", "exec", &ns.a], ["ip", "netns", "exec", &ns.b]);
+    let cfg = Config { per_side: 2, mtu: Mtu::Mtu1024, max: 1 << 20, lossy: true };
+    let addrs = "10.197.0.1,10.197.0.2";
+    run(&Run { sock: &s, addrs, cfg, victim: None, prefix: [&pa, &pb] });
+    let dropped = ns.dropped();
+    eprintln!("nftables dropped {dropped} packets");
+    assert!(dropped > 0, "the loss rule dropped nothing");
+    let _ = std::fs::remove_file(s);
 }
