@@ -19,7 +19,7 @@ use std::io;
 use std::os::fd::RawFd;
 
 use uroce_engine::device::Piece;
-use uroce_engine::{MemoryAccess, RxInfo};
+use uroce_engine::{Instant, MemoryAccess, RxInfo};
 
 use crate::device::NetCounters;
 use crate::sys::memory::Registry;
@@ -84,7 +84,7 @@ pub(crate) trait Fabric: Send {
 
     /// Hands what has arrived to `sink`, a bounded amount at a time (a flood cannot keep the
     /// caller here for ever). Returns how many packets it handed over.
-    fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize;
+    fn receive(&mut self, now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize;
 
     /// The descriptors a sleeping progress thread waits on.
     fn wait_fds(&self, fds: &mut Vec<RawFd>);
@@ -113,8 +113,8 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
         (**self).transmit(out, mem, c);
     }
 
-    fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
-        (**self).receive(c, sink)
+    fn receive(&mut self, now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
+        (**self).receive(now, c, sink)
     }
 
     fn wait_fds(&self, fds: &mut Vec<RawFd>) {

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::{self, BufWriter};
 use std::os::fd::RawFd;
 
-use uroce_engine::RxInfo;
+use uroce_engine::{Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
 use uroce_wire::pcap::PcapWriter;
 
@@ -48,9 +48,9 @@ impl<F: Fabric> Fabric for Capture<F> {
         self.inner.transmit(out, mem, c);
     }
 
-    fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
+    fn receive(&mut self, now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
         let (pcap, origin, wall) = (&mut self.pcap, self.origin, self.wall_origin);
-        let n = self.inner.receive(c, &mut |rx: &RxInfo, bytes: &[u8]| {
+        let n = self.inner.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8]| {
             let ts = wall + origin.elapsed();
             let _ = pcap.write_roce(ts, rx.src, SocketAddr::new(rx.dst, ROCE_V2_PORT), bytes);
             sink(rx, bytes);

@@ -5,7 +5,7 @@ use core::net::IpAddr;
 use std::io;
 use std::os::fd::RawFd;
 
-use uroce_engine::RxInfo;
+use uroce_engine::{Instant, RxInfo};
 
 use super::{Fabric, Outgoing, Sink};
 use crate::device::NetCounters;
@@ -64,10 +64,10 @@ impl<F: Fabric> Fabric for Faulty<F> {
         out.append(&mut self.staged);
     }
 
-    fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
+    fn receive(&mut self, now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
         let (faults, rng) = (&self.faults, &mut self.rng);
         let mut side = NetCounters::default();
-        let n = self.inner.receive(c, &mut |rx: &RxInfo, bytes: &[u8]| {
+        let n = self.inner.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8]| {
             let fate = rng.fate(faults, bytes.len());
             if fate.drop {
                 side.fault_drops += 1;

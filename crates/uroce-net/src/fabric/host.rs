@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 
-use uroce_engine::RxInfo;
+use uroce_engine::{Duration, Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
 
 use super::shm::{Full, Shm};
@@ -44,7 +44,20 @@ pub(crate) struct HostFabric {
     done: Vec<Outgoing>,
     /// Packets waiting for room in a ring, in order: (destination slot, whole packet).
     backlog: VecDeque<(u8, Outgoing)>,
+    /// When the sockets were last read, and whether that read found datagrams.
+    udp_polled: Instant,
+    udp_hot: bool,
+    /// Until when shared memory counts as busy (it delivered a packet recently).
+    shm_busy_until: Instant,
+    /// The progress thread woke from a sleep on the sockets: read them.
+    woke: bool,
 }
+
+/// While shared memory carries traffic, the sockets (a system call each, almost always empty
+/// then) are read at most this often, unless the last read found datagrams.
+const UDP_POLL_INTERVAL: Duration = Duration::from_micros(20);
+/// How long shared memory counts as busy after it delivered a packet.
+const SHM_BUSY: Duration = Duration::from_micros(200);
 
 /// Packets the backlog holds before it drops.
 pub(crate) const BACKLOG: usize = 16_384;
@@ -52,7 +65,20 @@ pub(crate) const BACKLOG: usize = 16_384;
 impl HostFabric {
     pub(crate) fn new(addr: IpAddr, udp: Udp, shm: Option<Shm>, udp_only: bool) -> Self {
         let (udp_out, done, backlog) = (Vec::new(), Vec::new(), VecDeque::new());
-        Self { addr, udp, shm, udp_only, udp_out, done, backlog }
+        let zero = Instant::from_nanos(0);
+        Self {
+            addr,
+            udp,
+            shm,
+            udp_only,
+            udp_out,
+            done,
+            backlog,
+            udp_polled: zero,
+            udp_hot: true,
+            shm_busy_until: zero,
+            woke: true,
+        }
     }
 
     /// Sends what waits in the backlog, oldest first, while the rings take it.
@@ -116,11 +142,23 @@ impl Fabric for HostFabric {
         out.append(&mut self.done);
     }
 
-    fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
-        let Some(shm) = self.shm.as_mut() else { return self.udp.receive(c, sink) };
+    fn receive(&mut self, now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
+        let Some(shm) = self.shm.as_mut() else { return self.udp.receive(now, c, sink) };
         let mut n = shm.receive(c, sink);
+        if n > 0 {
+            self.shm_busy_until = now + SHM_BUSY;
+        }
+        let due = self.udp_hot
+            || core::mem::take(&mut self.woke)
+            || now >= self.shm_busy_until
+            || now >= self.udp_polled + UDP_POLL_INTERVAL;
+        if !due {
+            c.udp_polls_skipped += 1;
+            return n;
+        }
+        self.udp_polled = now;
         let mut side = NetCounters::default();
-        n += self.udp.receive(c, &mut |rx: &RxInfo, bytes: &[u8]| {
+        let from_udp = self.udp.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8]| {
             if let Some(slot) = dest_qpn(bytes).and_then(|q| shm.owner_of(rx.dst, q)) {
                 let mut parts = core::iter::once(bytes);
                 if shm.push(slot, rx, &mut parts, bytes.len(), &mut side) {
@@ -130,6 +168,8 @@ impl Fabric for HostFabric {
             }
             sink(rx, bytes);
         });
+        self.udp_hot = from_udp > 0;
+        n += from_udp;
         shm.commit(&mut side);
         *c += side;
         n
@@ -151,6 +191,7 @@ impl Fabric for HostFabric {
     }
 
     fn woken(&mut self) {
+        self.woke = true;
         if let Some(shm) = &mut self.shm {
             shm.woken();
         }

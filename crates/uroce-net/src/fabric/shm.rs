@@ -84,7 +84,12 @@ pub(crate) struct Shm {
     me: SlotId,
     wake: OwnedFd,
     out: Vec<Option<OutRing>>,
+    /// The slots `out` has rings to (a poll walks these, not all 256).
+    out_active: Vec<u8>,
     inbound: Vec<Option<InRing>>,
+    in_active: Vec<u8>,
+    /// Rounds since the inbound rings were checked against the slots' generations.
+    rounds: u32,
     /// Inbound rings not found when looked for, by sender slot: the generation looked for.
     missing: Vec<Option<u32>>,
     seen_epoch: u32,
@@ -102,7 +107,10 @@ impl Shm {
             me,
             wake,
             out: (0..SLOTS).map(|_| None).collect(),
+            out_active: Vec::new(),
             inbound: (0..SLOTS).map(|_| None).collect(),
+            in_active: Vec::new(),
+            rounds: 0,
             missing: vec![None; SLOTS],
             seen_epoch: u32::MAX,
             buf: vec![0; MAX_PACKET],
@@ -131,6 +139,10 @@ impl Shm {
         if !fresh {
             let to = SlotId { index: to, generation };
             self.out[i] = self.open_out(to).ok();
+            self.out_active.retain(|&k| usize::from(k) != i);
+            if self.out[i].is_some() {
+                self.out_active.push(to.index);
+            }
         }
         self.out[i].as_mut()
     }
@@ -238,7 +250,9 @@ impl Shm {
 
     /// Publishes what was queued, and wakes the receivers that sleep.
     pub(crate) fn commit(&mut self, c: &mut NetCounters) {
-        for ring in self.out.iter_mut().flatten().filter(|r| r.dirty) {
+        let out = &mut self.out;
+        for &k in &self.out_active {
+            let Some(ring) = out[usize::from(k)].as_mut().filter(|r| r.dirty) else { continue };
             ring.dirty = false;
             ring.map.u64_at(TAIL).store(ring.tail, Ordering::Release);
             // Pairs with the receiver's fence between setting `waiting` and its last look.
@@ -260,6 +274,12 @@ impl Shm {
     /// of senders that left.
     fn refresh_inbound(&mut self) {
         let epoch = self.dir.rings_epoch(self.me.index).load(Ordering::Acquire);
+        self.rounds = self.rounds.wrapping_add(1);
+        // A new ring always bumps the epoch; a sender that left is noticed within 1,024
+        // rounds (its ring stays readable, and empty, meanwhile).
+        if epoch == self.seen_epoch && !self.rounds.is_multiple_of(1024) {
+            return;
+        }
         if epoch != self.seen_epoch {
             self.seen_epoch = epoch;
             self.missing.iter_mut().for_each(|m| *m = None);
@@ -291,6 +311,8 @@ impl Shm {
                 }
             }
         }
+        let inbound = &self.inbound;
+        self.in_active = (0..=u8::MAX).filter(|&k| inbound[usize::from(k)].is_some()).collect();
     }
 
     fn open_in(&self, from: SlotId) -> io::Result<InRing> {
@@ -312,7 +334,9 @@ impl Shm {
         self.refresh_inbound();
         let mut total = 0;
         let buf = &mut self.buf;
-        for ring in self.inbound.iter_mut().flatten() {
+        let inbound = &mut self.inbound;
+        for &k in &self.in_active {
+            let Some(ring) = inbound[usize::from(k)].as_mut() else { continue };
             let tail = ring.map.u64_at(TAIL).load(Ordering::Acquire);
             let mut taken = 0;
             while ring.head < tail && taken < RX_BUDGET {

@@ -7,7 +7,7 @@ use std::io;
 use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, RawFd};
 
-use uroce_engine::RxInfo;
+use uroce_engine::{Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
 
 use super::{Fabric, Outgoing, Sink};
@@ -122,7 +122,7 @@ impl Fabric for Udp {
         }
     }
 
-    fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
+    fn receive(&mut self, _now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
         let mut n = Self::drain(&mut self.recv, &self.main, self.addr, c, sink);
         for (_, sock) in &self.mcast_socks {
             n += Self::drain(&mut self.recv, sock, self.addr, c, sink);
