@@ -106,6 +106,40 @@ fn rdma_core_pingpongs_run_unmodified() {
     pingpong("ibv_srq_pingpong", &["-g", "0", "-e"]);
 }
 
+/// The host-wide device: two `ibv_rc_pingpong` servers share 127.0.0.2 (each on its own TCP
+/// port), two clients share 127.0.0.3, all four running at once.
+#[test]
+fn two_servers_share_one_address_and_two_clients_another() {
+    if !have("ibv_rc_pingpong", "ibverbs-utils") {
+        return;
+    }
+    let _turn = serial();
+    let ports = ["18601", "18602"];
+    let args = |p: &'static str| ["-g", "0", "-p", p, "-n", "5000"];
+    let servers: Vec<_> = ports
+        .iter()
+        .map(|p| verbs_cmd(&[], &[], "ibv_rc_pingpong", "127.0.0.2", &args(p)).spawn().unwrap())
+        .collect();
+    for p in ports {
+        assert!(common::wait_listening(&[], p.parse().unwrap()), "server on {p} never listened");
+    }
+    let clients: Vec<_> = ports
+        .iter()
+        .map(|p| {
+            let mut a = args(p).to_vec();
+            a.push("127.0.0.2");
+            verbs_cmd(&[], &[], "ibv_rc_pingpong", "127.0.0.3", &a).spawn().unwrap()
+        })
+        .collect();
+    let limit = Duration::from_secs(60);
+    let outcomes: Vec<_> =
+        clients.into_iter().chain(servers).map(|c| common::finish(c, limit)).collect();
+    for o in &outcomes {
+        assert!(o.ok() && o.stdout.contains("5000 iters"), "{o}");
+    }
+    println!("{}{}", outcomes[0].stdout, outcomes[1].stdout);
+}
+
 #[test]
 fn a_refused_verb_is_explained_on_request() {
     if !have("ibv_rc_pingpong", "ibverbs-utils") {
