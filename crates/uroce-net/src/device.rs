@@ -658,12 +658,27 @@ impl NetDevice {
         config.port_mtu = options
             .port_mtu
             .unwrap_or_else(|| udp.interface_mtu().map_or(Mtu::Mtu4096, port_mtu_for));
-        let endpoint = Endpoint::claim(addr).map_err(|e| OpenError::HostDirectory(addr, e))?;
-        config.qpns = QpnBlock { first: u32::from(endpoint.slot.index) << 16, len: 0x1_0000 };
-        let shm = Shm::new(Arc::clone(&endpoint.dir), endpoint.slot)
-            .map_err(|e| OpenError::HostDirectory(addr, e))?;
+        // Without a host directory (no writable /dev/shm) the device still works for this
+        // process, over UDP only: it cannot share its address with another process.
+        let joined = Endpoint::claim(addr).and_then(|e| {
+            let shm = Shm::new(Arc::clone(&e.dir), e.slot)?;
+            Ok((e, shm))
+        });
+        let (endpoint, shm) = match joined {
+            Ok((e, shm)) => {
+                config.qpns = QpnBlock { first: u32::from(e.slot.index) << 16, len: 0x1_0000 };
+                (Some(e), Some(shm))
+            }
+            Err(e) => {
+                eprintln!(
+                    "uroce: {}; this device is private to the process",
+                    OpenError::HostDirectory(addr, e)
+                );
+                (None, None)
+            }
+        };
         let mut fabric: Box<dyn Fabric> =
-            Box::new(HostFabric::new(addr, udp, Some(shm), options.udp_only));
+            Box::new(HostFabric::new(addr, udp, shm, options.udp_only));
         if let Some(pcap) = pcap {
             fabric = Box::new(Capture::new(fabric, pcap, addr, origin, wall_origin));
         }
@@ -718,7 +733,7 @@ impl NetDevice {
                 .map_err(|e| OpenError::Io(local, e))?;
             Some(t)
         };
-        Ok(Self { shared, thread, endpoint: Some(endpoint) })
+        Ok(Self { shared, thread, endpoint })
     }
 
     /// This process's slot on the host-wide device: its index (the top byte of every QPN it

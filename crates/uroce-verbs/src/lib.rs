@@ -17,7 +17,12 @@
 //! layer, active, MTU from the interface MTU (4096 on loopback), GID index 0 = the address as a
 //! RoCEv2 GID.
 //!
-//! `UROCE_PCAP`, `UROCE_FAULTS` and `UROCE_PROGRESS_RT` work as for every uroce device
+//! Devices are host-wide (see `uroce_net`): every process that lists an address opens the same
+//! device, shares its port and reaches the other processes on the host through shared memory.
+//! Processes that read the same config file see the same list under the same names;
+//! `UROCE_ADDR` is a per-process override, named in its own order.
+//!
+//! `UROCE_PCAP`, `UROCE_FAULTS`, `UROCE_FABRIC` and `UROCE_PROGRESS_RT` work as for every uroce device
 //! (`uroce_net::Options::from_env`). `UROCE_VERBS_DEBUG=1` prints on stderr why each refused
 //! verb was refused (the C API only returns an errno).
 //!

@@ -7,8 +7,10 @@
 //!
 //! **A full ring pauses, it does not drop.** Like a RoCE fabric with priority flow control
 //! (IEEE 802.1Qbb), the local path is lossless: a packet that finds its ring full waits in a
-//! bounded backlog (copied out of registered memory), and the packets behind it to the same
-//! endpoint wait with it, in order; the backlog is retried on every round of progress. Only
+//! bounded backlog (its payload still in registered memory, read when it goes: a work request
+//! completes only after its packets are acknowledged, so the memory stays put unless the
+//! application deregisters it, and then the packet is lost), and the packets behind it to the
+//! same endpoint wait with it, in order; the backlog is retried on every round of progress. Only
 //! past [`BACKLOG`] packets is one dropped (`shm_tx_ring_full`), and RC retransmits it. A
 //! READ response of 16 MiB is 4,096 packets sent at once: dropping what a 2 MiB ring cannot
 //! hold would turn every large READ into retries.
@@ -42,8 +44,12 @@ pub(crate) struct HostFabric {
     udp_only: bool,
     udp_out: Vec<Outgoing>,
     done: Vec<Outgoing>,
-    /// Packets waiting for room in a ring, in order: (destination slot, whole packet).
-    backlog: VecDeque<(u8, Outgoing)>,
+    /// Packets waiting for room in a ring, in order: destination slot, length, packet (its
+    /// payload still in registered memory).
+    backlog: VecDeque<(u8, usize, Outgoing)>,
+    backlog_spare: VecDeque<(u8, usize, Outgoing)>,
+    /// Packets in the backlog, by destination slot.
+    queued: [u32; 256],
     /// When the sockets were last read, and whether that read found datagrams.
     udp_polled: Instant,
     udp_hot: bool,
@@ -74,6 +80,8 @@ impl HostFabric {
             udp_out,
             done,
             backlog,
+            backlog_spare: VecDeque::new(),
+            queued: [0; 256],
             udp_polled: zero,
             udp_hot: true,
             shm_busy_until: zero,
@@ -84,24 +92,43 @@ impl HostFabric {
     /// Sends what waits in the backlog, oldest first, while the rings take it.
     fn drain_backlog(&mut self, mem: &Registry, c: &mut NetCounters) {
         let Some(shm) = self.shm.as_mut() else { return };
+        if self.backlog.is_empty() {
+            return;
+        }
         let mut blocked = [false; 256];
-        let mut kept = VecDeque::new();
-        while let Some((slot, o)) = self.backlog.pop_front() {
-            if blocked[usize::from(slot)] {
-                kept.push_back((slot, o));
+        let mut kept = core::mem::take(&mut self.backlog_spare);
+        while let Some((slot, len, o)) = self.backlog.pop_front() {
+            let i = usize::from(slot);
+            if blocked[i] {
+                kept.push_back((slot, len, o));
+                continue;
+            }
+            // The payload is read where it lies, now: a region deregistered meanwhile no
+            // longer resolves, and the packet is lost (RC sends it again).
+            if o.parts(mem).map(<[u8]>::len).sum::<usize>() != len {
+                c.shm_tx_no_endpoint += 1;
+                self.queued[i] -= 1;
+                self.done.push(o);
                 continue;
             }
             let src = SocketAddr::new(self.addr, o.port);
             match shm.push_outgoing(slot, src, &o, mem, c) {
                 Err(Full::Ring) => {
-                    blocked[usize::from(slot)] = true;
-                    kept.push_back((slot, o));
+                    blocked[i] = true;
+                    kept.push_back((slot, len, o));
                 }
-                Err(Full::Gone) => c.shm_tx_no_endpoint += 1,
-                Ok(()) => {}
+                Err(Full::Gone) => {
+                    c.shm_tx_no_endpoint += 1;
+                    self.queued[i] -= 1;
+                    self.done.push(o);
+                }
+                Ok(()) => {
+                    self.queued[i] -= 1;
+                    self.done.push(o);
+                }
             }
         }
-        self.backlog = kept;
+        self.backlog_spare = core::mem::replace(&mut self.backlog, kept);
     }
 }
 
@@ -113,7 +140,7 @@ impl Fabric for HostFabric {
         }
         self.drain_backlog(mem, c);
         let Some(shm) = self.shm.as_mut() else { return };
-        for mut o in out.drain(..) {
+        for o in out.drain(..) {
             let local = (o.dst.port() == ROCE_V2_PORT)
                 .then(|| dest_qpn(&o.bytes))
                 .flatten()
@@ -122,15 +149,17 @@ impl Fabric for HostFabric {
                 self.udp_out.push(o);
                 continue;
             };
-            let waiting = self.backlog.iter().any(|(s, _)| *s == slot);
+            let i = usize::from(slot);
             let src = SocketAddr::new(self.addr, o.port);
-            let full = waiting || shm.push_outgoing(slot, src, &o, mem, c) == Err(Full::Ring);
+            // Behind packets already waiting for this endpoint, in order.
+            let full =
+                self.queued[i] > 0 || shm.push_outgoing(slot, src, &o, mem, c) == Err(Full::Ring);
             if !full {
                 self.done.push(o);
             } else if self.backlog.len() < BACKLOG {
-                // Its payload may be deregistered before it goes: take a copy now.
-                o.materialize(mem);
-                self.backlog.push_back((slot, o));
+                let len = o.parts(mem).map(<[u8]>::len).sum();
+                self.queued[i] += 1;
+                self.backlog.push_back((slot, len, o));
             } else {
                 c.shm_tx_ring_full += 1;
                 self.done.push(o);
