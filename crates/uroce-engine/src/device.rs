@@ -193,6 +193,9 @@ pub struct Transmit {
     /// registered memory. The datagram is then the buffer's first `h` bytes (headers), the
     /// memory pieces, and the rest of the buffer (pad and ICRC). `None`: the buffer holds it all.
     pub payload_at: Option<usize>,
+    /// The ICRC field is zero, left for the runtime to compute where the path needs it
+    /// ([`Device::set_defer_icrc`]); only for packets with `payload_at`.
+    pub icrc_deferred: bool,
 }
 
 /// A piece of a packet's payload in registered memory: address and length.
@@ -326,6 +329,11 @@ pub(crate) struct Ctx<M> {
     pub(crate) ahs: BTreeMap<u32, Ah>,
     /// The caller of `poll_transmit_gather` takes payloads as memory pieces.
     pub(crate) gather: bool,
+    /// Leave the ICRC of gathered packets to the runtime ([`Device::set_defer_icrc`]).
+    pub(crate) defer_icrc: bool,
+    /// The datagram being handled came over a path that guarantees its integrity
+    /// ([`Device::handle_datagram_intact`]): its ICRC is not checked.
+    pub(crate) intact: bool,
     /// The memory pieces of the packet just built in gather mode.
     pub(crate) tx_pieces: Vec<Piece>,
     /// Payload pieces being assembled by a protocol step.
@@ -478,7 +486,11 @@ impl<M: MemoryAccess> Ctx<M> {
                 None
             };
             if let Some(parts) = lent {
-                let h = repr.emit_gathered(pseudo, &parts, buf).ok()?;
+                let h = if self.defer_icrc {
+                    repr.emit_gathered_without_icrc(&parts, buf).ok()?
+                } else {
+                    repr.emit_gathered(pseudo, &parts, buf).ok()?
+                };
                 let payload: usize = parts.iter().map(|p| p.len()).sum();
                 self.tx_pieces.clear();
                 self.tx_pieces.extend_from_slice(pieces);
@@ -505,7 +517,13 @@ impl<M: MemoryAccess> Ctx<M> {
         };
         self.counters.sent_pkts += 1;
         self.counters.sent_bytes += len as u64;
-        Some(Transmit { dst: SocketAddr::new(dest, ROCE_V2_PORT), src_port, payload_at })
+        let icrc_deferred = payload_at.is_some() && self.defer_icrc;
+        Some(Transmit {
+            dst: SocketAddr::new(dest, ROCE_V2_PORT),
+            src_port,
+            payload_at,
+            icrc_deferred,
+        })
     }
 }
 
@@ -551,6 +569,8 @@ impl<M: MemoryAccess> Device<M> {
                 async_events: VecDeque::new(),
                 ahs: BTreeMap::new(),
                 gather: false,
+                defer_icrc: false,
+                intact: false,
                 tx_pieces: Vec::new(),
                 pieces: Vec::new(),
                 copy_buf: Vec::new(),
@@ -1051,6 +1071,29 @@ impl<M: MemoryAccess> Device<M> {
     /// `icrc_errors`); a multicast packet counts once as received, and then once more for each
     /// attached QP that refuses it. Nothing here panics on any input.
     pub fn handle_datagram(&mut self, now: Instant, rx: &RxInfo, payload: &[u8]) {
+        self.ctx.intact = false;
+        self.handle(now, rx, payload);
+    }
+
+    /// As [`Device::handle_datagram`], for a datagram whose path guarantees its integrity
+    /// (shared memory between processes of one host): its ICRC is not checked (IBA Annex
+    /// A17.3.3 has the ICRC protect what the link layer does not; memory is not a lossy link),
+    /// and may be left zero by the sender. Every other check is made.
+    pub fn handle_datagram_intact(&mut self, now: Instant, rx: &RxInfo, payload: &[u8]) {
+        self.ctx.intact = true;
+        self.handle(now, rx, payload);
+        self.ctx.intact = false;
+    }
+
+    /// Sends gathered packets with their ICRC left zero (`Transmit::icrc_deferred`): the
+    /// runtime computes it for the paths that need it (UDP, capture) and skips it where the
+    /// receiver takes the packet with [`Device::handle_datagram_intact`].
+    pub fn set_defer_icrc(&mut self, defer: bool) {
+        self.ctx.defer_icrc = defer;
+    }
+
+    fn handle(&mut self, now: Instant, rx: &RxInfo, payload: &[u8]) {
+        let intact = self.ctx.intact;
         let c = &mut self.ctx.counters;
         let Ok(view) = bth::Packet::new_checked(payload) else {
             c.drop_malformed += 1;
@@ -1074,7 +1117,8 @@ impl<M: MemoryAccess> Device<M> {
             return;
         };
         if qp.init.qp_type == QpType::Ud {
-            let Some(packet) = verify_datagram(&mut self.ud_rx_pseudo, c, rx, payload) else {
+            let Some(packet) = verify_datagram(&mut self.ud_rx_pseudo, c, rx, payload, intact)
+            else {
                 return;
             };
             if deliver_ud(qp, &mut self.ctx, rx, &packet, payload.len()) {
@@ -1095,7 +1139,7 @@ impl<M: MemoryAccess> Device<M> {
                 p
             }
         };
-        let Some(packet) = verify_and_parse(&pseudo, c, payload) else { return };
+        let Some(packet) = verify_and_parse(&pseudo, c, payload, intact) else { return };
         // Header checks (IBA 9.6: transport, partition, source; rxe_recv.c hdr_check).
         if !headers_fit(qp, &packet, c) {
             return;
@@ -1140,7 +1184,8 @@ impl<M: MemoryAccess> Device<M> {
             c.drop_bad_dest += 1;
             return;
         };
-        if let Some(packet) = verify_datagram(&mut self.ud_rx_pseudo, c, rx, payload) {
+        let intact = self.ctx.intact;
+        if let Some(packet) = verify_datagram(&mut self.ud_rx_pseudo, c, rx, payload, intact) {
             let mut taken = false;
             for qpn in &members {
                 if let Some(qp) = self.qps.get_mut(&qpn.get()) {
@@ -1222,6 +1267,7 @@ fn verify_datagram<'a>(
     c: &mut Counters,
     rx: &RxInfo,
     payload: &'a [u8],
+    intact: bool,
 ) -> Option<PacketRepr<'a>> {
     let key = (rx.src, rx.dst);
     let pseudo = match cache.get(&key) {
@@ -1240,7 +1286,7 @@ fn verify_datagram<'a>(
             p
         }
     };
-    verify_and_parse(&pseudo, c, payload)
+    verify_and_parse(&pseudo, c, payload, intact)
 }
 
 /// Verifies the ICRC (IBA Annex A17.3.3) and parses the packet, counting a failure.
@@ -1248,8 +1294,9 @@ fn verify_and_parse<'a>(
     pseudo: &PseudoHeader,
     c: &mut Counters,
     payload: &'a [u8],
+    intact: bool,
 ) -> Option<PacketRepr<'a>> {
-    if icrc::verify(pseudo, payload).is_err() {
+    if !intact && icrc::verify(pseudo, payload).is_err() {
         c.icrc_errors += 1;
         return None;
     }

@@ -32,6 +32,9 @@ struct Pair {
     delay: Duration,
     /// Every packet sent: (when, from, opcode, psn, AETH syndrome byte).
     log: Vec<(Instant, usize, Opcode, u32, Option<u8>)>,
+    /// Deliver as over an intact path: the ICRC zeroed on the way, and not checked
+    /// (`handle_datagram_intact`); `Some(false)`: zeroed, and checked as from the wire.
+    intact: Option<bool>,
 }
 
 const BUF: u64 = 1 << 20;
@@ -119,6 +122,7 @@ impl Pair {
             filter: Box::new(|_, _| true),
             delay: Duration::from_micros(1),
             log: Vec::new(),
+            intact: None,
         }
     }
 
@@ -151,12 +155,17 @@ impl Pair {
             }
             self.now = self.now.max(next);
             while self.wire.front().is_some_and(|w| w.0 <= self.now) {
-                let (_, to, from, bytes) = self.wire.pop_front().unwrap();
-                self.hosts[to].dev.handle_datagram(
-                    self.now,
-                    &RxInfo::new(from, self.hosts[to].dev.addr()),
-                    &bytes,
-                );
+                let (_, to, from, mut bytes) = self.wire.pop_front().unwrap();
+                let rx = RxInfo::new(from, self.hosts[to].dev.addr());
+                if self.intact.is_some() {
+                    let n = bytes.len();
+                    bytes[n - 4..].fill(0);
+                }
+                if self.intact == Some(true) {
+                    self.hosts[to].dev.handle_datagram_intact(self.now, &rx, &bytes);
+                } else {
+                    self.hosts[to].dev.handle_datagram(self.now, &rx, &bytes);
+                }
             }
             for h in &mut self.hosts {
                 if h.dev.poll_timeout().is_some_and(|t| t <= self.now) {
@@ -244,6 +253,33 @@ fn read_wr(p: &Pair, wr_id: u64, local: u64, remote: u64, len: u32) -> SendWr {
 
 fn statuses(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
     wcs.iter().map(|w| (w.wr_id, w.status)).collect()
+}
+
+/// A path that guarantees integrity (shared memory) may carry packets with no ICRC: the
+/// receiver taking them as intact skips that check and no other; taken as from the wire,
+/// every one fails its ICRC.
+#[test]
+fn an_intact_path_skips_the_icrc_and_only_it() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.intact = Some(true);
+    let data = fill(&mut p, A, 0, 10_000, 3);
+    p.post_send(A, write_wr(&p, 1, 0, 0x1000, 10_000));
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(B, 0x1000, 10_000), &data[..]);
+    assert_eq!(p.hosts[B].dev.counters().icrc_errors, 0);
+    // Still checked: a WRITE outside the region is a remote access error, not a write.
+    p.post_send(A, write_wr(&p, 2, 0, BUF - 8, 64));
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::REM_ACCESS_ERR)]);
+
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.intact = Some(false);
+    fill(&mut p, A, 0, 10_000, 3);
+    p.post_send(A, write_wr(&p, 1, 0, 0x1000, 10_000));
+    p.run(Duration::from_millis(1));
+    assert!(p.hosts[B].dev.counters().icrc_errors > 0);
+    assert!(p.cq(A).is_empty(), "nothing was acknowledged");
 }
 
 #[test]

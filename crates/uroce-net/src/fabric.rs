@@ -20,6 +20,7 @@ use std::os::fd::RawFd;
 
 use uroce_engine::device::Piece;
 use uroce_engine::{Instant, MemoryAccess, RxInfo};
+use uroce_wire::icrc::{self, PseudoHeader};
 
 use crate::device::NetCounters;
 use crate::sys::memory::Registry;
@@ -32,9 +33,31 @@ pub(crate) struct Outgoing {
     pub(crate) bytes: Vec<u8>,
     pub(crate) payload_at: Option<usize>,
     pub(crate) pieces: Vec<Piece>,
+    /// The ICRC field is still zero ([`uroce_engine::Transmit::icrc_deferred`]).
+    pub(crate) icrc_deferred: bool,
 }
 
 impl Outgoing {
+    /// Computes the ICRC the engine left zero (IBA Annex A17.3.3), for a path that needs it:
+    /// the wire, a capture, a fault that corrupts. `src` is the sending address and port.
+    pub(crate) fn fill_icrc(&mut self, mem: &Registry, src: SocketAddr) {
+        if !core::mem::take(&mut self.icrc_deferred) || self.bytes.len() < ICRC_LEN {
+            return;
+        }
+        let Ok(pseudo) = PseudoHeader::for_endpoints(src, self.dst) else { return };
+        let end = self.bytes.len() - ICRC_LEN;
+        let h = self.payload_at.unwrap_or(end).min(end);
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(self.pieces.len() + 2);
+        parts.push(&self.bytes[..h]);
+        if self.payload_at.is_some() {
+            parts.extend(self.pieces.iter().filter_map(|&(a, l)| mem.slice(a, l as usize)));
+        }
+        parts.push(&self.bytes[h..end]);
+        if let Ok(crc) = icrc::compute_parts(&pseudo, &parts) {
+            self.bytes[end..].copy_from_slice(&icrc::to_wire(crc));
+        }
+    }
+
     /// The whole packet in `bytes` (for capture and fault injection, which need it in one
     /// piece): copies the payload in from registered memory.
     pub(crate) fn materialize(&mut self, mem: &Registry) {
@@ -73,8 +96,26 @@ pub(crate) fn dest_qpn(packet: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes([0, b[0], b[1], b[2]]))
 }
 
-/// Where the engine's received packets go.
-pub(crate) type Sink<'a> = dyn FnMut(&RxInfo, &[u8]) + 'a;
+/// Where the engine's received packets go: the datagram's addressing, its bytes, and whether
+/// its path guarantees its integrity (`true`: shared memory, whose sender may have left the
+/// ICRC zero; the engine then skips that check, and a capture computes it).
+pub(crate) type Sink<'a> = dyn FnMut(&RxInfo, &[u8], bool) + 'a;
+
+/// The ICRC field's length.
+const ICRC_LEN: usize = 4;
+
+/// `bytes` with its ICRC computed (for a packet that crossed an intact path with it zero).
+pub(crate) fn with_icrc(rx: &RxInfo, bytes: &[u8]) -> Vec<u8> {
+    let mut copy = bytes.to_vec();
+    let dst = SocketAddr::new(rx.dst, uroce_wire::ROCE_V2_PORT);
+    if let (Ok(pseudo), Some(end)) =
+        (PseudoHeader::for_endpoints(rx.src, dst), copy.len().checked_sub(ICRC_LEN))
+        && let Ok(crc) = icrc::compute(&pseudo, &copy[..end])
+    {
+        copy[end..].copy_from_slice(&icrc::to_wire(crc));
+    }
+    copy
+}
 
 /// A way packets move. Implementations count what they do in [`NetCounters`]; a packet they
 /// cannot deliver is lost, as on a wire, and counted.

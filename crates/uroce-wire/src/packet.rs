@@ -325,6 +325,20 @@ impl<'a> PacketRepr<'a> {
         Ok(hlen)
     }
 
+    /// As [`PacketRepr::emit_gathered`], with the ICRC field left zero, for a runtime that
+    /// computes it only where the path needs it.
+    pub fn emit_gathered_without_icrc(&self, parts: &[&[u8]], buf: &mut Vec<u8>) -> Result<usize> {
+        if !self.payload.is_empty() {
+            return Err(Error::UnexpectedPayload);
+        }
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        buf.clear();
+        buf.resize(self.header_len()?, 0);
+        let hlen = self.emit_headers_for(total, buf)?;
+        buf.resize(hlen + pad_for(total) + ICRC_LEN, 0);
+        Ok(hlen)
+    }
+
     /// Writes the whole packet into `buf` in one pass and returns its length.
     pub fn emit(&self, pseudo: &PseudoHeader, buf: &mut [u8]) -> Result<usize> {
         let total = self.buffer_len()?;

@@ -11,7 +11,7 @@ use uroce_engine::{Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
 use uroce_wire::pcap::PcapWriter;
 
-use super::{Fabric, Outgoing, Sink};
+use super::{Fabric, Outgoing, Sink, with_icrc};
 use crate::device::NetCounters;
 use crate::sys::memory::Registry;
 
@@ -41,6 +41,7 @@ impl<F: Fabric> Fabric for Capture<F> {
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
         let ts = self.wall_origin + self.origin.elapsed();
         for o in out.iter_mut() {
+            o.fill_icrc(mem, SocketAddr::new(self.addr, o.port));
             o.materialize(mem);
             let _ = self.pcap.write_roce(ts, SocketAddr::new(self.addr, o.port), o.dst, &o.bytes);
         }
@@ -50,10 +51,16 @@ impl<F: Fabric> Fabric for Capture<F> {
 
     fn receive(&mut self, now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
         let (pcap, origin, wall) = (&mut self.pcap, self.origin, self.wall_origin);
-        let n = self.inner.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8]| {
+        let n = self.inner.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8], intact| {
             let ts = wall + origin.elapsed();
-            let _ = pcap.write_roce(ts, rx.src, SocketAddr::new(rx.dst, ROCE_V2_PORT), bytes);
-            sink(rx, bytes);
+            let dst = SocketAddr::new(rx.dst, ROCE_V2_PORT);
+            // Every captured packet carries a valid ICRC, whichever path it took.
+            let _ = if intact {
+                pcap.write_roce(ts, rx.src, dst, &with_icrc(rx, bytes))
+            } else {
+                pcap.write_roce(ts, rx.src, dst, bytes)
+            };
+            sink(rx, bytes, intact);
         });
         if n > 0 {
             let _ = self.pcap.flush();

@@ -1,13 +1,13 @@
 //! Fault injection (`UROCE_FAULTS`): loss, duplication, reordering and corruption of what the
 //! wrapped fabric sends and delivers, drawn from a seeded generator.
 
-use core::net::IpAddr;
+use core::net::{IpAddr, SocketAddr};
 use std::io;
 use std::os::fd::RawFd;
 
 use uroce_engine::{Instant, RxInfo};
 
-use super::{Fabric, Outgoing, Sink};
+use super::{Fabric, Outgoing, Sink, with_icrc};
 use crate::device::NetCounters;
 use crate::faults::{FaultRng, Faults};
 use crate::sys::memory::Registry;
@@ -15,6 +15,8 @@ use crate::sys::memory::Registry;
 /// A fabric with faults.
 pub(crate) struct Faulty<F> {
     inner: F,
+    /// The device's address, the source of what it sends.
+    local: Option<IpAddr>,
     faults: Faults,
     rng: FaultRng,
     /// A packet held back to be sent after the next one (reordering).
@@ -23,14 +25,19 @@ pub(crate) struct Faulty<F> {
 }
 
 impl<F: Fabric> Faulty<F> {
-    pub(crate) fn new(inner: F, faults: Faults, seed: u64) -> Self {
-        Self { inner, faults, rng: FaultRng::new(seed), held: None, staged: Vec::new() }
+    pub(crate) fn new(inner: F, local: IpAddr, faults: Faults, seed: u64) -> Self {
+        let (rng, held, staged) = (FaultRng::new(seed), None, Vec::new());
+        Self { inner, local: Some(local), faults, rng, held, staged }
     }
 }
 
 impl<F: Fabric> Fabric for Faulty<F> {
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
         for mut o in out.drain(..) {
+            // A corrupted packet must fail its ICRC at the receiver: compute it first.
+            if let Some(src) = self.local.map(|ip| SocketAddr::new(ip, o.port)) {
+                o.fill_icrc(mem, src);
+            }
             o.materialize(mem);
             let fate = self.rng.fate(&self.faults, o.bytes.len());
             if fate.drop {
@@ -67,27 +74,28 @@ impl<F: Fabric> Fabric for Faulty<F> {
     fn receive(&mut self, now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
         let (faults, rng) = (&self.faults, &mut self.rng);
         let mut side = NetCounters::default();
-        let n = self.inner.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8]| {
+        let n = self.inner.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8], intact| {
             let fate = rng.fate(faults, bytes.len());
             if fate.drop {
                 side.fault_drops += 1;
                 return;
             }
             let corrupted;
-            let bytes = match fate.flip {
+            let (bytes, intact) = match fate.flip {
                 Some(bit) => {
-                    let mut copy = bytes.to_vec();
+                    // With a valid ICRC, so the receiver's check catches the flip.
+                    let mut copy = if intact { with_icrc(rx, bytes) } else { bytes.to_vec() };
                     copy[bit / 8] ^= 1 << (bit % 8);
                     side.fault_corruptions += 1;
                     corrupted = copy;
-                    &corrupted[..]
+                    (&corrupted[..], false)
                 }
-                None => bytes,
+                None => (bytes, intact),
             };
-            sink(rx, bytes);
+            sink(rx, bytes, intact);
             if fate.dup {
                 side.fault_dups += 1;
-                sink(rx, bytes);
+                sink(rx, bytes, intact);
             }
         });
         *c += side;

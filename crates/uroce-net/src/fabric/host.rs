@@ -135,17 +135,21 @@ impl HostFabric {
 impl Fabric for HostFabric {
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
         if self.shm.is_none() || self.udp_only {
+            for o in out.iter_mut() {
+                o.fill_icrc(mem, SocketAddr::new(self.addr, o.port));
+            }
             self.udp.transmit(out, mem, c);
             return;
         }
         self.drain_backlog(mem, c);
         let Some(shm) = self.shm.as_mut() else { return };
-        for o in out.drain(..) {
+        for mut o in out.drain(..) {
             let local = (o.dst.port() == ROCE_V2_PORT)
                 .then(|| dest_qpn(&o.bytes))
                 .flatten()
                 .and_then(|q| shm.owner_of(o.dst.ip(), q));
             let Some(slot) = local else {
+                o.fill_icrc(mem, SocketAddr::new(self.addr, o.port));
                 self.udp_out.push(o);
                 continue;
             };
@@ -187,15 +191,16 @@ impl Fabric for HostFabric {
         }
         self.udp_polled = now;
         let mut side = NetCounters::default();
-        let from_udp = self.udp.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8]| {
+        let from_udp = self.udp.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8], intact| {
             if let Some(slot) = dest_qpn(bytes).and_then(|q| shm.owner_of(rx.dst, q)) {
+                // From the wire, with its ICRC: the owner checks it.
                 let mut parts = core::iter::once(bytes);
-                if shm.push(slot, rx, &mut parts, bytes.len(), &mut side) {
+                if shm.push(slot, rx, &mut parts, bytes.len(), true, &mut side) {
                     side.udp_rx_forwarded += 1;
                 }
                 return;
             }
-            sink(rx, bytes);
+            sink(rx, bytes, intact);
         });
         self.udp_hot = from_udp > 0;
         n += from_udp;

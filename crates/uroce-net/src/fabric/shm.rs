@@ -47,6 +47,9 @@ const FILE_BYTES: usize = DATA + RING_BYTES;
 const RECORD_HEADER: usize = 64;
 const KIND_PACKET: u32 = 1;
 const KIND_PAD: u32 = 2;
+/// A packet whose ICRC the sender left zero: memory between processes of one host does not
+/// corrupt, so neither side spends a CRC over it (captures compute it).
+const KIND_PACKET_NO_ICRC: u32 = 3;
 /// The largest packet a record carries (a 4096-byte MTU packet with every header is 4,140).
 const MAX_PACKET: usize = 9216;
 /// Records a receive takes from one ring before it moves on.
@@ -167,9 +170,10 @@ impl Shm {
         rx: &RxInfo,
         parts: &mut dyn Iterator<Item = &[u8]>,
         len: usize,
+        icrc: bool,
         c: &mut NetCounters,
     ) -> bool {
-        match self.try_push(to, rx, parts, len) {
+        match self.try_push(to, rx, parts, len, icrc) {
             Ok(()) => {
                 c.shm_tx_packets += 1;
                 true
@@ -192,6 +196,7 @@ impl Shm {
         rx: &RxInfo,
         parts: &mut dyn Iterator<Item = &[u8]>,
         len: usize,
+        icrc: bool,
     ) -> Result<(), Full> {
         let Some(ring) = self.ring_to(to, rx.dst) else {
             return Err(Full::Gone);
@@ -217,7 +222,7 @@ impl Shm {
             ring.tail += pad;
         }
         let base = DATA + usize::try_from(ring.tail % cap).unwrap_or(0);
-        ring.map.write(base, &record_header(need, rx, len));
+        ring.map.write(base, &record_header(need, rx, len, icrc));
         let mut off = base + RECORD_HEADER;
         for p in parts {
             ring.map.write(off, p);
@@ -239,7 +244,7 @@ impl Shm {
     ) -> Result<(), Full> {
         let rx = RxInfo::new(src, o.dst.ip());
         let len: usize = o.parts(mem).map(<[u8]>::len).sum();
-        self.try_push(to, &rx, &mut o.parts(mem), len)?;
+        self.try_push(to, &rx, &mut o.parts(mem), len, !o.icrc_deferred)?;
         c.shm_tx_packets += 1;
         if o.payload_at.is_some() {
             c.tx_zero_copy += 1;
@@ -338,14 +343,15 @@ impl Shm {
         for &k in &self.in_active {
             let Some(ring) = inbound[usize::from(k)].as_mut() else { continue };
             let tail = ring.map.u64_at(TAIL).load(Ordering::Acquire);
+            let start = ring.head;
             let mut taken = 0;
             while ring.head < tail && taken < RX_BUDGET {
                 match read_record(&ring.map, ring.head, tail, buf) {
-                    Ok((advance, Some((rx, len)))) => {
+                    Ok((advance, Some((rx, len, intact)))) => {
                         ring.head += advance;
                         taken += 1;
                         c.shm_rx_packets += 1;
-                        sink(&rx, &buf[..len]);
+                        sink(&rx, &buf[..len], intact);
                     }
                     Ok((advance, None)) => ring.head += advance,
                     Err(()) => {
@@ -355,7 +361,9 @@ impl Shm {
                     }
                 }
             }
-            if taken > 0 || ring.head == tail {
+            // Only when it moved: the producer reads this line to see its free space, and a
+            // store on every empty poll would pull it away from the producer each time.
+            if ring.head != start {
                 ring.map.u64_at(HEAD).store(ring.head, Ordering::Release);
             }
             total += taken;
@@ -419,10 +427,11 @@ fn unmapped(b: [u8; 16]) -> IpAddr {
 
 /// A record header: total length, kind, packet length, source port, TOS, TTL, source and
 /// destination addresses, flow label.
-fn record_header(total: u64, rx: &RxInfo, len: usize) -> [u8; RECORD_HEADER] {
+fn record_header(total: u64, rx: &RxInfo, len: usize, icrc: bool) -> [u8; RECORD_HEADER] {
     let mut h = [0u8; RECORD_HEADER];
+    let kind = if icrc { KIND_PACKET } else { KIND_PACKET_NO_ICRC };
     h[0..4].copy_from_slice(&u32::try_from(total).unwrap_or(0).to_le_bytes());
-    h[4..8].copy_from_slice(&KIND_PACKET.to_le_bytes());
+    h[4..8].copy_from_slice(&kind.to_le_bytes());
     h[8..12].copy_from_slice(&u32::try_from(len).unwrap_or(0).to_le_bytes());
     h[12..14].copy_from_slice(&rx.src.port().to_le_bytes());
     h[14] = rx.tclass;
@@ -441,7 +450,7 @@ fn read_record(
     pos: u64,
     tail: u64,
     buf: &mut [u8],
-) -> Result<(u64, Option<(RxInfo, usize)>), ()> {
+) -> Result<(u64, Option<(RxInfo, usize, bool)>), ()> {
     let cap = RING_BYTES as u64;
     let at = DATA + usize::try_from(pos % cap).map_err(|_| ())?;
     let mut h = [0u8; RECORD_HEADER];
@@ -457,7 +466,7 @@ fn read_record(
     }
     match word(4) {
         KIND_PAD => Ok((total, None)),
-        KIND_PACKET => {
+        kind @ (KIND_PACKET | KIND_PACKET_NO_ICRC) => {
             let len = usize::try_from(word(8)).map_err(|_| ())?;
             if len > buf.len() || (RECORD_HEADER + len) as u64 > total {
                 return Err(());
@@ -477,7 +486,7 @@ fn read_record(
                 hop_limit: h[15],
                 flow_label: word(48) & 0xF_FFFF,
             };
-            Ok((total, Some((rx, len))))
+            Ok((total, Some((rx, len, kind == KIND_PACKET_NO_ICRC))))
         }
         _ => Err(()),
     }
@@ -513,11 +522,18 @@ mod tests {
             for k in 0..20u32 {
                 let len = 100 + ((round * 20 + k) * 37 % 4000) as usize;
                 let pkt: Vec<u8> = (0..len).map(|i| (i as u32 ^ sent) as u8).collect();
-                assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), len, &mut c));
+                assert!(tx.push(
+                    b.index,
+                    &rx(ip),
+                    &mut core::iter::once(&pkt[..]),
+                    len,
+                    true,
+                    &mut c
+                ));
                 sent += 1;
             }
             tx.commit(&mut c);
-            rxs.receive(&mut c, &mut |info: &RxInfo, bytes: &[u8]| {
+            rxs.receive(&mut c, &mut |info: &RxInfo, bytes: &[u8], _: bool| {
                 assert_eq!(info.dst, ip);
                 assert_eq!(info.src.port(), 49152);
                 got.push(bytes.to_vec());
@@ -542,7 +558,7 @@ mod tests {
         let pkt = vec![7u8; 4000];
         let mut pushed = 0;
         for _ in 0..1000 {
-            if tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), &mut c) {
+            if tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), true, &mut c) {
                 pushed += 1;
             }
         }
@@ -553,12 +569,19 @@ mod tests {
         let ring = tx.out[usize::from(b.index)].as_ref().expect("ring");
         ring.map.write(DATA, &[0xFF; 8]);
         let mut n = 0;
-        rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8]| n += 1);
+        rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| n += 1);
         assert_eq!((n, c.shm_rx_malformed), (0, 1));
         // The ring goes on working after the garbage.
-        assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), &mut c));
+        assert!(tx.push(
+            b.index,
+            &rx(ip),
+            &mut core::iter::once(&pkt[..]),
+            pkt.len(),
+            true,
+            &mut c
+        ));
         tx.commit(&mut c);
-        rxs.receive(&mut c, &mut |_: &RxInfo, bytes: &[u8]| {
+        rxs.receive(&mut c, &mut |_: &RxInfo, bytes: &[u8], _: bool| {
             assert_eq!(bytes, &pkt[..]);
             n += 1;
         });
@@ -575,13 +598,13 @@ mod tests {
         let mut rxs = Shm::new(Arc::clone(&dir), b).expect("rx");
         let mut c = NetCounters::default();
         let pkt = [1u8; 64];
-        assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), 64, &mut c));
+        assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
         tx.commit(&mut c);
         assert_eq!(c.shm_wakeups_sent, 0, "nobody asked for a wake-up");
         assert!(!rxs.prepare_sleep(), "a packet is waiting: do not sleep");
-        rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8]| {});
+        rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| {});
         assert!(rxs.prepare_sleep());
-        assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), 64, &mut c));
+        assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
         tx.commit(&mut c);
         assert_eq!(c.shm_wakeups_sent, 1);
         crate::sys::poll_readable(&[rxs.wake_fd()], 1000).expect("poll");

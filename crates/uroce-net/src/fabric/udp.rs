@@ -83,7 +83,7 @@ impl Udp {
                     hop_limit: meta.hop_limit,
                     flow_label: 0,
                 };
-                sink(&rx, recv.payload(i));
+                sink(&rx, recv.payload(i), false);
             }
             if n < RECV_BATCH {
                 break;
