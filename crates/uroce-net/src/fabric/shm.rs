@@ -442,6 +442,10 @@ fn record_header(total: u64, rx: &RxInfo, len: usize, icrc: bool) -> [u8; RECORD
     h
 }
 
+/// A packet record's metadata: the datagram's addressing, the packet's length, and whether its
+/// ICRC was left out.
+type Record = (RxInfo, usize, bool);
+
 /// Reads the record at `pos` (below `tail`) into `buf`: how far to advance, and the packet's
 /// metadata and length if it is a packet (a pad record carries none). `Err` for anything that
 /// is not a well-formed record.
@@ -450,7 +454,7 @@ fn read_record(
     pos: u64,
     tail: u64,
     buf: &mut [u8],
-) -> Result<(u64, Option<(RxInfo, usize, bool)>), ()> {
+) -> Result<(u64, Option<Record>), ()> {
     let cap = RING_BYTES as u64;
     let at = DATA + usize::try_from(pos % cap).map_err(|_| ())?;
     let mut h = [0u8; RECORD_HEADER];
