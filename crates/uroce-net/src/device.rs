@@ -524,7 +524,7 @@ impl State {
 
     /// Hands the queued packets to the fabric and takes their buffers back.
     fn send_out(&mut self) {
-        if self.out.is_empty() && !self.fabric.backlogged() {
+        if self.out.is_empty() && self.fabric.backlog_retry().is_none() {
             return;
         }
         self.fabric.transmit(&mut self.out, self.engine.memory(), &mut self.counters);
@@ -588,9 +588,6 @@ fn spin(shared: &Shared, spin_ns: u64) {
 /// then leaves the sockets to it (a second reader would only steal packets and, on a small
 /// machine, the CPU) and looks in this often for timers, or to take over once polling stops.
 const BUSY_POLL_GRACE_NS: u64 = 1_000_000;
-
-/// How soon the progress thread retries packets that found a ring full.
-const BACKLOG_RETRY_NS: u64 = 20_000;
 
 /// A uroce device bound to one address, with its progress thread.
 pub struct NetDevice {
@@ -880,9 +877,9 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
                 s.fabric.wait_fds(&mut fds);
             }
             let mut deadline = s.engine.poll_timeout();
-            if s.fabric.backlogged() {
+            if let Some(retry) = s.fabric.backlog_retry() {
                 // Packets wait for a ring's consumer: look again shortly.
-                let soon = now + uroce_engine::Duration::from_nanos(BACKLOG_RETRY_NS);
+                let soon = now + retry;
                 deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
             }
             if busy {

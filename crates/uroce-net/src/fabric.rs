@@ -19,7 +19,7 @@ use std::io;
 use std::os::fd::RawFd;
 
 use uroce_engine::device::Piece;
-use uroce_engine::{Instant, MemoryAccess, RxInfo};
+use uroce_engine::{Duration, Instant, MemoryAccess, RxInfo};
 use uroce_wire::icrc::{self, PseudoHeader};
 
 use crate::device::NetCounters;
@@ -38,6 +38,19 @@ pub(crate) struct Outgoing {
 }
 
 impl Outgoing {
+    /// A packet with nothing in it (a placeholder for one taken out of a queue).
+    pub(crate) fn empty() -> Self {
+        let dst = SocketAddr::new(IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED), 0);
+        Self {
+            port: 0,
+            dst,
+            bytes: Vec::new(),
+            payload_at: None,
+            pieces: Vec::new(),
+            icrc_deferred: false,
+        }
+    }
+
     /// Computes the ICRC the engine left zero (IBA Annex A17.3.3), for a path that needs it:
     /// the wire, a capture, a fault that corrupts. `src` is the sending address and port.
     pub(crate) fn fill_icrc(&mut self, mem: &Registry, src: SocketAddr) {
@@ -139,10 +152,10 @@ pub(crate) trait Fabric: Send {
     /// Called when the progress thread wakes from that sleep.
     fn woken(&mut self) {}
 
-    /// Whether packets wait for room on a path (the progress thread then comes back soon
-    /// to send them, instead of sleeping until something arrives).
-    fn backlogged(&self) -> bool {
-        false
+    /// When packets wait for room on a path: how soon to try again (the progress thread then
+    /// comes back to send them, instead of sleeping until something arrives).
+    fn backlog_retry(&self) -> Option<Duration> {
+        None
     }
 
     /// Receives the traffic of exactly these multicast groups.
@@ -170,8 +183,8 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
         (**self).woken();
     }
 
-    fn backlogged(&self) -> bool {
-        (**self).backlogged()
+    fn backlog_retry(&self) -> Option<Duration> {
+        (**self).backlog_retry()
     }
 
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {

@@ -194,6 +194,17 @@ impl HostDir {
         Some((generation, v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)))
     }
 
+    /// Whether the process that holds slot `index` still runs (a system call and a read of
+    /// `/proc`: for occasional checks, not the data path).
+    pub(crate) fn alive(&self, index: u8) -> bool {
+        let (generation, pid) = split(self.word(index).load(Ordering::Acquire));
+        if pid == 0 || generation % 2 == 1 {
+            return false;
+        }
+        let start = self.slots.u64_at(self.at(index, START_TIME)).load(Ordering::Acquire);
+        owner_alive(pid, start)
+    }
+
     /// Slot `index`'s sleep flag.
     pub(crate) fn waiting(&self, index: u8) -> &AtomicU32 {
         self.slots.u32_at(self.at(index, WAITING))

@@ -416,6 +416,12 @@ fn worker_role() {
             );
         }
     }
+    // Done, and idle: the progress thread sleeps. (Packets still queued for a killed peer's
+    // full ring are let go once its process is found gone, instead of being retried for ever.)
+    let before = ctx.counters().1.progress_wakeups;
+    std::thread::sleep(Duration::from_millis(300));
+    let wakeups = ctx.counters().1.progress_wakeups - before;
+    assert!(wakeups < 100, "{wakeups} progress wake-ups in 300 ms of idleness");
     let (_, net) = ctx.counters();
     if lossy {
         assert!(net.tx_datagrams > 0, "another host is reached over UDP: {net:?}");

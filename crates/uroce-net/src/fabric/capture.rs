@@ -80,8 +80,8 @@ impl<F: Fabric> Fabric for Capture<F> {
         self.inner.woken();
     }
 
-    fn backlogged(&self) -> bool {
-        self.inner.backlogged()
+    fn backlog_retry(&self) -> Option<uroce_engine::Duration> {
+        self.inner.backlog_retry()
     }
 
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {

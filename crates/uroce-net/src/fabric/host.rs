@@ -50,6 +50,8 @@ pub(crate) struct HostFabric {
     backlog_spare: VecDeque<(u8, usize, Outgoing)>,
     /// Packets in the backlog, by destination slot.
     queued: [u32; 256],
+    /// How soon to try the backlog again.
+    retry: Duration,
     /// When the sockets were last read, and whether that read found datagrams.
     udp_polled: Instant,
     udp_hot: bool,
@@ -65,8 +67,12 @@ const UDP_POLL_INTERVAL: Duration = Duration::from_micros(20);
 /// How long shared memory counts as busy after it delivered a packet.
 const SHM_BUSY: Duration = Duration::from_micros(200);
 
-/// Packets the backlog holds before it drops.
+/// Packets the backlog holds before it drops, in all and for one endpoint.
 pub(crate) const BACKLOG: usize = 16_384;
+const BACKLOG_PER_ENDPOINT: u32 = 2048;
+/// How soon a backlog is tried again: at first, and at most (doubling while nothing moves).
+const RETRY_FIRST: Duration = Duration::from_micros(20);
+const RETRY_MAX: Duration = Duration::from_millis(1);
 
 impl HostFabric {
     pub(crate) fn new(addr: IpAddr, udp: Udp, shm: Option<Shm>, udp_only: bool) -> Self {
@@ -82,6 +88,7 @@ impl HostFabric {
             backlog,
             backlog_spare: VecDeque::new(),
             queued: [0; 256],
+            retry: RETRY_FIRST,
             udp_polled: zero,
             udp_hot: true,
             shm_busy_until: zero,
@@ -96,6 +103,7 @@ impl HostFabric {
             return;
         }
         let mut blocked = [false; 256];
+        let mut moved = false;
         let mut kept = core::mem::take(&mut self.backlog_spare);
         while let Some((slot, len, o)) = self.backlog.pop_front() {
             let i = usize::from(slot);
@@ -123,12 +131,40 @@ impl HostFabric {
                     self.done.push(o);
                 }
                 Ok(()) => {
+                    moved = true;
                     self.queued[i] -= 1;
                     self.done.push(o);
                 }
             }
         }
         self.backlog_spare = core::mem::replace(&mut self.backlog, kept);
+        if moved {
+            self.retry = RETRY_FIRST;
+            return;
+        }
+        // Nothing moved: back off, and once at the longest wait, let go of what waits for an
+        // endpoint whose process is gone (killed: it will never read its ring).
+        if self.retry < RETRY_MAX {
+            self.retry =
+                Duration::from_nanos((self.retry.as_nanos() * 2).min(RETRY_MAX.as_nanos()));
+            return;
+        }
+        let Some(shm) = self.shm.as_ref() else { return };
+        let dead: Vec<u8> =
+            (0..=u8::MAX).filter(|&k| blocked[usize::from(k)] && !shm.endpoint_alive(k)).collect();
+        if dead.is_empty() {
+            return;
+        }
+        let (queued, done) = (&mut self.queued, &mut self.done);
+        self.backlog.retain_mut(|(slot, _, o)| {
+            if !dead.contains(slot) {
+                return true;
+            }
+            queued[usize::from(*slot)] -= 1;
+            c.shm_tx_no_endpoint += 1;
+            done.push(core::mem::replace(o, Outgoing::empty()));
+            false
+        });
     }
 }
 
@@ -160,7 +196,7 @@ impl Fabric for HostFabric {
                 self.queued[i] > 0 || shm.push_outgoing(slot, src, &o, mem, c) == Err(Full::Ring);
             if !full {
                 self.done.push(o);
-            } else if self.backlog.len() < BACKLOG {
+            } else if self.backlog.len() < BACKLOG && self.queued[i] < BACKLOG_PER_ENDPOINT {
                 let len = o.parts(mem).map(<[u8]>::len).sum();
                 self.queued[i] += 1;
                 self.backlog.push_back((slot, len, o));
@@ -220,8 +256,8 @@ impl Fabric for HostFabric {
         self.shm.as_mut().is_none_or(Shm::prepare_sleep)
     }
 
-    fn backlogged(&self) -> bool {
-        !self.backlog.is_empty()
+    fn backlog_retry(&self) -> Option<Duration> {
+        (!self.backlog.is_empty()).then_some(self.retry)
     }
 
     fn woken(&mut self) {

@@ -275,6 +275,11 @@ impl Shm {
         }
     }
 
+    /// Whether the endpoint in slot `to` still runs.
+    pub(crate) fn endpoint_alive(&self, to: u8) -> bool {
+        self.dir.alive(to)
+    }
+
     /// Refreshes the inbound rings from the bitmap: opens new senders' rings, forgets those
     /// of senders that left.
     fn refresh_inbound(&mut self) {
