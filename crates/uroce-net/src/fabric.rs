@@ -162,6 +162,32 @@ pub(crate) trait Fabric: Send {
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()>;
 }
 
+/// The [`Fabric`] methods a wrapper (capture, faults) hands to the fabric it wraps unchanged.
+macro_rules! delegate_to_inner {
+    () => {
+        fn wait_fds(&self, fds: &mut Vec<std::os::fd::RawFd>) {
+            self.inner.wait_fds(fds);
+        }
+
+        fn prepare_sleep(&mut self) -> bool {
+            self.inner.prepare_sleep()
+        }
+
+        fn woken(&mut self) {
+            self.inner.woken();
+        }
+
+        fn backlog_retry(&self) -> Option<uroce_engine::Duration> {
+            self.inner.backlog_retry()
+        }
+
+        fn sync_multicast(&mut self, groups: &[core::net::IpAddr]) -> std::io::Result<()> {
+            self.inner.sync_multicast(groups)
+        }
+    };
+}
+pub(crate) use delegate_to_inner;
+
 impl<F: Fabric + ?Sized> Fabric for Box<F> {
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
         (**self).transmit(out, mem, c);

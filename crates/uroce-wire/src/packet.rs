@@ -306,22 +306,14 @@ impl<'a> PacketRepr<'a> {
         parts: &[&[u8]],
         buf: &mut Vec<u8>,
     ) -> Result<usize> {
-        if !self.payload.is_empty() {
-            return Err(Error::UnexpectedPayload);
-        }
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        buf.clear();
-        buf.resize(self.header_len()?, 0);
-        let hlen = self.emit_headers_for(total, buf)?;
-        let zeros = [0u8; 3];
-        let pad = &zeros[..pad_for(total)];
+        let hlen = self.emit_gathered_without_icrc(parts, buf)?;
+        let end = buf.len() - ICRC_LEN;
         let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 2);
         all.push(&buf[..hlen]);
         all.extend_from_slice(parts);
-        all.push(pad);
+        all.push(&buf[hlen..end]);
         let crc = icrc::compute_parts(pseudo, &all)?;
-        buf.extend_from_slice(pad);
-        buf.extend_from_slice(&icrc::to_wire(crc));
+        buf[end..].copy_from_slice(&icrc::to_wire(crc));
         Ok(hlen)
     }
 

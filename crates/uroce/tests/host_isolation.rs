@@ -1,6 +1,7 @@
 //! What the host-wide device promises beyond the wire: another user can neither read nor write
 //! a device's shared memory nor join its port, and devices open in several idle processes cost
-//! next to no CPU. (Its own test binary, so no other test's work is counted as idle CPU.)
+//! next to no CPU: with QPs connected and nothing to do, every progress thread sleeps without
+//! a deadline. (Its own test binary, so no other test's work is counted as idle CPU.)
 //!
 //! Both re-run this executable in another role (`UROCE_TEST_ROLE`).
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]

@@ -4,8 +4,7 @@
 use core::net::{IpAddr, SocketAddr};
 use core::time::Duration;
 use std::fs::File;
-use std::io::{self, BufWriter};
-use std::os::fd::RawFd;
+use std::io::BufWriter;
 
 use uroce_engine::{Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
@@ -68,23 +67,5 @@ impl<F: Fabric> Fabric for Capture<F> {
         n
     }
 
-    fn wait_fds(&self, fds: &mut Vec<RawFd>) {
-        self.inner.wait_fds(fds);
-    }
-
-    fn prepare_sleep(&mut self) -> bool {
-        self.inner.prepare_sleep()
-    }
-
-    fn woken(&mut self) {
-        self.inner.woken();
-    }
-
-    fn backlog_retry(&self) -> Option<uroce_engine::Duration> {
-        self.inner.backlog_retry()
-    }
-
-    fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {
-        self.inner.sync_multicast(groups)
-    }
+    super::delegate_to_inner!();
 }

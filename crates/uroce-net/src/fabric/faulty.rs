@@ -2,8 +2,6 @@
 //! wrapped fabric sends and delivers, drawn from a seeded generator.
 
 use core::net::{IpAddr, SocketAddr};
-use std::io;
-use std::os::fd::RawFd;
 
 use uroce_engine::{Instant, RxInfo};
 
@@ -102,23 +100,5 @@ impl<F: Fabric> Fabric for Faulty<F> {
         n
     }
 
-    fn wait_fds(&self, fds: &mut Vec<RawFd>) {
-        self.inner.wait_fds(fds);
-    }
-
-    fn prepare_sleep(&mut self) -> bool {
-        self.inner.prepare_sleep()
-    }
-
-    fn woken(&mut self) {
-        self.inner.woken();
-    }
-
-    fn backlog_retry(&self) -> Option<uroce_engine::Duration> {
-        self.inner.backlog_retry()
-    }
-
-    fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {
-        self.inner.sync_multicast(groups)
-    }
+    super::delegate_to_inner!();
 }

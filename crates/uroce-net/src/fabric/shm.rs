@@ -512,17 +512,25 @@ mod tests {
         (Arc::new(HostDir::open_at(&p, shm::effective_uid()).expect("dir")), p)
     }
 
+    /// Two endpoints of 127.0.0.2 in a fresh directory: sender, receiver, the receiver's
+    /// slot, the directory.
+    fn two_endpoints(name: &str) -> (Shm, Shm, SlotId, std::path::PathBuf) {
+        let (dir, p) = dir(name);
+        let ip: IpAddr = "127.0.0.2".parse().expect("ip");
+        let (a, b) = (dir.claim(ip).expect("a"), dir.claim(ip).expect("b"));
+        let tx = Shm::new(Arc::clone(&dir), a).expect("tx");
+        let rx = Shm::new(Arc::clone(&dir), b).expect("rx");
+        (tx, rx, b, p)
+    }
+
     fn rx(dst: IpAddr) -> RxInfo {
         RxInfo::new("127.0.0.9:49152".parse().expect("addr"), dst)
     }
 
     #[test]
     fn packets_cross_in_order_with_their_metadata_and_wrap_around() {
-        let (dir, p) = dir("order");
+        let (mut tx, mut rxs, b, p) = two_endpoints("order");
         let ip: IpAddr = "127.0.0.2".parse().expect("ip");
-        let (a, b) = (dir.claim(ip).expect("a"), dir.claim(ip).expect("b"));
-        let mut tx = Shm::new(Arc::clone(&dir), a).expect("tx");
-        let mut rxs = Shm::new(Arc::clone(&dir), b).expect("rx");
         let mut c = NetCounters::default();
         let mut got = Vec::new();
         // Enough rounds of odd sizes to wrap the ring several times.
@@ -558,11 +566,8 @@ mod tests {
 
     #[test]
     fn a_full_ring_drops_and_counts_and_garbage_is_skipped_not_trusted() {
-        let (dir, p) = dir("full");
+        let (mut tx, mut rxs, b, p) = two_endpoints("full");
         let ip: IpAddr = "127.0.0.2".parse().expect("ip");
-        let (a, b) = (dir.claim(ip).expect("a"), dir.claim(ip).expect("b"));
-        let mut tx = Shm::new(Arc::clone(&dir), a).expect("tx");
-        let mut rxs = Shm::new(Arc::clone(&dir), b).expect("rx");
         let mut c = NetCounters::default();
         let pkt = vec![7u8; 4000];
         let mut pushed = 0;
@@ -600,11 +605,8 @@ mod tests {
 
     #[test]
     fn a_sleeping_receiver_is_woken_and_a_polling_one_is_not() {
-        let (dir, p) = dir("wake");
+        let (mut tx, mut rxs, b, p) = two_endpoints("wake");
         let ip: IpAddr = "127.0.0.2".parse().expect("ip");
-        let (a, b) = (dir.claim(ip).expect("a"), dir.claim(ip).expect("b"));
-        let mut tx = Shm::new(Arc::clone(&dir), a).expect("tx");
-        let mut rxs = Shm::new(Arc::clone(&dir), b).expect("rx");
         let mut c = NetCounters::default();
         let pkt = [1u8; 64];
         assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
