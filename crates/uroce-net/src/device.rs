@@ -663,7 +663,7 @@ impl NetDevice {
         // Without a host directory (no writable /dev/shm) the device still works for this
         // process, over UDP only: it cannot share its address with another process.
         let joined = Endpoint::claim(addr).and_then(|e| {
-            let shm = Shm::new(Arc::clone(&e.dir), e.slot)?;
+            let shm = Shm::new(Arc::clone(&e.dir), e.slot, addr)?;
             Ok((e, shm))
         });
         let (endpoint, shm) = match joined {

@@ -44,7 +44,10 @@ const TAIL: usize = 64; // u64: producer position
 const DATA: usize = 4096;
 const FILE_BYTES: usize = DATA + RING_BYTES;
 
-const RECORD_HEADER: usize = 64;
+/// A record's header: length, kind, packet length, the datagram's source, TOS and TTL (its
+/// destination is the receiving endpoint's own address). Small, so a 64-byte message's
+/// record fills two cache lines, not three.
+const RECORD_HEADER: usize = 32;
 const KIND_PACKET: u32 = 1;
 const KIND_PAD: u32 = 2;
 /// A packet whose ICRC the sender left zero: memory between processes of one host does not
@@ -85,6 +88,8 @@ struct InRing {
 pub(crate) struct Shm {
     dir: Arc<HostDir>,
     me: SlotId,
+    /// The endpoint's device address: the destination of every packet it receives here.
+    addr: IpAddr,
     wake: OwnedFd,
     out: Vec<Option<OutRing>>,
     /// The slots `out` has rings to (a poll walks these, not all 256).
@@ -101,13 +106,14 @@ pub(crate) struct Shm {
 
 impl Shm {
     /// The shared-memory side of endpoint `me`; creates its wake-up FIFO.
-    pub(crate) fn new(dir: Arc<HostDir>, me: SlotId) -> io::Result<Self> {
+    pub(crate) fn new(dir: Arc<HostDir>, me: SlotId, addr: IpAddr) -> io::Result<Self> {
         let path = dir.wake_path(me);
         shm::make_fifo(&path)?;
         let wake = shm::open_fifo(&path, true)?;
         Ok(Self {
             dir,
             me,
+            addr,
             wake,
             out: (0..SLOTS).map(|_| None).collect(),
             out_active: Vec::new(),
@@ -343,7 +349,7 @@ impl Shm {
     pub(crate) fn receive(&mut self, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
         self.refresh_inbound();
         let mut total = 0;
-        let buf = &mut self.buf;
+        let (buf, own) = (&mut self.buf, self.addr);
         let inbound = &mut self.inbound;
         for &k in &self.in_active {
             let Some(ring) = inbound[usize::from(k)].as_mut() else { continue };
@@ -351,7 +357,7 @@ impl Shm {
             let start = ring.head;
             let mut taken = 0;
             while ring.head < tail && taken < RX_BUDGET {
-                match read_record(&ring.map, ring.head, tail, buf) {
+                match read_record(own, &ring.map, ring.head, tail, buf) {
                     Ok((advance, Some((rx, len, intact)))) => {
                         ring.head += advance;
                         taken += 1;
@@ -381,7 +387,9 @@ impl Shm {
         if self.dir.rings_epoch(self.me.index).load(Ordering::Acquire) != self.seen_epoch {
             return true;
         }
-        self.inbound.iter().flatten().any(|r| r.map.u64_at(TAIL).load(Ordering::Acquire) != r.head)
+        let inbound = &self.inbound;
+        let active = self.in_active.iter().filter_map(|&k| inbound[usize::from(k)].as_ref());
+        active.clone().any(|r| r.map.u64_at(TAIL).load(Ordering::Acquire) != r.head)
     }
 
     /// Before sleeping: ask senders for a wake-up, then look once more.
@@ -430,8 +438,8 @@ fn unmapped(b: [u8; 16]) -> IpAddr {
     v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }
 
-/// A record header: total length, kind, packet length, source port, TOS, TTL, source and
-/// destination addresses, flow label.
+/// A record header: total length, kind, packet length, source port, TOS, TTL, source
+/// address.
 fn record_header(total: u64, rx: &RxInfo, len: usize, icrc: bool) -> [u8; RECORD_HEADER] {
     let mut h = [0u8; RECORD_HEADER];
     let kind = if icrc { KIND_PACKET } else { KIND_PACKET_NO_ICRC };
@@ -442,8 +450,6 @@ fn record_header(total: u64, rx: &RxInfo, len: usize, icrc: bool) -> [u8; RECORD
     h[14] = rx.tclass;
     h[15] = rx.hop_limit;
     h[16..32].copy_from_slice(&mapped(rx.src.ip()));
-    h[32..48].copy_from_slice(&mapped(rx.dst));
-    h[48..52].copy_from_slice(&rx.flow_label.to_le_bytes());
     h
 }
 
@@ -455,6 +461,7 @@ type Record = (RxInfo, usize, bool);
 /// metadata and length if it is a packet (a pad record carries none). `Err` for anything that
 /// is not a well-formed record.
 fn read_record(
+    own: IpAddr,
     map: &Mapping,
     pos: u64,
     tail: u64,
@@ -490,10 +497,11 @@ fn read_record(
             };
             let rx = RxInfo {
                 src: SocketAddr::new(ip(16), u16::from_le_bytes([h[12], h[13]])),
-                dst: ip(32),
+                dst: own,
                 tclass: h[14],
                 hop_limit: h[15],
-                flow_label: word(48) & 0xF_FFFF,
+                // uroce senders and the kernel's UDP path here give none.
+                flow_label: 0,
             };
             Ok((total, Some((rx, len, kind == KIND_PACKET_NO_ICRC))))
         }
@@ -518,8 +526,8 @@ mod tests {
         let (dir, p) = dir(name);
         let ip: IpAddr = "127.0.0.2".parse().expect("ip");
         let (a, b) = (dir.claim(ip).expect("a"), dir.claim(ip).expect("b"));
-        let tx = Shm::new(Arc::clone(&dir), a).expect("tx");
-        let rx = Shm::new(Arc::clone(&dir), b).expect("rx");
+        let tx = Shm::new(Arc::clone(&dir), a, ip).expect("tx");
+        let rx = Shm::new(Arc::clone(&dir), b, ip).expect("rx");
         (tx, rx, b, p)
     }
 
@@ -576,7 +584,7 @@ mod tests {
                 pushed += 1;
             }
         }
-        assert_eq!(pushed, RING_BYTES / 4096);
+        assert_eq!(pushed, RING_BYTES / (RECORD_HEADER + pkt.len()).next_multiple_of(64));
         assert_eq!(c.shm_tx_ring_full, 1000 - pushed as u64);
         tx.commit(&mut c);
         // Another process scribbles over a record's header.
