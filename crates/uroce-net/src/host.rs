@@ -37,13 +37,16 @@ pub(crate) const LAST_SLOT: u8 = 254;
 /// Bytes per slot (two cache lines).
 pub(crate) const SLOT_SIZE: usize = 128;
 
-// Slot layout.
+// Slot layout. The first cache line is read by every sender on every packet (is the slot
+// live, at which address?) and written only on claim and release; what changes while the
+// slot lives (the sleep flag above all) is on the second, so a receiver going to sleep does
+// not take that line away from its senders.
 const WORD: usize = 0; // u64: generation << 32 | pid
 const START_TIME: usize = 8; // u64: the owner's start time (clock ticks after boot)
 const ADDR: usize = 16; // 16 bytes: the device address, IPv4-mapped for IPv4
-const WAITING: usize = 32; // u32: 1 while the owner sleeps and wants a FIFO wake-up
-const RINGS_EPOCH: usize = 36; // u32: bumped whenever a ring to this slot is created
 const INBOUND: usize = 64; // 4 × u64: bit s set when slot s has a ring to this slot
+const WAITING: usize = 96; // u32: 1 while the owner sleeps and wants a FIFO wake-up
+const RINGS_EPOCH: usize = 100; // u32: bumped whenever a ring to this slot is created
 
 /// The host directory of this user and network namespace, mapped.
 #[derive(Debug)]

@@ -52,6 +52,8 @@ pub(crate) struct HostFabric {
     queued: [u32; 256],
     /// How soon to try the backlog again.
     retry: Duration,
+    /// Scratch: the local endpoint each packet of a batch goes to, if any.
+    routes: Vec<Option<u8>>,
     /// When the sockets were last read, and whether that read found datagrams.
     udp_polled: Instant,
     udp_hot: bool,
@@ -89,6 +91,7 @@ impl HostFabric {
             backlog_spare: VecDeque::new(),
             queued: [0; 256],
             retry: RETRY_FIRST,
+            routes: Vec::new(),
             udp_polled: zero,
             udp_hot: true,
             shm_busy_until: zero,
@@ -179,11 +182,16 @@ impl Fabric for HostFabric {
         }
         self.drain_backlog(mem, c);
         let Some(shm) = self.shm.as_mut() else { return };
-        for mut o in out.drain(..) {
-            let local = (o.dst.port() == ROCE_V2_PORT)
+        // Every packet's route first, while the headers the engine just wrote are in cache
+        // (copying payloads into rings evicts them).
+        self.routes.clear();
+        self.routes.extend(out.iter().map(|o| {
+            (o.dst.port() == ROCE_V2_PORT)
                 .then(|| dest_qpn(&o.bytes))
                 .flatten()
-                .and_then(|q| shm.owner_of(o.dst.ip(), q));
+                .and_then(|q| shm.owner_of(o.dst.ip(), q))
+        }));
+        for (mut o, local) in out.drain(..).zip(self.routes.drain(..)) {
             let Some(slot) = local else {
                 o.fill_icrc(mem, SocketAddr::new(self.addr, o.port));
                 self.udp_out.push(o);
