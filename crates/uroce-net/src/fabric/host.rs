@@ -7,11 +7,14 @@
 //!
 //! **A full ring pauses, it does not drop.** Like a RoCE fabric with priority flow control
 //! (IEEE 802.1Qbb), the local path is lossless: a packet that finds its ring full waits in a
-//! bounded backlog (its payload still in registered memory, read when it goes: a work request
-//! completes only after its packets are acknowledged, so the memory stays put unless the
-//! application deregisters it, and then the packet is lost), and the packets behind it to the
-//! same endpoint wait with it, in order; the backlog is retried on every round of progress. Only
-//! past [`BACKLOG`] packets is one dropped (`shm_tx_ring_full`), and RC retransmits it. A
+//! bounded backlog, and the packets behind it to the same endpoint wait with it, in order; the
+//! backlog is retried with a back-off from 20 µs to 1 ms, and what waits for an endpoint whose
+//! process is gone is let go. An RC packet keeps its payload in registered memory, read when
+//! it goes (its work request completes only once the packet is acknowledged; a region
+//! deregistered meanwhile loses the packet, and RC sends it again); a UC or UD packet, whose
+//! work request has completed already, is copied out first, as the verbs let the application
+//! reuse the buffer then. Only past [`BACKLOG`] packets (2,048 for one endpoint) is one
+//! dropped (`shm_tx_ring_full`). A
 //! READ response of 16 MiB is 4,096 packets sent at once: dropping what a 2 MiB ring cannot
 //! hold would turn every large READ into retries.
 //!
@@ -205,6 +208,11 @@ impl Fabric for HostFabric {
             if !full {
                 self.done.push(o);
             } else if self.backlog.len() < BACKLOG && self.queued[i] < BACKLOG_PER_ENDPOINT {
+                // IBA 9.2: the opcode's top three bits name the transport (0: RC). A UC or UD
+                // send has completed: the application may reuse its buffer now.
+                if o.bytes.first().is_some_and(|op| op >> 5 != 0) {
+                    o.materialize(mem);
+                }
                 let len = o.parts(mem).map(<[u8]>::len).sum();
                 self.queued[i] += 1;
                 self.backlog.push_back((slot, len, o));
