@@ -33,6 +33,9 @@
 //!   ([`NetCounters`]) say which path each packet took.
 //! - **Discovery.** The directory's slots say which devices are open on the host, and by
 //!   which processes; a process that opens an address another already has joins its device.
+//!   `UROCE_SHM_DIR` puts the directories somewhere other than `/dev/shm` (a container with
+//!   its own tmpfs, say); without a usable one a device stays private to its process, on UDP
+//!   only, and says so on stderr.
 //! - **When a process dies.** Its socket and FIFO close with it; its slot is taken over by
 //!   the next process that claims one (its pid is gone); rings named after its generation are
 //!   removed then, and nothing of it is ever mistaken for its successor's (every ring and FIFO
