@@ -166,10 +166,11 @@ pub struct NetCounters {
     pub async_events_unclaimed: u64,
     /// Packets sent to an endpoint of this host through shared memory (no system call).
     pub shm_tx_packets: u64,
-    /// Packets lost because the ring to a local endpoint was full (as a congested switch
-    /// drops; RC retransmits them).
+    /// Packets lost because the ring to a local endpoint was full and so was the backlog that
+    /// waits for it (a full ring pauses its sender first, as priority flow control pauses a
+    /// link; RC retransmits what is lost).
     pub shm_tx_ring_full: u64,
-    /// Packets for a local endpoint that had left by the time they were sent.
+    /// Packets for a local endpoint that had left (or been killed) before they could go.
     pub shm_tx_no_endpoint: u64,
     /// Packets received from local endpoints through shared memory.
     pub shm_rx_packets: u64,
