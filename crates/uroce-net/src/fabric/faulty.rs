@@ -14,7 +14,7 @@ use crate::sys::memory::Registry;
 pub(crate) struct Faulty<F> {
     inner: F,
     /// The device's address, the source of what it sends.
-    local: Option<IpAddr>,
+    local: IpAddr,
     faults: Faults,
     rng: FaultRng,
     /// A packet held back to be sent after the next one (reordering).
@@ -25,7 +25,7 @@ pub(crate) struct Faulty<F> {
 impl<F: Fabric> Faulty<F> {
     pub(crate) fn new(inner: F, local: IpAddr, faults: Faults, seed: u64) -> Self {
         let (rng, held, staged) = (FaultRng::new(seed), None, Vec::new());
-        Self { inner, local: Some(local), faults, rng, held, staged }
+        Self { inner, local, faults, rng, held, staged }
     }
 }
 
@@ -33,9 +33,7 @@ impl<F: Fabric> Fabric for Faulty<F> {
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
         for mut o in out.drain(..) {
             // A corrupted packet must fail its ICRC at the receiver: compute it first.
-            if let Some(src) = self.local.map(|ip| SocketAddr::new(ip, o.port)) {
-                o.fill_icrc(mem, src);
-            }
+            o.fill_icrc(mem, SocketAddr::new(self.local, o.port));
             o.materialize(mem);
             let fate = self.rng.fate(&self.faults, o.bytes.len());
             if fate.drop {
