@@ -172,6 +172,9 @@ pub struct NetCounters {
     pub shm_tx_ring_full: u64,
     /// Packets for a local endpoint that had left (or been killed) before they could go.
     pub shm_tx_no_endpoint: u64,
+    /// Packets that waited for a full ring while the application deregistered the memory
+    /// their payload was in: lost (RC sends them again, from wherever it is registered then).
+    pub shm_tx_payload_gone: u64,
     /// Packets received from local endpoints through shared memory.
     pub shm_rx_packets: u64,
     /// Ring contents that were not records (another process wrote garbage): skipped.
@@ -204,6 +207,7 @@ impl core::ops::AddAssign for NetCounters {
         self.shm_tx_packets += o.shm_tx_packets;
         self.shm_tx_ring_full += o.shm_tx_ring_full;
         self.shm_tx_no_endpoint += o.shm_tx_no_endpoint;
+        self.shm_tx_payload_gone += o.shm_tx_payload_gone;
         self.shm_rx_packets += o.shm_rx_packets;
         self.shm_rx_malformed += o.shm_rx_malformed;
         self.shm_wakeups_sent += o.shm_wakeups_sent;

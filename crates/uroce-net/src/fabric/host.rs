@@ -35,6 +35,7 @@ use super::shm::{Full, Shm};
 use super::udp::Udp;
 use super::{Fabric, Outgoing, Sink, dest_qpn};
 use crate::device::NetCounters;
+use crate::host::SlotId;
 use crate::sys::memory::Registry;
 
 /// UDP plus, where a host directory could be opened, shared memory.
@@ -49,14 +50,14 @@ pub(crate) struct HostFabric {
     done: Vec<Outgoing>,
     /// Packets waiting for room in a ring, in order: destination slot, length, packet (its
     /// payload still in registered memory).
-    backlog: VecDeque<(u8, usize, Outgoing)>,
-    backlog_spare: VecDeque<(u8, usize, Outgoing)>,
+    backlog: VecDeque<(SlotId, usize, Outgoing)>,
+    backlog_spare: VecDeque<(SlotId, usize, Outgoing)>,
     /// Packets in the backlog, by destination slot.
     queued: [u32; 256],
     /// How soon to try the backlog again.
     retry: Duration,
     /// Scratch: the local endpoint each packet of a batch goes to, if any.
-    routes: Vec<Option<u8>>,
+    routes: Vec<Option<SlotId>>,
     /// When the sockets were last read, and whether that read found datagrams.
     udp_polled: Instant,
     udp_hot: bool,
@@ -112,7 +113,7 @@ impl HostFabric {
         let mut moved = false;
         let mut kept = core::mem::take(&mut self.backlog_spare);
         while let Some((slot, len, o)) = self.backlog.pop_front() {
-            let i = usize::from(slot);
+            let i = usize::from(slot.index);
             if blocked[i] {
                 kept.push_back((slot, len, o));
                 continue;
@@ -120,7 +121,7 @@ impl HostFabric {
             // The payload is read where it lies, now: a region deregistered meanwhile no
             // longer resolves, and the packet is lost (RC sends it again).
             if o.parts(mem).map(<[u8]>::len).sum::<usize>() != len {
-                c.shm_tx_no_endpoint += 1;
+                c.shm_tx_payload_gone += 1;
                 self.queued[i] -= 1;
                 self.done.push(o);
                 continue;
@@ -131,13 +132,8 @@ impl HostFabric {
                     blocked[i] = true;
                     kept.push_back((slot, len, o));
                 }
-                Err(Full::Gone) => {
-                    c.shm_tx_no_endpoint += 1;
-                    self.queued[i] -= 1;
-                    self.done.push(o);
-                }
-                Ok(()) => {
-                    moved = true;
+                gone_or_sent => {
+                    moved |= gone_or_sent.is_ok();
                     self.queued[i] -= 1;
                     self.done.push(o);
                 }
@@ -163,10 +159,10 @@ impl HostFabric {
         }
         let (queued, done) = (&mut self.queued, &mut self.done);
         self.backlog.retain_mut(|(slot, _, o)| {
-            if !dead.contains(slot) {
+            if !dead.contains(&slot.index) {
                 return true;
             }
-            queued[usize::from(*slot)] -= 1;
+            queued[usize::from(slot.index)] -= 1;
             c.shm_tx_no_endpoint += 1;
             done.push(core::mem::replace(o, Outgoing::empty()));
             false
@@ -200,7 +196,7 @@ impl Fabric for HostFabric {
                 self.udp_out.push(o);
                 continue;
             };
-            let i = usize::from(slot);
+            let i = usize::from(slot.index);
             let src = SocketAddr::new(self.addr, o.port);
             // Behind packets already waiting for this endpoint, in order.
             let full =

@@ -126,27 +126,28 @@ impl Shm {
         })
     }
 
-    /// The live local endpoint that owns `qpn` at `ip`, if any (never this one).
-    pub(crate) fn owner_of(&self, ip: IpAddr, qpn: u32) -> Option<u8> {
-        let slot = u8::try_from(qpn >> 16).ok()?;
-        if slot == self.me.index || slot > LAST_SLOT {
+    /// The live local endpoint that owns `qpn` at `ip`, if any (never this one): the slot
+    /// in the QPN's top byte, in the generation that holds it now. A packet routed to it
+    /// goes to that incarnation only, never to a successor that reuses the slot (and its
+    /// QPNs).
+    pub(crate) fn owner_of(&self, ip: IpAddr, qpn: u32) -> Option<SlotId> {
+        let index = u8::try_from(qpn >> 16).ok()?;
+        if index == self.me.index || index > LAST_SLOT {
             return None;
         }
-        let (_, addr) = self.dir.live(slot)?;
-        (addr == ip).then_some(slot)
+        let (generation, addr) = self.dir.live(index)?;
+        (addr == ip).then_some(SlotId { index, generation })
     }
 
-    /// The ring to slot `to` at `ip`, opened (created) if need be; `None` if that slot is no
-    /// longer a live endpoint of `ip`.
-    fn ring_to(&mut self, to: u8, ip: IpAddr) -> Option<&mut OutRing> {
-        let (generation, addr) = self.dir.live(to)?;
-        if addr != ip {
-            return None;
-        }
-        let i = usize::from(to);
-        let fresh = self.out[i].as_ref().is_some_and(|r| r.to.generation == generation);
+    /// The ring to endpoint `to`, opened (created) if need be; `None` if that incarnation is
+    /// no longer live when a ring has to be opened.
+    fn ring_to(&mut self, to: SlotId) -> Option<&mut OutRing> {
+        let i = usize::from(to.index);
+        let fresh = self.out[i].as_ref().is_some_and(|r| r.to == to);
         if !fresh {
-            let to = SlotId { index: to, generation };
+            if self.dir.live(to.index).map(|(g, _)| g) != Some(to.generation) {
+                return None;
+            }
             self.out[i] = self.open_out(to).ok();
             self.out_active.retain(|&k| usize::from(k) != i);
             if self.out[i].is_some() {
@@ -172,7 +173,7 @@ impl Shm {
     /// Queues `packet` (with its datagram metadata) for the local endpoint `to`.
     pub(crate) fn push(
         &mut self,
-        to: u8,
+        to: SlotId,
         rx: &RxInfo,
         parts: &mut dyn Iterator<Item = &[u8]>,
         len: usize,
@@ -198,13 +199,13 @@ impl Shm {
     /// As [`Shm::push`], saying why a packet did not go.
     pub(crate) fn try_push(
         &mut self,
-        to: u8,
+        to: SlotId,
         rx: &RxInfo,
         parts: &mut dyn Iterator<Item = &[u8]>,
         len: usize,
         icrc: bool,
     ) -> Result<(), Full> {
-        let Some(ring) = self.ring_to(to, rx.dst) else {
+        let Some(ring) = self.ring_to(to) else {
             return Err(Full::Gone);
         };
         if len > MAX_PACKET {
@@ -239,10 +240,11 @@ impl Shm {
         Ok(())
     }
 
-    /// Queues an engine packet for the local endpoint `to`.
+    /// Queues an engine packet for the local endpoint `to`. A packet for an endpoint that is
+    /// gone is lost here and counted; one that finds the ring full is the caller's to keep.
     pub(crate) fn push_outgoing(
         &mut self,
-        to: u8,
+        to: SlotId,
         src: SocketAddr,
         o: &Outgoing,
         mem: &Registry,
@@ -250,7 +252,11 @@ impl Shm {
     ) -> Result<(), Full> {
         let rx = RxInfo::new(src, o.dst.ip());
         let len: usize = o.parts(mem).map(<[u8]>::len).sum();
-        self.try_push(to, &rx, &mut o.parts(mem), len, !o.icrc_deferred)?;
+        let pushed = self.try_push(to, &rx, &mut o.parts(mem), len, !o.icrc_deferred);
+        if pushed == Err(Full::Gone) {
+            c.shm_tx_no_endpoint += 1;
+        }
+        pushed?;
         c.shm_tx_packets += 1;
         if o.payload_at.is_some() {
             c.tx_zero_copy += 1;
@@ -547,14 +553,7 @@ mod tests {
             for k in 0..20u32 {
                 let len = 100 + ((round * 20 + k) * 37 % 4000) as usize;
                 let pkt: Vec<u8> = (0..len).map(|i| (i as u32 ^ sent) as u8).collect();
-                assert!(tx.push(
-                    b.index,
-                    &rx(ip),
-                    &mut core::iter::once(&pkt[..]),
-                    len,
-                    true,
-                    &mut c
-                ));
+                assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), len, true, &mut c));
                 sent += 1;
             }
             tx.commit(&mut c);
@@ -580,7 +579,7 @@ mod tests {
         let pkt = vec![7u8; 4000];
         let mut pushed = 0;
         for _ in 0..1000 {
-            if tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), true, &mut c) {
+            if tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), true, &mut c) {
                 pushed += 1;
             }
         }
@@ -594,14 +593,7 @@ mod tests {
         rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| n += 1);
         assert_eq!((n, c.shm_rx_malformed), (0, 1));
         // The ring goes on working after the garbage.
-        assert!(tx.push(
-            b.index,
-            &rx(ip),
-            &mut core::iter::once(&pkt[..]),
-            pkt.len(),
-            true,
-            &mut c
-        ));
+        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), true, &mut c));
         tx.commit(&mut c);
         rxs.receive(&mut c, &mut |_: &RxInfo, bytes: &[u8], _: bool| {
             assert_eq!(bytes, &pkt[..]);
@@ -617,13 +609,13 @@ mod tests {
         let ip: IpAddr = "127.0.0.2".parse().expect("ip");
         let mut c = NetCounters::default();
         let pkt = [1u8; 64];
-        assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
+        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
         tx.commit(&mut c);
         assert_eq!(c.shm_wakeups_sent, 0, "nobody asked for a wake-up");
         assert!(!rxs.prepare_sleep(), "a packet is waiting: do not sleep");
         rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| {});
         assert!(rxs.prepare_sleep());
-        assert!(tx.push(b.index, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
+        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
         tx.commit(&mut c);
         assert_eq!(c.shm_wakeups_sent, 1);
         crate::sys::poll_readable(&[rxs.wake_fd()], 1000).expect("poll");
