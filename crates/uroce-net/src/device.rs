@@ -871,8 +871,9 @@ impl Drop for NetDevice {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // The slot goes free once the engine and its rings are gone (`Shared` drops with
-        // the last reference, here or in a thread that still holds it).
+        // The slot goes free now, under a new generation; the rings and FIFO (named after
+        // this one) are removed when the engine's state drops, just after, and a successor
+        // claiming the slot meanwhile removes them too.
         drop(self.endpoint.take());
     }
 }
