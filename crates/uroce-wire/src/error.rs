@@ -40,6 +40,24 @@ pub enum Error {
     NotUdp,
     /// The UDP length field disagrees with the bytes present.
     BadUdpLength,
+    /// A MAD's `BaseVersion` is not 1 (IBA 13.4.3).
+    BadMadVersion(u8),
+    /// A MAD to the CM is of another management class or class version (IBA 12.6.1: class
+    /// 0x07, version 2).
+    NotCmMad {
+        /// The MAD's management class.
+        class: u8,
+        /// Its class version.
+        version: u8,
+    },
+    /// A CM MAD whose method is not `Send` or whose attribute is not a message the CM takes
+    /// (ClassPortInfo, LAP and APR are not handled: RoCE has no alternate paths).
+    UnsupportedCmMessage(u16),
+    /// A packet to QP1 that is not a GMP: not a UD SEND from QP1 with the GSI's Q_Key
+    /// (IBA 13.5.1).
+    NotGmp,
+    /// The RDMA CM private-data header has an unknown version or IP version.
+    BadCmaHeader,
 }
 
 /// `Result` with this crate's [`Error`].
@@ -58,6 +76,11 @@ impl Error {
             Self::HeaderMismatch(_) => "header_mismatch",
             Self::BufferTooSmall => "buffer_too_small",
             Self::FieldOutOfRange => "field_out_of_range",
+            Self::BadMadVersion(_) => "bad_mad_version",
+            Self::NotCmMad { .. } => "not_cm_mad",
+            Self::UnsupportedCmMessage(_) => "unsupported_cm_message",
+            Self::BadCmaHeader => "bad_cma_header",
+            Self::NotGmp => "not_gmp",
             Self::BadIpHeader => "bad_ip_header",
             Self::NotUdp => "not_udp",
             Self::BadUdpLength => "bad_udp_length",
@@ -84,6 +107,18 @@ impl fmt::Display for Error {
             Self::BadIpHeader => f.write_str("not a valid IPv4 or IPv6 header"),
             Self::NotUdp => f.write_str("IP packet does not carry UDP"),
             Self::BadUdpLength => f.write_str("UDP length disagrees with the datagram"),
+            Self::BadMadVersion(v) => write!(f, "MAD base version is {v}, must be 1"),
+            Self::NotCmMad { class, version } => write!(
+                f,
+                "MAD class {class:#04x} version {version} is not the CM's (class 0x07, version 2)"
+            ),
+            Self::UnsupportedCmMessage(a) => {
+                write!(f, "CM attribute {a:#06x} (or its method) is not a message the CM takes")
+            }
+            Self::NotGmp => {
+                f.write_str("a packet to QP1 that is not a UD SEND from QP1 with Q_Key 0x80010000")
+            }
+            Self::BadCmaHeader => f.write_str("RDMA CM private-data header version is unknown"),
         }
     }
 }

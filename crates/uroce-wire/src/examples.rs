@@ -293,3 +293,159 @@ pub fn write_sample_pcap<W: std::io::Write>(out: W) -> std::io::Result<W> {
     }
     w.into_inner()
 }
+
+/// A CM exchange as an rdma_cm connection makes it (REQ with the RDMA CM header, REP, RTU,
+/// DREQ, DREP) and one of every other message (MRA, REJ, SIDR_REQ, SIDR_REP): what the
+/// decoders and dissector tests read. Comm IDs 0x0100_0001 (active) and 0x0200_0002
+/// (passive), QPNs 0x01_0011 and 0x02_0022, starting PSNs 0xABCDEF and 0x123456.
+pub fn sample_cm_messages() -> Vec<[u8; crate::mad::MAD_LEN]> {
+    use crate::cm::{
+        CmMad, Dreq, Ids, Message, Mra, MsgRef, Path, Rej, Rep, Req, SidrRep, SidrReq,
+        TransportType, reason, sidr_status,
+    };
+    let (active, passive) = (0x0100_0001, 0x0200_0002);
+    let mut header = [0u8; crate::cma::HEADER_LEN + 4];
+    let cma = crate::cma::Header {
+        src: core::net::Ipv4Addr::new(127, 0, 0, 2).into(),
+        dst: core::net::Ipv4Addr::new(127, 0, 0, 3).into(),
+        src_port: 40000,
+    };
+    if cma.emit(&mut header).is_err() {
+        return Vec::new();
+    }
+    header[crate::cma::HEADER_LEN..].copy_from_slice(b"ping");
+    let mapped = |a: [u8; 4]| {
+        let mut g = [0u8; 16];
+        g[10] = 0xFF;
+        g[11] = 0xFF;
+        g[12..].copy_from_slice(&a);
+        g
+    };
+    let req = Req {
+        local_comm_id: active,
+        vendor_id: 0,
+        service_id: crate::cma::PortSpace::Tcp.service_id(7174),
+        local_ca_guid: 0x0202_03FF_FE04_0506,
+        local_qkey: QKey(0),
+        local_qpn: Qpn::from_masked(0x01_0011),
+        responder_resources: 4,
+        local_eecn: 0,
+        initiator_depth: 4,
+        remote_eecn: 0,
+        remote_cm_response_timeout: 20,
+        transport: TransportType::Rc,
+        end_to_end_flow_control: true,
+        starting_psn: Psn::from_masked(0xAB_CDEF),
+        local_cm_response_timeout: 20,
+        retry_count: 7,
+        pkey: 0xFFFF,
+        path_mtu: 5,
+        rdc_exists: false,
+        rnr_retry_count: 7,
+        max_cm_retries: 15,
+        srq: false,
+        extended_transport: 0,
+        primary: Path {
+            local_lid: 0xFFFF,
+            remote_lid: 0xFFFF,
+            local_gid: mapped([127, 0, 0, 2]),
+            remote_gid: mapped([127, 0, 0, 3]),
+            hop_limit: 64,
+            local_ack_timeout: 18,
+            ..Path::default()
+        },
+        alternate: Path::default(),
+        private_data: &header,
+    };
+    let rep = Rep {
+        local_comm_id: passive,
+        remote_comm_id: active,
+        local_qkey: QKey(0),
+        local_qpn: Qpn::from_masked(0x02_0022),
+        local_eecn: 0,
+        starting_psn: Psn::from_masked(0x12_3456),
+        responder_resources: 4,
+        initiator_depth: 4,
+        target_ack_delay: 0,
+        failover_accepted: 0,
+        end_to_end_flow_control: true,
+        rnr_retry_count: 7,
+        srq: false,
+        local_ca_guid: 0x0202_03FF_FE04_0507,
+        private_data: b"pong",
+    };
+    let ari = [0u8; 72];
+    let messages = [
+        (1, Message::Req(req)),
+        (
+            1,
+            Message::Mra(Mra {
+                local_comm_id: passive,
+                remote_comm_id: active,
+                message: MsgRef::Req,
+                service_timeout: 22,
+                private_data: &[],
+            }),
+        ),
+        (1, Message::Rep(rep)),
+        (
+            1,
+            Message::Rtu(Ids { local_comm_id: active, remote_comm_id: passive, private_data: &[] }),
+        ),
+        (
+            2,
+            Message::Dreq(Dreq {
+                local_comm_id: active,
+                remote_comm_id: passive,
+                remote_qpn: Qpn::from_masked(0x02_0022),
+                private_data: &[],
+            }),
+        ),
+        (
+            2,
+            Message::Drep(Ids {
+                local_comm_id: passive,
+                remote_comm_id: active,
+                private_data: &[],
+            }),
+        ),
+        (
+            3,
+            Message::Rej(Rej {
+                local_comm_id: 0,
+                remote_comm_id: active,
+                message: MsgRef::Req,
+                reject_info_len: 0,
+                reason: reason::INVALID_SERVICE_ID,
+                ari: &ari,
+                private_data: &[],
+            }),
+        ),
+        (
+            4,
+            Message::SidrReq(SidrReq {
+                request_id: active,
+                pkey: 0xFFFF,
+                service_id: crate::cma::PortSpace::Udp.service_id(7174),
+                private_data: &header,
+            }),
+        ),
+        (
+            4,
+            Message::SidrRep(SidrRep {
+                request_id: active,
+                status: sidr_status::OK,
+                additional_info_len: 0,
+                qpn: Qpn::from_masked(0x02_0023),
+                service_id: crate::cma::PortSpace::Udp.service_id(7174),
+                qkey: QKey(0x0111_0000),
+                class_port_info: &ari,
+                private_data: &[],
+            }),
+        ),
+    ];
+    messages
+        .into_iter()
+        .filter_map(|(tid, message)| CmMad { tid, message }.to_bytes().ok())
+        .collect()
+}
