@@ -70,6 +70,8 @@ pub mod private_len {
 pub mod reason {
     /// No QP available.
     pub const NO_QP: u16 = 1;
+    /// No resources available (uroce: the listener's backlog or the connection limit is full).
+    pub const NO_RESOURCES: u16 = 3;
     /// Timeout: the sender waited too long for the message that should have followed.
     pub const TIMEOUT: u16 = 4;
     /// Stale connection: the QPN or comm ID is already in a connection (IBA 12.9.8.3).
@@ -218,12 +220,12 @@ fn gid(b: &[u8]) -> [u8; 16] {
 
 /// Bits `start..start+n` of `byte`, bit 0 being the most significant (IBA's numbering).
 const fn bits(byte: u8, start: u32, n: u32) -> u8 {
-    (byte >> (8 - start - n)) & ((1u16 << n) - 1) as u8
+    (byte >> (8 - start - n)) & (u8::MAX >> (8 - n))
 }
 
 /// `byte` with bits `start..start+n` set to `value`'s low `n` bits.
 const fn put(byte: u8, start: u32, n: u32, value: u8) -> u8 {
-    let mask = (((1u16 << n) - 1) as u8) << (8 - start - n);
+    let mask = (u8::MAX >> (8 - n)) << (8 - start - n);
     (byte & !mask) | ((value << (8 - start - n)) & mask)
 }
 
