@@ -66,6 +66,15 @@ pub struct Counters {
     pub drop_stale_response: u64,
     /// Dropped: a duplicate READ or atomic whose saved responder resource is gone.
     pub drop_dup_no_resource: u64,
+    /// MADs received on QP1 (handed to the CM with [`crate::Device::poll_gsi`]).
+    pub gsi_rcvd: u64,
+    /// MADs sent from QP1.
+    pub gsi_sent: u64,
+    /// Dropped: a packet to QP1 that is not a GMP (IBA 13.5.1: a UD SEND from QP1 with Q_Key
+    /// 0x80010000 and one 256-byte MAD).
+    pub drop_not_gmp: u64,
+    /// Dropped: QP1's receive or send queue was full (nobody takes the MADs).
+    pub drop_gsi_overflow: u64,
     /// Dropped: a UC request the responder's checks refused (opcode sequence, length, R_Key);
     /// UC answers nothing, so the rest of its message goes too.
     pub drop_uc_invalid: u64,

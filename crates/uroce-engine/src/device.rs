@@ -540,6 +540,8 @@ pub struct Device<M> {
     /// ICRC prefixes for datagrams reaching UD QPs, by (source, destination): a UD QP hears
     /// from many peers, so the per-QP cache of connected QPs would thrash.
     ud_rx_pseudo: HashMap<(SocketAddr, IpAddr), PseudoHeader>,
+    /// QP1.
+    gsi: crate::gsi::Gsi,
     next_ah: u32,
     next_qpn: u32,
     next_pd: u32,
@@ -554,6 +556,8 @@ impl<M: MemoryAccess> Device<M> {
         // QPNs start at a seeded point of the block (rxe starts at 17, above QPs 0 and 1).
         let block = config.qpns;
         let next_qpn = block.first + rng.next_u32() % block.len.clamp(1, 0x1_0000);
+        // QP1's source port, in the dynamic range as every QP's.
+        let gsi_port = 0xC000 | (rng.next_u32() & 0x3FFF) as u16;
         Self {
             ctx: Ctx {
                 config,
@@ -578,6 +582,7 @@ impl<M: MemoryAccess> Device<M> {
             qps: BTreeMap::new(),
             mcast: BTreeMap::new(),
             ud_rx_pseudo: HashMap::new(),
+            gsi: crate::gsi::Gsi::new(gsi_port),
             next_ah: 1,
             next_qpn,
             next_pd: 1,
@@ -1112,6 +1117,13 @@ impl<M: MemoryAccess> Device<M> {
             self.handle_multicast(now, rx, payload);
             return;
         }
+        if dest_qp.get() == uroce_wire::mad::GSI_QPN {
+            if let Some(packet) = verify_datagram(&mut self.ud_rx_pseudo, c, rx, payload, intact) {
+                self.gsi.receive(rx.src.ip(), &packet, c);
+                count_rcvd(&mut self.ctx.counters, payload.len());
+            }
+            return;
+        }
         let Some(qp) = self.qps.get_mut(&dest_qp.get()) else {
             c.drop_unknown_qp += 1;
             return;
@@ -1226,6 +1238,10 @@ impl<M: MemoryAccess> Device<M> {
     /// Writes the next packet to send into `buf` (replacing its contents) and says where it
     /// goes; `None` when nothing is ready. Call until `None` after every input.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        let local = self.ctx.config.addr;
+        if let Some(tx) = self.gsi.poll_transmit(local, buf, &mut self.ctx.counters) {
+            return Some(tx);
+        }
         for _ in 0..self.ctx.rotation.len() {
             let qpn = self.ctx.rotation.pop_front()?;
             let Some(qp) = self.qps.get_mut(&qpn.get()) else {
@@ -1242,6 +1258,18 @@ impl<M: MemoryAccess> Device<M> {
             }
         }
         None
+    }
+
+    /// Queues a MAD to send from QP1 to QP1 at `dst` (IBA 13.5.1); it goes out with the next
+    /// [`Device::poll_transmit`]. Past [`crate::gsi::GSI_QUEUE`] waiting, it is dropped and
+    /// counted (`drop_gsi_overflow`), as a send queue that is full.
+    pub fn gsi_send(&mut self, dst: IpAddr, mad: &[u8; uroce_wire::mad::MAD_LEN]) {
+        self.gsi.queue_send(dst, mad, &mut self.ctx.counters);
+    }
+
+    /// The next MAD received on QP1, oldest first.
+    pub fn poll_gsi(&mut self) -> Option<crate::GsiMad> {
+        self.gsi.take()
     }
 
     /// The earliest instant at which `handle_timeout` has work.

@@ -19,6 +19,7 @@ mod completer;
 pub mod counters;
 mod cq;
 pub mod device;
+pub mod gsi;
 pub mod memory;
 pub mod mr;
 pub mod qp;
@@ -34,6 +35,7 @@ pub use device::{
     AsyncEvent, CreateError, DEVICE_ATTR, DestroyError, Device, DeviceAttr, DeviceConfig,
     McastError, QpnBlock, RxInfo, Transmit,
 };
+pub use gsi::GsiMad;
 pub use memory::{MemoryAccess, VecMemory};
 pub use mr::{AccessError, MemoryRegion};
 pub use qp::{ModifyError, PostError, QpAttr, QpCap, QpInitAttr};

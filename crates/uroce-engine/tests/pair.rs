@@ -1185,3 +1185,42 @@ fn losses_shrink_the_window_so_go_back_n_resends_less() {
         c.seq_naks_rcvd
     );
 }
+
+#[test]
+fn qp1_carries_mads_as_gmps_and_counts_what_is_not_one() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let b_addr = p.hosts[B].dev.addr();
+    let a_addr = p.hosts[A].dev.addr();
+    let mad = uroce_wire::examples::sample_cm_messages()[0];
+    p.hosts[A].dev.gsi_send(b_addr, &mad);
+    let mut buf = Vec::new();
+    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
+    assert_eq!(tx.dst, SocketAddr::new(b_addr, ROCE_V2_PORT));
+    let parsed = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
+    assert_eq!(uroce_wire::mad::gmp_payload(&parsed).unwrap(), &mad[..]);
+    let src = SocketAddr::new(a_addr, tx.src_port);
+    let rx = RxInfo::new(src, b_addr);
+    p.hosts[B].dev.handle_datagram(p.now, &rx, &buf);
+    let got = p.hosts[B].dev.poll_gsi().unwrap();
+    assert_eq!((got.from, got.mad), (a_addr, mad));
+    assert!(p.hosts[B].dev.poll_gsi().is_none());
+
+    // Corrupted: the ICRC catches it. A UD SEND to QP1 with another Q_Key is no GMP.
+    let mut bad = buf.clone();
+    bad[40] ^= 1;
+    p.hosts[B].dev.handle_datagram(p.now, &rx, &bad);
+    let mut m = parsed;
+    let mut deth = m.ext.deth.unwrap();
+    deth.qkey = QKey(0x1234);
+    m.ext.deth = Some(deth);
+    let pseudo =
+        uroce_wire::icrc::PseudoHeader::for_endpoints(src, SocketAddr::new(b_addr, ROCE_V2_PORT))
+            .unwrap();
+    let mut forged = vec![0; m.buffer_len().unwrap()];
+    m.emit(&pseudo, &mut forged).unwrap();
+    p.hosts[B].dev.handle_datagram(p.now, &rx, &forged);
+    let c = *p.hosts[B].dev.counters();
+    assert_eq!((c.gsi_rcvd, c.icrc_errors, c.drop_not_gmp), (1, 1, 1));
+    assert!(p.hosts[B].dev.poll_gsi().is_none());
+    assert_eq!(p.hosts[A].dev.counters().gsi_sent, 1);
+}
