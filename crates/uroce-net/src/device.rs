@@ -316,7 +316,15 @@ pub struct State {
     /// Regions whose owner let go while work requests still named them.
     deferred_deregs: Vec<LKey>,
     copy_payloads: bool,
+    /// This endpoint's communication manager: QP1's MADs for it, its timers.
+    cm: uroce_cm::Cm,
+    /// Where the CM's events go (the RDMA CM above); without one they are dropped (a
+    /// process that connects nothing hears of nothing, and requests to it are rejected).
+    cm_sink: Option<CmSink>,
 }
+
+/// Takes the CM's events as they happen, under the device lock: it must only queue them.
+pub type CmSink = Box<dyn FnMut(uroce_cm::Event) + Send>;
 
 impl State {
     /// The engine: every verb.
@@ -327,6 +335,26 @@ impl State {
     /// The runtime's counters.
     pub fn counters(&self) -> NetCounters {
         self.counters
+    }
+
+    /// The endpoint's connection manager, and the time to give its calls. What a call sends
+    /// goes out when the enclosing [`NetDevice::with`] returns.
+    pub fn cm(&mut self) -> (&mut uroce_cm::Cm, Instant) {
+        let now = self.round_now.unwrap_or_else(|| self.now());
+        (&mut self.cm, now)
+    }
+
+    /// Sends the CM's events to `sink` from now on.
+    pub fn set_cm_sink(&mut self, sink: CmSink) {
+        self.cm_sink = Some(sink);
+    }
+
+    /// The earliest timer of the engine and the CM.
+    fn next_deadline(&self) -> Option<Instant> {
+        match (self.engine.poll_timeout(), self.cm.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Registers `region` in `pd` with `access`.
@@ -511,6 +539,12 @@ impl State {
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
         }
+        while let Some(m) = self.engine.poll_gsi() {
+            self.cm.handle_mad(now, m.from, &m.mad);
+        }
+        if self.cm.poll_timeout().is_some_and(|t| t <= now) {
+            self.cm.handle_timeout(now);
+        }
         self.flush(now);
     }
 
@@ -520,6 +554,9 @@ impl State {
 
     /// Sends everything the engine has ready, and hands out the events it raised.
     fn flush(&mut self, now: Instant) {
+        while let Some((dst, mad)) = self.cm.poll_transmit() {
+            self.engine.gsi_send(dst, &mad);
+        }
         loop {
             let mut buf = self.pool_buf();
             let mut pieces = self.piece_pool.pop().unwrap_or_default();
@@ -554,6 +591,11 @@ impl State {
         }
         while let Some(e) = self.engine.poll_async_event() {
             self.route_async(e);
+        }
+        while let Some(e) = self.cm.poll_event() {
+            if let Some(sink) = self.cm_sink.as_mut() {
+                sink(e);
+            }
         }
         self.retry_deregs();
     }
@@ -727,6 +769,13 @@ impl NetDevice {
         if options.faults.any() {
             fabric = Box::new(Faulty::new(fabric, addr, options.faults, seed ^ 0xFA17));
         }
+        let cm = uroce_cm::Cm::new(uroce_cm::Config::new(
+            endpoint.as_ref().map_or(0, |e| e.slot.index),
+            // The low bits of comm IDs start where the seed says: a restarted process does not
+            // reuse its predecessor's IDs.
+            u32::try_from(seed >> 32).unwrap_or(0) ^ u32::try_from(seed & 0xFFFF_FFFF).unwrap_or(0),
+            crate::cm::node_guid(addr),
+        ));
         let mut engine = Device::new(config, Registry::default());
         // Packets between endpoints of this host skip the ICRC; the runtime computes it for
         // the wire and for captures.
@@ -748,6 +797,8 @@ impl NetDevice {
             counters: NetCounters::default(),
             deferred_deregs: Vec::new(),
             copy_payloads: options.copy_payloads,
+            cm,
+            cm_sink: None,
         };
         let wake = EventFd::new().map_err(|e| OpenError::Io(local, e))?;
         let shared = Arc::new(Shared {
@@ -795,6 +846,23 @@ impl NetDevice {
         self.shared.addr
     }
 
+    /// Binds an RDMA CM port (`space`: the port space's value, `rdma_cma.h`; port 0: an
+    /// ephemeral one) on `addr` (this device's address, or a wildcard) for this endpoint,
+    /// unique across the host's processes as TCP ports are ([`crate::ports`]).
+    pub fn bind_port(
+        &self,
+        space: u16,
+        port: u16,
+        addr: IpAddr,
+    ) -> Result<crate::PortBinding, crate::BindError> {
+        crate::cm::bind(
+            self.endpoint.as_ref().map(|e| (Arc::clone(&e.dir), e.slot)),
+            space,
+            port,
+            addr,
+        )
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.shared.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -817,7 +885,7 @@ impl NetDevice {
         let next = if self.shared.busy_polled(now) {
             None
         } else {
-            s.engine.poll_timeout().map(Instant::as_nanos)
+            s.next_deadline().map(Instant::as_nanos)
         };
         drop(s);
         if next.is_some_and(|t| t < self.shared.sleeping_until.load(Ordering::Acquire)) {
@@ -919,7 +987,7 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
                 slept_on_fabric = true;
                 s.fabric.wait_fds(&mut fds);
             }
-            let mut deadline = s.engine.poll_timeout();
+            let mut deadline = s.next_deadline();
             if let Some(retry) = s.fabric.backlog_retry() {
                 // Packets wait for a ring's consumer: look again shortly.
                 let soon = now + retry;

@@ -13,6 +13,7 @@
 //!   0xFFFFFF.
 //! - `ring-S-G-T-H`: the ring on which slot S (generation G) sends to slot T (generation H).
 //! - `wake-T-H`: the FIFO that wakes slot T (generation H) when it sleeps.
+//! - `ports`: the RDMA CM ports bound and listened on ([`crate::ports`]).
 //!
 //! A slot's word is `generation << 32 | pid`: free when the pid is 0, being set up while the
 //! generation is odd, live otherwise. Claiming takes a free slot, or the slot of a process that
@@ -53,6 +54,8 @@ const RINGS_EPOCH: usize = 100; // u32: bumped whenever a ring to this slot is c
 pub(crate) struct HostDir {
     path: PathBuf,
     slots: Mapping,
+    /// The RDMA CM ports bound on the user's devices.
+    pub(crate) ports: crate::ports::PortTable,
 }
 
 /// A slot's identity: its index and generation.
@@ -89,7 +92,8 @@ impl HostDir {
         }
         let file = open_shared(&path.join("slots"), SLOTS * SLOT_SIZE)?;
         let slots = Mapping::new(&file, SLOTS * SLOT_SIZE)?;
-        Ok(Self { path: path.to_path_buf(), slots })
+        let ports = crate::ports::PortTable::open(path)?;
+        Ok(Self { path: path.to_path_buf(), slots, ports })
     }
 
     fn at(&self, index: u8, field: usize) -> usize {

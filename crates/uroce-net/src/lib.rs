@@ -46,7 +46,12 @@
 //!   the port's group. A process of the same user sees only packets: what it writes into a
 //!   ring is judged by the engine exactly as a packet from the wire (ICRC, QPN, PSN, rkeys and
 //!   bounds), and no process's memory is reachable except through an rkey it was given.
-//! - **QP1** (the GSI, for the connection manager) will live in slot 0, kept for the port.
+//! - **QP1 and the connection manager.** QP1 (the GSI) is the port's and every endpoint's:
+//!   each endpoint runs its own CM (`uroce_cm`), whose comm IDs carry its slot in their top
+//!   byte. A MAD to QP1 is routed as a packet to a QPN is: a REQ or SIDR_REQ to the endpoint
+//!   listening on its service ID (the host's port table, [`PortBinding`]), every other CM
+//!   message to the endpoint named by the receiver's comm ID, and what nobody claims to the
+//!   endpoint that has it, whose CM rejects a request nobody listens for.
 //!
 //! How datagrams move is a seam inside the crate (`src/fabric.rs`): one `Fabric` interface,
 //! implemented by the UDP sockets and by the shared-memory rings, joined for a host-wide
@@ -107,16 +112,23 @@
 //! receive, on every path. [`Options`] sets both from code.
 #![deny(unsafe_code)]
 
+mod cm;
 mod device;
 mod fabric;
 mod faults;
 mod host;
+mod ports;
 #[allow(unsafe_code, reason = "all system calls and raw memory access live in this module")]
 mod sys;
 
-pub use device::{Channel, NetCounters, NetDevice, OpenError, Options, State, SubscriberId};
+pub use cm::{PortBinding, node_guid};
+pub use device::{
+    Channel, CmSink, NetCounters, NetDevice, OpenError, Options, State, SubscriberId,
+};
 pub use faults::{Faults, FaultsError};
+pub use ports::BindError;
 pub use sys::memory::Registry;
 pub use sys::{
     EventFd, RawRegion, die_with_parent, pin_current_thread, process_cpu_time, set_socket_buffers,
 };
+pub use uroce_cm;

@@ -33,7 +33,7 @@ use uroce_wire::ROCE_V2_PORT;
 
 use super::shm::{Full, Shm};
 use super::udp::Udp;
-use super::{Fabric, Outgoing, Sink, dest_qpn};
+use super::{Fabric, Outgoing, Sink};
 use crate::device::NetCounters;
 use crate::host::SlotId;
 use crate::sys::memory::Registry;
@@ -186,9 +186,8 @@ impl Fabric for HostFabric {
         self.routes.clear();
         self.routes.extend(out.iter().map(|o| {
             (o.dst.port() == ROCE_V2_PORT)
-                .then(|| dest_qpn(&o.bytes))
+                .then(|| shm.owner_of_packet(o.dst.ip(), &o.bytes))
                 .flatten()
-                .and_then(|q| shm.owner_of(o.dst.ip(), q))
         }));
         for (mut o, local) in out.drain(..).zip(self.routes.drain(..)) {
             let Some(slot) = local else {
@@ -240,7 +239,7 @@ impl Fabric for HostFabric {
         self.udp_polled = now;
         let mut side = NetCounters::default();
         let from_udp = self.udp.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8], intact| {
-            if let Some(slot) = dest_qpn(bytes).and_then(|q| shm.owner_of(rx.dst, q)) {
+            if let Some(slot) = shm.owner_of_packet(rx.dst, bytes) {
                 // From the wire, with its ICRC: the owner checks it.
                 let mut parts = core::iter::once(bytes);
                 if shm.push(slot, rx, &mut parts, bytes.len(), true, &mut side) {

@@ -139,6 +139,34 @@ impl Shm {
         (addr == ip).then_some(SlotId { index, generation })
     }
 
+    /// The live local endpoint a packet to `ip` belongs to, if it is not this one: by its
+    /// destination QPN ([`Shm::owner_of`]), or, for a MAD to QP1 (which every endpoint of a
+    /// device shares), by what the MAD names: a REQ or SIDR_REQ goes to the endpoint listening
+    /// on its service ID ([`crate::ports`]); every other CM message to the endpoint whose CM
+    /// allocated the receiver's comm ID (its top byte is the slot, [`uroce_cm::Config`]). A MAD
+    /// nobody else claims stays here: this endpoint's CM answers it (a REJ when nobody
+    /// listens).
+    pub(crate) fn owner_of_packet(&self, ip: IpAddr, packet: &[u8]) -> Option<SlotId> {
+        let qpn = super::dest_qpn(packet)?;
+        if qpn != uroce_wire::mad::GSI_QPN {
+            return self.owner_of(ip, qpn);
+        }
+        // BTH (12 bytes) and DETH (8) before the MAD.
+        let mad = packet.get(20..20 + uroce_wire::mad::MAD_LEN)?;
+        let m = uroce_wire::cm::CmMad::parse(mad).ok()?;
+        let live = |i: u8| self.dir.live(i).map(|(g, _)| g);
+        let owner = match m.message {
+            uroce_wire::cm::Message::Req(r) => self.dir.ports.listener(ip, r.service_id, &live),
+            uroce_wire::cm::Message::SidrReq(r) => self.dir.ports.listener(ip, r.service_id, &live),
+            other => {
+                let index = u8::try_from(other.receiver_id()? >> 24).ok()?;
+                let (generation, addr) = self.dir.live(index)?;
+                (addr == ip).then_some(SlotId { index, generation })
+            }
+        }?;
+        (owner.index != self.me.index).then_some(owner)
+    }
+
     /// The ring to endpoint `to`, opened (created) if need be; `None` if that incarnation is
     /// no longer live when a ring has to be opened.
     fn ring_to(&mut self, to: SlotId) -> Option<&mut OutRing> {

@@ -1,0 +1,131 @@
+//! The connection manager on real devices: two endpoints (in this process, so on the host's
+//! shared-memory path, and once more over UDP only) connect through QP1, the REQ routed by the
+//! host's port table and every other message by comm ID; a REQ for a port nobody listens on
+//! is rejected.
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+#![allow(clippy::disallowed_methods, reason = "a test waits on real time")]
+
+use std::net::IpAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use uroce_net::uroce_cm::{AcceptParams, ConnectParams, Event};
+use uroce_net::{NetDevice, Options};
+use uroce_wire::cm::{TransportType, reason};
+use uroce_wire::cma::PortSpace;
+use uroce_wire::{Psn, Qpn};
+
+fn open(addr: &str, udp_only: bool) -> (NetDevice, mpsc::Receiver<Event>) {
+    let options = Options { udp_only, ..Options::default() };
+    let dev = NetDevice::open(addr.parse().unwrap(), options).unwrap();
+    let (tx, rx) = mpsc::channel();
+    dev.with(|s| {
+        s.set_cm_sink(Box::new(move |e| {
+            let _ = tx.send(e);
+        }));
+    });
+    (dev, rx)
+}
+
+fn next(rx: &mpsc::Receiver<Event>) -> Event {
+    rx.recv_timeout(Duration::from_secs(10)).expect("no CM event within 10 s")
+}
+
+fn params(remote: IpAddr, local: IpAddr, service_id: u64) -> ConnectParams {
+    ConnectParams {
+        remote,
+        local,
+        service_id,
+        qpn: Qpn::from_masked(0x11),
+        starting_psn: Psn::from_masked(0x1234),
+        transport: TransportType::Rc,
+        responder_resources: 1,
+        initiator_depth: 1,
+        path_mtu: 5,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        srq: false,
+        local_ack_timeout: 14,
+        private_data: b"hello".to_vec(),
+    }
+}
+
+fn handshake(a_addr: &str, b_addr: &str, udp_only: bool) {
+    let (a, arx) = open(a_addr, udp_only);
+    let (b, brx) = open(b_addr, udp_only);
+    let service = PortSpace::Tcp.service_id(0);
+    let binding = b.bind_port(PortSpace::Tcp.value(), 0, b.addr()).unwrap();
+    let service = service | u64::from(binding.port());
+    binding.set_listening(true);
+    b.with(|s| s.cm().0.listen(service, 8)).unwrap();
+    let started = Instant::now();
+    let ida = a.with(|s| {
+        let (cm, now) = s.cm();
+        cm.connect(now, &params(b.addr(), a.addr(), service))
+    });
+    let ida = ida.unwrap();
+    let Event::Request { id: idb, from, info } = next(&brx) else { panic!("no request") };
+    assert_eq!(from, a.addr());
+    assert_eq!((info.remote_qpn, &info.private_data[..5]), (Qpn::from_masked(0x11), &b"hello"[..]));
+    let accept = AcceptParams {
+        qpn: Qpn::from_masked(0x22),
+        starting_psn: Psn::from_masked(0x5678),
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        srq: false,
+        private_data: b"welcome".to_vec(),
+    };
+    b.with(|s| {
+        let (cm, now) = s.cm();
+        cm.accept(now, idb, &accept)
+    })
+    .unwrap();
+    let Event::Reply { id, info } = next(&arx) else { panic!("no reply") };
+    assert_eq!((id, info.remote_qpn, info.starting_psn), (ida, accept.qpn, accept.starting_psn));
+    a.with(|s| s.cm().0.ready(ida)).unwrap();
+    assert_eq!(next(&arx), Event::Established { id: ida });
+    assert_eq!(next(&brx), Event::Established { id: idb });
+    let setup = started.elapsed();
+    a.with(|s| {
+        let (cm, now) = s.cm();
+        cm.disconnect(now, ida)
+    })
+    .unwrap();
+    assert!(matches!(next(&brx), Event::DisconnectRequest { id, .. } if id == idb));
+    b.with(|s| {
+        let (cm, now) = s.cm();
+        cm.disconnect(now, idb)
+    })
+    .unwrap();
+    assert_eq!(next(&arx), Event::Disconnected { id: ida });
+    eprintln!("handshake (udp_only={udp_only}): {setup:?}");
+    // The comm IDs name the endpoints' slots.
+    assert_eq!(ida >> 24, u32::from(a.endpoint_slot().0));
+    assert_eq!(idb >> 24, u32::from(b.endpoint_slot().0));
+
+    // Nobody listens on another port: rejected by B's host.
+    let unheard = PortSpace::Tcp.service_id(1);
+    let id = a.with(|s| {
+        let (cm, now) = s.cm();
+        cm.connect(now, &params(b.addr(), a.addr(), unheard))
+    });
+    let id = id.unwrap();
+    match next(&arx) {
+        Event::Rejected { id: r, reason: why, .. } => {
+            assert_eq!((r, why), (id, reason::INVALID_SERVICE_ID));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn endpoints_connect_through_qp1_on_shared_memory() {
+    handshake("127.0.14.1", "127.0.14.2", false);
+}
+
+#[test]
+fn endpoints_connect_through_qp1_over_udp() {
+    handshake("127.0.14.3", "127.0.14.4", true);
+}
