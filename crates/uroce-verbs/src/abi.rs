@@ -275,6 +275,7 @@ pub(crate) struct IbvQpCap {
 
 /// `struct ibv_qp_init_attr`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub(crate) struct IbvQpInitAttr {
     pub(crate) qp_context: *mut c_void,
     pub(crate) send_cq: *mut IbvCq,

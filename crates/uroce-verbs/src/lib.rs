@@ -43,6 +43,7 @@
 mod abi;
 mod compat;
 mod config;
+mod rdmacm;
 mod strings;
 mod symbols;
 mod verbs;

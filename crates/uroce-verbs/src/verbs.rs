@@ -183,7 +183,9 @@ fn open_net(addr: IpAddr) -> Result<Arc<NetDevice>, c_int> {
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_get_device_list(num_devices: *mut c_int) -> *mut *mut IbvDevice {
+pub(crate) unsafe extern "C" fn uroce_verbs_get_device_list(
+    num_devices: *mut c_int,
+) -> *mut *mut IbvDevice {
     let devs = devices();
     let n = c_int::try_from(devs.len()).unwrap_or(c_int::MAX);
     if !num_devices.is_null() {
@@ -198,7 +200,7 @@ unsafe extern "C" fn uroce_verbs_get_device_list(num_devices: *mut c_int) -> *mu
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_free_device_list(list: *mut *mut IbvDevice) {
+pub(crate) unsafe extern "C" fn uroce_verbs_free_device_list(list: *mut *mut IbvDevice) {
     if list.is_null() {
         return;
     }
@@ -236,7 +238,7 @@ unsafe extern "C" fn uroce_verbs_get_device_index(device: *mut IbvDevice) -> c_i
 pub(crate) struct Context {
     vctx: VerbsContext,
     dev: &'static Device,
-    net: Arc<NetDevice>,
+    pub(crate) net: Arc<NetDevice>,
     async_fd: Arc<EventFd>,
     objects: Arc<Mutex<Objects>>,
     /// This context's share of the device's asynchronous events: those of its objects.
@@ -272,7 +274,7 @@ const CONTEXT_OFFSET: usize = offset_of!(Context, vctx) + offset_of!(VerbsContex
 /// # Safety
 ///
 /// `p` is NULL or a context this library opened and has not closed.
-unsafe fn ctx_of<'a>(p: *mut IbvContext) -> Option<&'a Context> {
+pub(crate) unsafe fn ctx_of<'a>(p: *mut IbvContext) -> Option<&'a Context> {
     if p.is_null() {
         return None;
     }
@@ -283,7 +285,7 @@ unsafe fn ctx_of<'a>(p: *mut IbvContext) -> Option<&'a Context> {
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) -> *mut IbvContext {
+pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) -> *mut IbvContext {
     let Some(dev) = device_of(device) else { return fail(libc::ENODEV) };
     let net = match open_net(dev.addr) {
         Ok(n) => n,
@@ -644,7 +646,7 @@ unsafe fn pd_parts<'a>(pd: *mut IbvPd) -> Option<(&'a Context, PdHandle)> {
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_alloc_pd(context: *mut IbvContext) -> *mut IbvPd {
+pub(crate) unsafe extern "C" fn uroce_verbs_alloc_pd(context: *mut IbvContext) -> *mut IbvPd {
     // SAFETY: the caller passes a context it opened.
     let Some(ctx) = (unsafe { ctx_of(context) }) else { return fail(libc::EINVAL) };
     let handle = ctx.net.with(|s| s.engine().alloc_pd());
@@ -653,7 +655,7 @@ unsafe extern "C" fn uroce_verbs_alloc_pd(context: *mut IbvContext) -> *mut IbvP
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_dealloc_pd(pd: *mut IbvPd) -> c_int {
+pub(crate) unsafe extern "C" fn uroce_verbs_dealloc_pd(pd: *mut IbvPd) -> c_int {
     if pd.is_null() {
         return libc::EINVAL;
     }
@@ -790,7 +792,7 @@ struct CompChannel {
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_create_comp_channel(
+pub(crate) unsafe extern "C" fn uroce_verbs_create_comp_channel(
     context: *mut IbvContext,
 ) -> *mut IbvCompChannel {
     if context.is_null() {
@@ -808,7 +810,9 @@ unsafe extern "C" fn uroce_verbs_create_comp_channel(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_destroy_comp_channel(channel: *mut IbvCompChannel) -> c_int {
+pub(crate) unsafe extern "C" fn uroce_verbs_destroy_comp_channel(
+    channel: *mut IbvCompChannel,
+) -> c_int {
     if channel.is_null() {
         return libc::EINVAL;
     }
@@ -849,7 +853,7 @@ unsafe fn cq_parts<'a>(cq: *mut IbvCq) -> Option<(&'a Context, CqHandle)> {
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_create_cq(
+pub(crate) unsafe extern "C" fn uroce_verbs_create_cq(
     context: *mut IbvContext,
     cqe: c_int,
     cq_context: *mut c_void,
@@ -896,7 +900,7 @@ unsafe extern "C" fn uroce_verbs_create_cq(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_destroy_cq(cq: *mut IbvCq) -> c_int {
+pub(crate) unsafe extern "C" fn uroce_verbs_destroy_cq(cq: *mut IbvCq) -> c_int {
     // SAFETY: the caller passes a CQ it created.
     let Some((ctx, handle)) = (unsafe { cq_parts(cq) }) else { return libc::EINVAL };
     // ibv_destroy_cq(3): EBUSY while a QP uses the CQ.
@@ -989,7 +993,7 @@ unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_i
 }
 
 /// Whether `fd` is in non-blocking mode (then waiting verbs return `EAGAIN`).
-fn nonblocking(fd: c_int) -> bool {
+pub(crate) fn nonblocking(fd: c_int) -> bool {
     // SAFETY: F_GETFL reads the file status flags; no memory is passed.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     flags >= 0 && flags & libc::O_NONBLOCK != 0
@@ -1073,7 +1077,7 @@ struct Srq {
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_create_srq(
+pub(crate) unsafe extern "C" fn uroce_verbs_create_srq(
     pd: *mut IbvPd,
     init: *mut IbvSrqInitAttr,
 ) -> *mut IbvSrq {
@@ -1174,7 +1178,7 @@ unsafe extern "C" fn uroce_verbs_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAt
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_destroy_srq(srq: *mut IbvSrq) -> c_int {
+pub(crate) unsafe extern "C" fn uroce_verbs_destroy_srq(srq: *mut IbvSrq) -> c_int {
     // SAFETY: the caller passes an SRQ it created.
     let Some((ctx, s)) = (unsafe { srq_parts(srq) }) else { return libc::EINVAL };
     // ibv_destroy_srq(3): EBUSY while a QP takes its receives from the SRQ.
@@ -1311,7 +1315,10 @@ unsafe fn qp_parts<'a>(qp: *mut IbvQp) -> Option<(&'a Context, &'a QpInner)> {
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_create_qp(pd: *mut IbvPd, init: *mut IbvQpInitAttr) -> *mut IbvQp {
+pub(crate) unsafe extern "C" fn uroce_verbs_create_qp(
+    pd: *mut IbvPd,
+    init: *mut IbvQpInitAttr,
+) -> *mut IbvQp {
     // SAFETY: the caller passes a PD it allocated.
     let Some((ctx, pdh)) = (unsafe { pd_parts(pd) }) else { return fail(libc::EINVAL) };
     if init.is_null() {
@@ -1541,7 +1548,7 @@ fn remember(rec: &mut IbvQpAttr, a: &IbvQpAttr, mask: c_int) {
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_modify_qp(
+pub(crate) unsafe extern "C" fn uroce_verbs_modify_qp(
     qp: *mut IbvQp,
     attr: *mut IbvQpAttr,
     mask: c_int,
@@ -1569,7 +1576,7 @@ unsafe extern "C" fn uroce_verbs_modify_qp(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_query_qp(
+pub(crate) unsafe extern "C" fn uroce_verbs_query_qp(
     qp: *mut IbvQp,
     attr: *mut IbvQpAttr,
     _mask: c_int,
@@ -1613,7 +1620,7 @@ unsafe extern "C" fn uroce_verbs_query_qp(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_destroy_qp(qp: *mut IbvQp) -> c_int {
+pub(crate) unsafe extern "C" fn uroce_verbs_destroy_qp(qp: *mut IbvQp) -> c_int {
     // SAFETY: the caller passes a QP it created.
     let Some((ctx, q)) = (unsafe { qp_parts(qp) }) else { return libc::EINVAL };
     let qpn = q.qpn;
@@ -1777,7 +1784,7 @@ unsafe extern "C" fn post_recv(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_attach_mcast(
+pub(crate) unsafe extern "C" fn uroce_verbs_attach_mcast(
     qp: *mut IbvQp,
     gid: *const IbvGid,
     _lid: u16,
@@ -1787,7 +1794,7 @@ unsafe extern "C" fn uroce_verbs_attach_mcast(
 }
 
 #[unsafe(no_mangle)]
-unsafe extern "C" fn uroce_verbs_detach_mcast(
+pub(crate) unsafe extern "C" fn uroce_verbs_detach_mcast(
     qp: *mut IbvQp,
     gid: *const IbvGid,
     _lid: u16,

@@ -1,0 +1,360 @@
+//! The RDMA connection manager (`<rdma/rdma_cma.h>`, rdma-core 44) on uroce's devices.
+//!
+//! It lives here, beside the verbs, because it needs the device: QP1 and the IB CM belong to
+//! the device's port (`uroce_net`: every endpoint runs a `uroce_cm::Cm` behind the shared
+//! QP1), and `rdma_cm_id.verbs`, `.qp` and `.pd` are this library's verbs objects. The
+//! `librdmacm.so.1` that programs load (crate `uroce-rdmacm`) forwards each `rdma_*` call to
+//! the `uroce_rdmacm_*` function of the same name exported here, as Linux's librdmacm hands
+//! its calls to the kernel's `rdma_cm`.
+//!
+//! What runs where, as with Linux's librdmacm over `ucma`:
+//! - the IB CM (REQ/REP/RTU/REJ/MRA/DREQ/DREP/SIDR, timers, retries) runs in the device's
+//!   progress, and its events are routed by comm ID (or service ID, for requests) to the
+//!   event channel of the `rdma_cm_id` they concern ([`Routes`]): queued and signalled, no more;
+//! - `rdma_get_cm_event` turns an IB CM event into an `rdma_cm_event`, doing on the way what
+//!   librdmacm does in user space: a REP moves the id's QP to RTR and RTS and sends the RTU
+//!   (`RDMA_CM_EVENT_ESTABLISHED`), a request creates the new id;
+//! - address and route resolution are local and immediate (RoCE has no SA): the device whose
+//!   address the kernel's routing picks for the destination (or, on loopback, the first device
+//!   of the family), with its events queued at once.
+//!
+//! Lock order: an id's state, then a device, then [`ROUTES`], then a channel's queue. The
+//! device's CM sink takes only the last two.
+
+mod abi;
+mod addr;
+mod api;
+mod events;
+mod qp;
+
+use core::ffi::c_int;
+use core::net::{IpAddr, SocketAddr};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use uroce_net::uroce_cm::{self, CommId, RequestInfo};
+use uroce_net::{EventFd, NetDevice, PortBinding};
+
+use self::abi::*;
+use crate::abi::{IbvContext, IbvPd, IbvQpInitAttr};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A device as the RDMA CM uses it: one shared verbs context (`rdma_get_devices`,
+/// `rdma_cm_id.verbs`) and its runtime.
+pub(crate) struct CmDev {
+    pub(crate) addr: IpAddr,
+    pub(crate) ctx: *mut IbvContext,
+    pub(crate) net: Arc<NetDevice>,
+    /// The PD ids use when the application gives none (librdmacm's per-device PD).
+    pub(crate) pd: Mutex<Option<usize>>,
+}
+
+// SAFETY: `ctx` is a context this library opened for the life of the process; it is only
+// passed back to this library's verbs, which are thread-safe.
+unsafe impl Send for CmDev {}
+// SAFETY: as above.
+unsafe impl Sync for CmDev {}
+
+/// The devices, opened on first use of the RDMA CM: one context each for the process.
+pub(crate) fn devices() -> &'static [CmDev] {
+    static DEVS: OnceLock<Vec<CmDev>> = OnceLock::new();
+    DEVS.get_or_init(|| {
+        let mut n: c_int = 0;
+        // SAFETY: our own verb; `n` is a valid out-pointer.
+        let list = unsafe { crate::verbs::uroce_verbs_get_device_list(&raw mut n) };
+        if list.is_null() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for i in 0..usize::try_from(n).unwrap_or(0) {
+            // SAFETY: the list holds `n` device pointers.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: a device of the list.
+            let ctx = unsafe { crate::verbs::uroce_verbs_open_device(dev) };
+            // SAFETY: a context just opened by this library, or NULL.
+            let Some(c) = (unsafe { crate::verbs::ctx_of(ctx) }) else { continue };
+            let net = Arc::clone(&c.net);
+            let index = out.len();
+            install_sink(&net, index);
+            out.push(CmDev { addr: net.addr(), ctx, net, pd: Mutex::new(None) });
+        }
+        // SAFETY: the list this library returned above.
+        unsafe { crate::verbs::uroce_verbs_free_device_list(list) };
+        out
+    })
+}
+
+/// The device with address `addr`.
+pub(crate) fn device_of_addr(addr: IpAddr) -> Option<usize> {
+    devices().iter().position(|d| d.addr == addr)
+}
+
+/// The device of a verbs context.
+pub(crate) fn device_of_ctx(ctx: *mut IbvContext) -> Option<usize> {
+    devices().iter().position(|d| d.ctx == ctx)
+}
+
+/// Where the IB CM's events go: the id each comm ID, SIDR request or listened service belongs
+/// to, per device, and each live id's channel.
+#[derive(Default)]
+pub(crate) struct Routes {
+    pub(crate) by_cid: HashMap<(usize, CommId), usize>,
+    pub(crate) by_sidr: HashMap<(usize, u32), usize>,
+    pub(crate) listeners: HashMap<(usize, u64), usize>,
+    pub(crate) chans: HashMap<usize, Arc<ChanInner>>,
+}
+
+pub(crate) static ROUTES: Mutex<Option<Routes>> = Mutex::new(None);
+
+pub(crate) fn routes<R>(f: impl FnOnce(&mut Routes) -> R) -> R {
+    let mut g = lock(&ROUTES);
+    f(g.get_or_insert_with(Routes::default))
+}
+
+/// Sends device `dev`'s CM events to the channels of the ids they concern.
+fn install_sink(net: &NetDevice, dev: usize) {
+    net.with(|s| {
+        s.set_cm_sink(Box::new(move |e: uroce_cm::Event| {
+            use uroce_cm::Event as E;
+            routes(|r| {
+                let target = match &e {
+                    E::Request { info, .. } => r.listeners.get(&(dev, info.service_id)),
+                    E::SidrRequest { service_id, .. } => r.listeners.get(&(dev, *service_id)),
+                    E::SidrReply { id, .. } | E::SidrTimeout { id } => r.by_sidr.get(&(dev, *id)),
+                    E::Reply { id, .. }
+                    | E::Established { id }
+                    | E::Rejected { id, .. }
+                    | E::Unreachable { id }
+                    | E::DisconnectRequest { id, .. }
+                    | E::Disconnected { id }
+                    | E::TimewaitExit { id } => r.by_cid.get(&(dev, *id)),
+                };
+                if let Some(&id) = target
+                    && let Some(chan) = r.chans.get(&id)
+                {
+                    chan.push(Item::Cm { id, dev, event: e });
+                }
+            });
+        }));
+    });
+}
+
+/// What waits in an event channel: an IB CM event for an id, or an event already made.
+pub(crate) enum Item {
+    Cm { id: usize, dev: usize, event: uroce_cm::Event },
+    Ready(Box<EventPriv>),
+}
+
+/// The shared part of an event channel: its queue and the descriptor that is readable while
+/// the queue is not empty.
+pub(crate) struct ChanInner {
+    queue: Mutex<VecDeque<Item>>,
+    pub(crate) fd: EventFd,
+}
+
+impl ChanInner {
+    pub(crate) fn new() -> std::io::Result<Arc<Self>> {
+        Ok(Arc::new(Self { queue: Mutex::new(VecDeque::new()), fd: EventFd::new_blocking()? }))
+    }
+
+    /// Queues an item; the descriptor becomes readable.
+    pub(crate) fn push(&self, item: Item) {
+        let mut q = lock(&self.queue);
+        if q.is_empty() {
+            self.fd.signal();
+        }
+        q.push_back(item);
+    }
+
+    /// The oldest item; the descriptor stops being readable when none is left.
+    pub(crate) fn pop(&self) -> Option<Item> {
+        let mut q = lock(&self.queue);
+        let item = q.pop_front();
+        if q.is_empty() {
+            self.fd.take();
+        }
+        item
+    }
+
+    /// Moves every item for `id` into `other` (`rdma_migrate_id`).
+    pub(crate) fn move_items_of(&self, id: usize, other: &Self) {
+        let mut q = lock(&self.queue);
+        let (mine, rest): (VecDeque<Item>, VecDeque<Item>) =
+            q.drain(..).partition(|i| item_id(i) == id);
+        *q = rest;
+        if q.is_empty() {
+            self.fd.take();
+        }
+        drop(q);
+        for i in mine {
+            other.push(i);
+        }
+    }
+}
+
+fn item_id(i: &Item) -> usize {
+    match i {
+        Item::Cm { id, .. } => *id,
+        Item::Ready(e) => e.ev.id as usize,
+    }
+}
+
+/// `struct rdma_event_channel` and what stands behind it.
+#[repr(C)]
+pub(crate) struct Chan {
+    pub(crate) c: RdmaEventChannel,
+    pub(crate) inner: Arc<ChanInner>,
+}
+
+/// An event handed to the application, with the private data its parameters point into.
+#[repr(C)]
+pub(crate) struct EventPriv {
+    pub(crate) ev: RdmaCmEvent,
+    pub(crate) private: Vec<u8>,
+}
+
+// SAFETY: the pointers name ids (used only through this library's checked lookups) and the
+// event's own private data; an event moves between threads in a channel's queue, and only
+// one thread holds it at a time.
+unsafe impl Send for EventPriv {}
+
+/// Where an id is in its life (rdma_cm's `enum rdma_cm_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Idle,
+    AddrResolved,
+    RouteResolved,
+    Listening,
+    /// Active: REQ (or SIDR_REQ) sent.
+    Connecting,
+    /// Passive: a request received, not answered yet.
+    Requested,
+    /// Passive: accepted (REP sent).
+    Accepted,
+    Established,
+    Disconnected,
+}
+
+/// What the RDMA CM keeps of an id.
+pub(crate) struct IdState {
+    pub(crate) chan: Arc<ChanInner>,
+    pub(crate) phase: Phase,
+    pub(crate) dev: Option<usize>,
+    /// Ports bound: one per device for a wildcard bind.
+    pub(crate) bindings: Vec<(usize, PortBinding)>,
+    pub(crate) local: Option<SocketAddr>,
+    pub(crate) remote: Option<SocketAddr>,
+    /// The IB CM connection (or, for UD, the SIDR request) on `dev`.
+    pub(crate) cid: Option<CommId>,
+    pub(crate) sidr: Option<u32>,
+    /// Passive: what the request asked.
+    pub(crate) request: Option<RequestInfo>,
+    /// The QP's first PSN, once chosen.
+    pub(crate) psn: u32,
+    /// READ/atomic depths agreed: (responder resources, initiator depth).
+    pub(crate) depths: (u8, u8),
+    pub(crate) retry_count: u8,
+    pub(crate) rnr_retry_count: u8,
+    /// The remote QP and its PSN (active: from the REP).
+    pub(crate) remote_qpn: u32,
+    pub(crate) remote_psn: u32,
+    pub(crate) tos: u8,
+    pub(crate) ack_timeout: Option<u8>,
+    /// The application's `rdma_create_ep` QP attributes of a passive id, for the ids
+    /// `rdma_get_request` returns.
+    pub(crate) ep_qp_init: Option<(usize, IbvQpInitAttr)>,
+    /// CQs and channels this library created for the id's QP (destroyed with it).
+    pub(crate) own_cqs: bool,
+    /// Multicast groups joined.
+    pub(crate) groups: Vec<IpAddr>,
+}
+
+// SAFETY: the raw pointers in `ep_qp_init` are the application's objects, handed back to this
+// library's verbs only; the state is behind the id's mutex.
+unsafe impl Send for IdState {}
+
+/// `struct rdma_cm_id` and what stands behind it; the C pointer is the box's address.
+#[repr(C)]
+pub(crate) struct IdPriv {
+    /// The application reads and writes this (`id->context`, `id->qp`): only through raw
+    /// places.
+    pub(crate) id: core::cell::UnsafeCell<RdmaCmId>,
+    pub(crate) st: Mutex<IdState>,
+    /// The id was created without a channel: calls wait for their event (librdmacm's
+    /// synchronous mode), on this private channel.
+    pub(crate) sync: Option<Box<Chan>>,
+    /// The path record `id.route.path_rec` points to once the route is resolved.
+    pub(crate) path: IbvSaPathRec,
+}
+
+impl IdPriv {
+    pub(crate) fn addr(&self) -> usize {
+        core::ptr::from_ref(self) as usize
+    }
+
+    /// The `rdma_cm_id` the application holds.
+    pub(crate) const fn id_ptr(&self) -> *mut RdmaCmId {
+        self.id.get()
+    }
+
+    /// The id's QP (NULL before `rdma_create_qp`).
+    pub(crate) fn qp(&self) -> *mut crate::abi::IbvQp {
+        // SAFETY: a field of the live id, read as the application may be writing others.
+        unsafe { (*self.id_ptr()).qp }
+    }
+
+    /// The id's QP type.
+    pub(crate) fn qp_type(&self) -> c_int {
+        // SAFETY: as above.
+        unsafe { (*self.id_ptr()).qp_type }
+    }
+
+    /// The id's port space.
+    pub(crate) fn ps(&self) -> c_int {
+        // SAFETY: as above.
+        unsafe { (*self.id_ptr()).ps }
+    }
+}
+
+/// The id behind a pointer the application passes, if it is live.
+///
+/// # Safety
+///
+/// `p` is NULL or a pointer `rdma_create_id` returned (live ids are checked; a destroyed
+/// one is refused).
+pub(crate) unsafe fn id_of<'a>(p: *mut RdmaCmId) -> Option<&'a IdPriv> {
+    if p.is_null() || !routes(|r| r.chans.contains_key(&(p as usize))) {
+        return None;
+    }
+    // SAFETY: a live id: a boxed IdPriv whose first field is the rdma_cm_id.
+    Some(unsafe { &*p.cast::<IdPriv>() })
+}
+
+/// The PD an id uses: the application's, or the device's own.
+pub(crate) fn default_pd(dev: usize) -> *mut IbvPd {
+    let d = &devices()[dev];
+    let mut pd = lock(&d.pd);
+    if let Some(p) = *pd {
+        return p as *mut IbvPd;
+    }
+    // SAFETY: our context.
+    let p = unsafe { crate::verbs::uroce_verbs_alloc_pd(d.ctx) };
+    if !p.is_null() {
+        *pd = Some(p as usize);
+    }
+    p
+}
+
+/// A random 24-bit PSN (IBA 9.7.2: the first PSN should be hard to predict).
+pub(crate) fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from(std::process::id()));
+    u32::try_from(h.finish() & 0xFF_FFFF).unwrap_or(1)
+}
+
+/// How a call failed: an errno for the application.
+pub(crate) type Errno = c_int;
