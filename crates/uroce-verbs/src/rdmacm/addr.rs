@@ -179,8 +179,17 @@ pub(crate) unsafe fn getaddrinfo(
     };
     let boxed = Box::into_raw(Box::new(storage(first))).cast::<libc::sockaddr>();
     let len = len_of(&first);
-    let (src, src_len, dst, dst_len) =
-        if passive { (boxed, len, null_mut(), 0) } else { (null_mut(), 0, boxed, len) };
+    // An active lookup keeps the source the hints name (rdma_getaddrinfo(3): "ai_src_addr
+    // ... if provided, used as the source").
+    // SAFETY: the hints' source address, if any, is the caller's valid sockaddr.
+    let hint_src = hints.and_then(|h| unsafe { read(h.ai_src_addr) });
+    let (src, src_len, dst, dst_len) = if passive {
+        (boxed, len, null_mut(), 0)
+    } else if let Some(s) = hint_src {
+        (Box::into_raw(Box::new(storage(s))).cast::<libc::sockaddr>(), len_of(&s), boxed, len)
+    } else {
+        (null_mut(), 0, boxed, len)
+    };
     Ok(Box::into_raw(Box::new(RdmaAddrinfo {
         ai_flags: flags,
         ai_family: if first.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 },

@@ -42,7 +42,7 @@ pub(crate) fn new_id(
     context: *mut c_void,
     ps: c_int,
     qp_type: c_int,
-) -> Result<&'static IdPriv, Errno> {
+) -> Result<Arc<IdPriv>, Errno> {
     let (cptr, inner, sync) = match chan {
         Some((p, inner)) => (p, inner, None),
         None => {
@@ -60,7 +60,7 @@ pub(crate) fn new_id(
     let route: RdmaRoute = unsafe { core::mem::zeroed() };
     // SAFETY: as above.
     let path: IbvSaPathRec = unsafe { core::mem::zeroed() };
-    let idp = Box::new(IdPriv {
+    let idp = Arc::new(IdPriv {
         id: core::cell::UnsafeCell::new(RdmaCmId {
             verbs: null_mut(),
             channel: cptr,
@@ -103,8 +103,10 @@ pub(crate) fn new_id(
         sync,
         path,
     });
-    let idp: &'static IdPriv = Box::leak(idp);
-    routes(|r| r.chans.insert(idp.addr(), inner));
+    routes(|r| {
+        r.chans.insert(idp.addr(), inner);
+        r.ids.insert(idp.addr(), Arc::clone(&idp));
+    });
     Ok(idp)
 }
 
@@ -245,9 +247,9 @@ unsafe extern "C" fn uroce_rdmacm_create_id(
     // SAFETY: the application's channel.
     let chan = unsafe { chan_of(channel) }.map(|c| (channel, c));
     match new_id(chan, context, ps, qp_type_of(ps)) {
-        Ok(idp) => {
+        Ok(held) => {
             // SAFETY: the caller's out-pointer.
-            unsafe { *id = idp.id_ptr() };
+            unsafe { *id = held.id_ptr() };
             0
         }
         Err(e) => err(e),
@@ -256,10 +258,12 @@ unsafe extern "C" fn uroce_rdmacm_create_id(
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_destroy_id(id: *mut RdmaCmId) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     let me = idp.addr();
     routes(|r| {
         r.chans.remove(&me);
+        r.ids.remove(&me);
         r.by_cid.retain(|_, v| *v != me);
         r.by_sidr.retain(|_, v| *v != me);
         r.listeners.retain(|_, v| *v != me);
@@ -286,14 +290,16 @@ unsafe extern "C" fn uroce_rdmacm_destroy_id(id: *mut RdmaCmId) -> c_int {
         if !ev.is_null() {
             drop(Box::from_raw(ev.cast::<EventPriv>()));
         }
-        drop(Box::from_raw(core::ptr::from_ref(idp).cast_mut()));
     }
+    // The last holder (this, or an event being processed in another thread) frees it.
+    drop(held);
     0
 }
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_bind_addr(id: *mut RdmaCmId, a: *mut libc::sockaddr) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     // SAFETY: the application's sockaddr.
     let Some(a) = (unsafe { addr::read(a) }) else { return err(libc::EAFNOSUPPORT) };
     let mut st = lock(&idp.st);
@@ -309,7 +315,8 @@ unsafe extern "C" fn uroce_rdmacm_resolve_addr(
     dst: *mut libc::sockaddr,
     _timeout_ms: c_int,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     // SAFETY: the application's sockaddrs.
     let (src, dst) = unsafe { (addr::read(src), addr::read(dst)) };
     let Some(dst) = dst else { return err(libc::EINVAL) };
@@ -347,7 +354,8 @@ unsafe extern "C" fn uroce_rdmacm_resolve_addr(
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_resolve_route(id: *mut RdmaCmId, _timeout_ms: c_int) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     let r = (|| {
         let mut st = lock(&idp.st);
         if st.phase != Phase::AddrResolved {
@@ -389,7 +397,8 @@ unsafe extern "C" fn uroce_rdmacm_create_qp(
     pd: *mut IbvPd,
     attr: *mut IbvQpInitAttr,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     // SAFETY: the application's PD (or NULL) and attributes.
     done(unsafe { qp::create(idp, pd, attr) })
 }
@@ -399,7 +408,8 @@ unsafe extern "C" fn uroce_rdmacm_create_qp_ex(
     id: *mut RdmaCmId,
     attr: *mut IbvQpInitAttrExHead,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     if attr.is_null() {
         return err(libc::EINVAL);
     }
@@ -427,7 +437,8 @@ unsafe extern "C" fn uroce_rdmacm_create_qp_ex(
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_destroy_qp(id: *mut RdmaCmId) {
     // SAFETY: the application's id.
-    if let Some(idp) = unsafe { id_of(id) } {
+    if let Some(held) = unsafe { id_of(id) } {
+        let idp = &*held;
         // SAFETY: the live id.
         unsafe { qp::destroy(idp) };
     }
@@ -453,7 +464,8 @@ unsafe fn private_of<'a>(p: *const RdmaConnParam) -> &'a [u8] {
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_connect(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     // SAFETY: the application's parameters.
     let (user, param) = unsafe { (private_of(param), param.as_ref().copied()) };
     done(connect(idp, param.as_ref(), user))
@@ -543,7 +555,8 @@ fn connect(idp: &IdPriv, param: Option<&RdmaConnParam>, user: &[u8]) -> Result<(
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_establish(id: *mut RdmaCmId) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     let mut st = lock(&idp.st);
     let (Some(dev), Some(cid)) = (st.dev, st.cid) else { return err(libc::EINVAL) };
     if devices()[dev].net.with(|s| s.cm().0.ready(cid)).is_err() {
@@ -555,7 +568,8 @@ unsafe extern "C" fn uroce_rdmacm_establish(id: *mut RdmaCmId) -> c_int {
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_listen(id: *mut RdmaCmId, backlog: c_int) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     let mut st = lock(&idp.st);
     if st.bindings.is_empty() {
         // rdma_listen(3): an id not bound listens on every address, on a port of its own.
@@ -590,7 +604,8 @@ unsafe extern "C" fn uroce_rdmacm_get_request(
     listen: *mut RdmaCmId,
     id: *mut *mut RdmaCmId,
 ) -> c_int {
-    let l = id_or_einval!(listen);
+    let held = id_or_einval!(listen);
+    let l = &*held;
     if id.is_null() {
         return err(libc::EINVAL);
     }
@@ -606,7 +621,8 @@ unsafe extern "C" fn uroce_rdmacm_get_request(
     // SAFETY: the child id the request made; its event slot is empty.
     unsafe { (*child).event = Box::into_raw(e).cast() };
     // SAFETY: the child id is live.
-    let Some(cp) = (unsafe { id_of(child) }) else { return err(libc::EINVAL) };
+    let Some(child_held) = (unsafe { id_of(child) }) else { return err(libc::EINVAL) };
+    let cp = &*child_held;
     let stored = lock(&l.st).ep_qp_init;
     if let Some((pd, mut attr)) = stored {
         // SAFETY: the application's PD (or NULL) and a copy of its attributes.
@@ -623,7 +639,8 @@ unsafe extern "C" fn uroce_rdmacm_get_request(
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_accept(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     // SAFETY: the application's parameters.
     let (user, param) = unsafe { (private_of(param), param.as_ref().copied()) };
     if let Err(e) = events::accept(idp, param.as_ref(), user) {
@@ -641,7 +658,8 @@ unsafe extern "C" fn uroce_rdmacm_reject(
     private_data: *const c_void,
     private_data_len: u8,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     let private: &[u8] = if private_data.is_null() {
         &[]
     } else {
@@ -679,7 +697,8 @@ unsafe extern "C" fn uroce_rdmacm_reject(
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_notify(id: *mut RdmaCmId, ev: c_int) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     let st = lock(&idp.st);
     if ev == IBV_EVENT_COMM_EST
         && let (Some(dev), Some(cid)) = (st.dev, st.cid)
@@ -691,7 +710,8 @@ unsafe extern "C" fn uroce_rdmacm_notify(id: *mut RdmaCmId, ev: c_int) -> c_int 
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_disconnect(id: *mut RdmaCmId) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     let st = lock(&idp.st);
     qp::to_error(idp, &st);
     let (Some(dev), Some(cid)) = (st.dev, st.cid) else {
@@ -760,7 +780,8 @@ unsafe extern "C" fn uroce_rdmacm_join_multicast(
     a: *mut libc::sockaddr,
     context: *mut c_void,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     done(group_of(a).and_then(|g| join(idp, g, context)))
 }
 
@@ -770,7 +791,8 @@ unsafe extern "C" fn uroce_rdmacm_join_multicast_ex(
     attr: *mut RdmaCmJoinMcAttrEx,
     context: *mut c_void,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     // SAFETY: the application's attributes.
     let Some(a) = (unsafe { attr.as_ref() }) else { return err(libc::EINVAL) };
     if a.comp_mask & JOIN_MC_ATTR_ADDRESS == 0 {
@@ -784,7 +806,8 @@ unsafe extern "C" fn uroce_rdmacm_leave_multicast(
     id: *mut RdmaCmId,
     a: *mut libc::sockaddr,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     let g = match group_of(a) {
         Ok(g) => g,
         Err(e) => return err(e),
@@ -840,13 +863,13 @@ fn port_of(idp: &IdPriv, local: bool) -> u16 {
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_get_src_port(id: *mut RdmaCmId) -> u16 {
     // SAFETY: the application's id.
-    unsafe { id_of(id) }.map_or(0, |i| port_of(i, true))
+    unsafe { id_of(id) }.map_or(0, |i| port_of(&i, true))
 }
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_get_dst_port(id: *mut RdmaCmId) -> u16 {
     // SAFETY: the application's id.
-    unsafe { id_of(id) }.map_or(0, |i| port_of(i, false))
+    unsafe { id_of(id) }.map_or(0, |i| port_of(&i, false))
 }
 
 #[unsafe(no_mangle)]
@@ -908,7 +931,8 @@ unsafe extern "C" fn uroce_rdmacm_set_option(
     optval: *mut c_void,
     optlen: usize,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     if optval.is_null() {
         return err(libc::EINVAL);
     }
@@ -937,7 +961,8 @@ unsafe extern "C" fn uroce_rdmacm_migrate_id(
     id: *mut RdmaCmId,
     channel: *mut RdmaEventChannel,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     // SAFETY: the application's channel.
     let Some(to) = (unsafe { chan_of(channel) }) else { return err(libc::EINVAL) };
     let mut st = lock(&idp.st);
@@ -983,7 +1008,8 @@ unsafe extern "C" fn uroce_rdmacm_init_qp_attr(
     attr: *mut IbvQpAttr,
     mask: *mut c_int,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     if attr.is_null() || mask.is_null() {
         return err(libc::EINVAL);
     }
@@ -1022,10 +1048,11 @@ unsafe extern "C" fn uroce_rdmacm_create_ep(
     }
     let space = if ai.ai_port_space == 0 { ps::TCP } else { ai.ai_port_space };
     let qp_type = if ai.ai_qp_type == 0 { qp_type_of(space) } else { ai.ai_qp_type };
-    let idp = match new_id(None, null_mut(), space, qp_type) {
+    let held = match new_id(None, null_mut(), space, qp_type) {
         Ok(i) => i,
         Err(e) => return err(e),
     };
+    let idp = &*held;
     let raw = idp.id_ptr();
     let r = (|| {
         if ai.ai_flags & RAI_PASSIVE != 0 {
@@ -1075,7 +1102,8 @@ fn errno() -> Errno {
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_destroy_ep(id: *mut RdmaCmId) {
     // SAFETY: the application's id.
-    if let Some(idp) = unsafe { id_of(id) } {
+    if let Some(held) = unsafe { id_of(id) } {
+        let idp = &*held;
         // SAFETY: the live id.
         unsafe {
             if !(*idp.id_ptr()).srq.is_null() {
@@ -1093,7 +1121,8 @@ unsafe extern "C" fn uroce_rdmacm_create_srq(
     pd: *mut IbvPd,
     attr: *mut IbvSrqInitAttr,
 ) -> c_int {
-    let idp = id_or_einval!(id);
+    let held = id_or_einval!(id);
+    let idp = &*held;
     let Some(dev) = lock(&idp.st).dev else { return err(libc::EINVAL) };
     let pd = if pd.is_null() { super::default_pd(dev) } else { pd };
     // SAFETY: our PD and the application's attributes.
@@ -1112,7 +1141,8 @@ unsafe extern "C" fn uroce_rdmacm_create_srq(
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_destroy_srq(id: *mut RdmaCmId) {
     // SAFETY: the application's id.
-    if let Some(idp) = unsafe { id_of(id) } {
+    if let Some(held) = unsafe { id_of(id) } {
+        let idp = &*held;
         // SAFETY: the live id's SRQ, this library's.
         unsafe {
             let srq = (*idp.id_ptr()).srq;

@@ -12,8 +12,7 @@ use uroce_wire::cma;
 use super::abi::*;
 use super::qp::{self, MAX_RD_ATOMIC};
 use super::{
-    Chan, ChanInner, Errno, EventPriv, IdPriv, IdState, Item, Phase, addr, devices, id_of, lock,
-    routes,
+    Chan, ChanInner, Errno, EventPriv, IdPriv, IdState, Item, Phase, devices, id_of, lock, routes,
 };
 use crate::abi::consts::*;
 
@@ -164,7 +163,8 @@ fn process(item: Item) -> Option<Box<EventPriv>> {
         Item::Cm { id, dev, event } => (id, dev, event),
     };
     // SAFETY: ids are looked up among the live ones.
-    let idp = unsafe { id_of(id as *mut RdmaCmId) }?;
+    let held = unsafe { id_of(id as *mut RdmaCmId) }?;
+    let idp = &*held;
     let raw = idp.id_ptr();
     match e {
         CmEvent::Request { id: cid, info, .. } => request(idp, dev, cid, info),
@@ -280,7 +280,7 @@ fn child_of(
     dev: usize,
     local: SocketAddr,
     remote: SocketAddr,
-) -> Option<&'static IdPriv> {
+) -> Option<std::sync::Arc<IdPriv>> {
     let lst = lock(&l.st);
     let sync = l.sync.is_some();
     // SAFETY: the listener is live.
@@ -296,7 +296,7 @@ fn child_of(
         st.dev = Some(dev);
         st.local = Some(local);
         st.remote = Some(remote);
-        super::api::set_route(child, &st);
+        super::api::set_route(&child, &st);
     }
     Some(child)
 }

@@ -105,6 +105,8 @@ pub(crate) struct Routes {
     pub(crate) by_sidr: HashMap<(usize, u32), usize>,
     pub(crate) listeners: HashMap<(usize, u64), usize>,
     pub(crate) chans: HashMap<usize, Arc<ChanInner>>,
+    /// Every live id, by the address the application holds.
+    pub(crate) ids: HashMap<usize, Arc<IdPriv>>,
 }
 
 pub(crate) static ROUTES: Mutex<Option<Routes>> = Mutex::new(None);
@@ -276,7 +278,14 @@ pub(crate) struct IdState {
 // library's verbs only; the state is behind the id's mutex.
 unsafe impl Send for IdState {}
 
-/// `struct rdma_cm_id` and what stands behind it; the C pointer is the box's address.
+// SAFETY: the C structure is reached only through raw places (`IdPriv::id_ptr`), as the
+// application reaches it from any thread; the rest is behind mutexes or immutable.
+unsafe impl Send for IdPriv {}
+// SAFETY: as above.
+unsafe impl Sync for IdPriv {}
+
+/// `struct rdma_cm_id` and what stands behind it; the C pointer is the address of the `Arc`'s
+/// value (its first field is the C structure).
 #[repr(C)]
 pub(crate) struct IdPriv {
     /// The application reads and writes this (`id->context`, `id->qp`): only through raw
@@ -319,18 +328,19 @@ impl IdPriv {
     }
 }
 
-/// The id behind a pointer the application passes, if it is live.
+/// The id behind a pointer the application passes, if it is live: held, so that an
+/// `rdma_destroy_id` in another thread frees it only when this use is over (librdmacm
+/// likewise waits for the id's events in flight).
 ///
 /// # Safety
 ///
-/// `p` is NULL or a pointer `rdma_create_id` returned (live ids are checked; a destroyed
-/// one is refused).
-pub(crate) unsafe fn id_of<'a>(p: *mut RdmaCmId) -> Option<&'a IdPriv> {
-    if p.is_null() || !routes(|r| r.chans.contains_key(&(p as usize))) {
+/// None beyond the pointer being what the application holds: it is looked up, never
+/// dereferenced, unless it names a live id.
+pub(crate) unsafe fn id_of(p: *mut RdmaCmId) -> Option<Arc<IdPriv>> {
+    if p.is_null() {
         return None;
     }
-    // SAFETY: a live id: a boxed IdPriv whose first field is the rdma_cm_id.
-    Some(unsafe { &*p.cast::<IdPriv>() })
+    routes(|r| r.ids.get(&(p as usize)).cloned())
 }
 
 /// The PD an id uses: the application's, or the device's own.

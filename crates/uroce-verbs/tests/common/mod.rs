@@ -44,6 +44,13 @@ pub(crate) fn lib_dir() -> &'static Path {
         let link = dir.join("libibverbs.so.1");
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&so, &link).unwrap();
+        // The drop-in librdmacm.so.1, where the tests that use it have built it.
+        let cm = deps.join("liburoce_rdmacm.so");
+        if cm.exists() {
+            let link = dir.join("librdmacm.so.1");
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&cm, &link).unwrap();
+        }
         dir
     })
 }
@@ -178,6 +185,38 @@ pub(crate) fn pair(
     cargs.push(server.addr);
     let cli = verbs_cmd(client.prefix, client.env, prog, client.addr, &cargs).spawn().unwrap();
     let c = finish(cli, limit);
+    let s = finish(srv, if c.status.is_some() { Duration::from_secs(10) } else { Duration::ZERO });
+    (s, c)
+}
+
+/// Runs an rdma_cm server (`server_args`) and then its client (`client_args`), both limited
+/// to `limit`. An RDMA CM server listens on no TCP port to wait for, so a client that fails
+/// within 5 s while the server still runs (its REQ came before the server listened, and was
+/// rejected) is started again, for up to 20 s.
+pub(crate) fn cm_pair(
+    prog: &str,
+    server_args: &[&str],
+    client_args: &[&str],
+    server: &Side<'_>,
+    client: &Side<'_>,
+    limit: Duration,
+) -> (Outcome, Outcome) {
+    let mut srv =
+        verbs_cmd(server.prefix, server.env, prog, server.addr, server_args).spawn().unwrap();
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_millis(200));
+    let c = loop {
+        let t = Instant::now();
+        let cli =
+            verbs_cmd(client.prefix, client.env, prog, client.addr, client_args).spawn().unwrap();
+        let c = finish(cli, limit);
+        let early = !c.ok() && t.elapsed() < Duration::from_secs(5);
+        if early && start.elapsed() < Duration::from_secs(20) && srv.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(300));
+            continue;
+        }
+        break c;
+    };
     let s = finish(srv, if c.status.is_some() { Duration::from_secs(10) } else { Duration::ZERO });
     (s, c)
 }

@@ -1,0 +1,228 @@
+//! Unmodified rdma_cm programs from Debian (rdmacm-utils, perftest) on the drop-in
+//! `librdmacm.so.1` and `libibverbs.so.1`, server and client in separate processes on two
+//! loopback devices; and the library's exports checked against Debian's.
+//!
+//! Needs `rdmacm-utils` and `perftest`; without them each test says why it skips, and under
+//! `CI=true` fails.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Side, cm_pair, have, lib_dir, serial};
+
+const SERVER: &str = "127.0.16.3";
+const CLIENT: &str = "127.0.16.2";
+
+fn sides() -> (Side<'static>, Side<'static>) {
+    (Side { prefix: &[], addr: SERVER, env: &[] }, Side { prefix: &[], addr: CLIENT, env: &[] })
+}
+
+fn run(
+    prog: &str,
+    server_args: &[&str],
+    client_args: &[&str],
+) -> (common::Outcome, common::Outcome) {
+    let (s, c) = sides();
+    cm_pair(prog, server_args, client_args, &s, &c, Duration::from_secs(60))
+}
+
+#[test]
+fn rping_moves_and_verifies_100_pings() {
+    if !have("rping", "rdmacm-utils") {
+        return;
+    }
+    let _turn = serial();
+    let (s, c) = run(
+        "rping",
+        &["-s", "-a", SERVER, "-C", "100", "-v", "-V"],
+        &["-c", "-a", SERVER, "-C", "100", "-v", "-V"],
+    );
+    assert!(s.ok() && c.ok(), "rping:\n{s}\n{c}");
+    // -V verifies each ping's data; -v prints it: the last of 100 arrived on both sides.
+    assert!(c.stdout.contains("ping data: rdma-ping-99: "), "{c}");
+    assert!(s.stdout.contains("server ping data: rdma-ping-99: "), "{s}");
+}
+
+#[test]
+fn udaddy_resolves_a_ud_service_and_exchanges_datagrams() {
+    if !have("udaddy", "rdmacm-utils") {
+        return;
+    }
+    let _turn = serial();
+    let (s, c) = run("udaddy", &["-b", SERVER], &["-s", SERVER, "-b", CLIENT]);
+    assert!(s.ok() && c.ok(), "udaddy:\n{s}\n{c}");
+    assert!(c.stdout.contains("data transfers complete"), "{c}");
+}
+
+#[test]
+fn ucmatose_runs_ten_connections() {
+    if !have("ucmatose", "rdmacm-utils") {
+        return;
+    }
+    let _turn = serial();
+    let (s, c) =
+        run("ucmatose", &["-b", SERVER, "-c", "10"], &["-s", SERVER, "-b", CLIENT, "-c", "10"]);
+    assert!(s.ok() && c.ok(), "ucmatose:\n{s}\n{c}");
+    assert!(s.stdout.contains("return status 0") && c.stdout.contains("return status 0"));
+}
+
+#[test]
+fn rdma_server_and_client_use_the_synchronous_endpoint_api() {
+    if !have("rdma_server", "rdmacm-utils") {
+        return;
+    }
+    let _turn = serial();
+    let (srv, cli) = sides();
+    // The two programs are different binaries: one pair by hand.
+    let server =
+        common::verbs_cmd(&[], &[], "rdma_server", srv.addr, &["-s", SERVER]).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = common::finish(
+        common::verbs_cmd(&[], &[], "rdma_client", cli.addr, &["-s", SERVER]).spawn().unwrap(),
+        Duration::from_secs(30),
+    );
+    for _ in 0..20 {
+        if c.ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        c = common::finish(
+            common::verbs_cmd(&[], &[], "rdma_client", cli.addr, &["-s", SERVER]).spawn().unwrap(),
+            Duration::from_secs(30),
+        );
+    }
+    let s = common::finish(server, Duration::from_secs(10));
+    assert!(s.ok() && c.ok(), "rdma_server/rdma_client:\n{s}\n{c}");
+    assert!(c.stdout.contains("rdma_client: end 0"), "{c}");
+}
+
+#[test]
+fn mckey_sends_to_a_multicast_group() {
+    if !have("mckey", "rdmacm-utils") {
+        return;
+    }
+    let _turn = serial();
+    let (s, c) = run(
+        "mckey",
+        &["-m", "239.16.0.1", "-b", SERVER, "-C", "20"],
+        &["-m", "239.16.0.1", "-b", CLIENT, "-s", "-C", "20"],
+    );
+    assert!(s.ok() && c.ok(), "mckey:\n{s}\n{c}");
+    assert!(s.stdout.contains("data transfers complete"), "{s}");
+}
+
+#[test]
+fn cmtime_times_ten_connections() {
+    if !have("cmtime", "rdmacm-utils") {
+        return;
+    }
+    let _turn = serial();
+    let (s, c) =
+        run("cmtime", &["-b", SERVER, "-c", "10"], &["-s", SERVER, "-b", CLIENT, "-c", "10"]);
+    assert!(c.ok(), "cmtime:\n{s}\n{c}");
+    assert!(c.stdout.contains("connect"), "{c}");
+    println!("{}", c.stdout);
+}
+
+#[test]
+fn perftest_connects_through_the_rdma_cm() {
+    if !have("ib_send_lat", "perftest") {
+        return;
+    }
+    let _turn = serial();
+    for prog in ["ib_send_lat", "ib_write_bw", "ib_read_lat"] {
+        let (s, c) = run(prog, &["-R", "-n", "500"], &["-R", "-n", "500", SERVER]);
+        assert!(s.ok() && c.ok(), "{prog} -R:\n{s}\n{c}");
+        assert!(c.stdout.contains("#bytes"), "{prog}: no result table\n{c}");
+    }
+}
+
+#[test]
+fn listeners_in_two_processes_each_get_their_requests_and_a_port_nobody_listens_on_is_rejected() {
+    if !have("rping", "rdmacm-utils") {
+        return;
+    }
+    let _turn = serial();
+    let (srv, cli) = sides();
+    let spawn = |addr: &str, args: &[&str]| {
+        common::verbs_cmd(&[], &[], "rping", addr, args).spawn().unwrap()
+    };
+    let a = spawn(srv.addr, &["-s", "-a", SERVER, "-p", "7201", "-C", "3", "-v"]);
+    let b = spawn(srv.addr, &["-s", "-a", SERVER, "-p", "7202", "-C", "5", "-v"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let ca = common::finish(
+        spawn(cli.addr, &["-c", "-a", SERVER, "-p", "7201", "-C", "3", "-v"]),
+        Duration::from_secs(30),
+    );
+    // Nobody listens on 7203 while the second server keeps the device open: the REQ is
+    // rejected by the server's host, "invalid service ID" (IBA table 112: 8), at once.
+    let t = std::time::Instant::now();
+    let r = common::finish(
+        spawn(cli.addr, &["-c", "-a", SERVER, "-p", "7203", "-C", "1"]),
+        Duration::from_secs(30),
+    );
+    let rejected_in = t.elapsed();
+    let cb = common::finish(
+        spawn(cli.addr, &["-c", "-a", SERVER, "-p", "7202", "-C", "5", "-v"]),
+        Duration::from_secs(30),
+    );
+    let (sa, sb) =
+        (common::finish(a, Duration::from_secs(10)), common::finish(b, Duration::from_secs(10)));
+    assert!(sa.ok() && ca.ok(), "port 7201:\n{sa}\n{ca}");
+    assert!(sb.ok() && cb.ok(), "port 7202:\n{sb}\n{cb}");
+    // Each server saw its own client's count of pings, and only those.
+    assert!(sa.stdout.contains("rdma-ping-2:") && !sa.stdout.contains("rdma-ping-3:"), "{sa}");
+    assert!(sb.stdout.contains("rdma-ping-4:"), "{sb}");
+    assert!(!r.ok(), "{r}");
+    let text = format!("{}{}", r.stdout, r.stderr);
+    assert!(text.contains("RDMA_CM_EVENT_REJECTED, error 8"), "{r}");
+    assert!(rejected_in < Duration::from_secs(5), "the reject took {rejected_in:?}");
+}
+
+/// Defined dynamic symbols as `name version`.
+fn dynamic_symbols(path: &str) -> BTreeSet<String> {
+    let out = Command::new("objdump").args(["-T", path]).output().unwrap();
+    assert!(out.status.success(), "objdump -T {path}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.contains("*UND*") && (l.contains(" DF ") || l.contains(" DO ")))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (ver, name) = (f[f.len() - 2], f[f.len() - 1]);
+            (ver != "Base" && ver != name).then(|| format!("{name} {ver}"))
+        })
+        .collect()
+}
+
+#[test]
+fn exports_every_symbol_and_version_of_the_real_library() {
+    let real = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
+    if !std::path::Path::new(real).exists() {
+        assert!(
+            !common::ci(),
+            "Debian's librdmacm1 is required under CI (apt-get install -y librdmacm1)"
+        );
+        eprintln!("SKIPPED: no {real} to compare with (apt-get install -y librdmacm1)");
+        return;
+    }
+    if !have("objdump", "binutils") {
+        return;
+    }
+    let ours = lib_dir().join("librdmacm.so.1");
+    let ours = ours.to_str().unwrap();
+    let want = dynamic_symbols(real);
+    let got = dynamic_symbols(ours);
+    let missing: Vec<_> = want.difference(&got).collect();
+    let extra: Vec<_> = got.difference(&want).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "missing {missing:?}\nextra {extra:?}");
+    assert!(want.len() > 60, "{} symbols", want.len());
+    let p = Command::new("objdump").args(["-p", ours]).output().unwrap();
+    let text = String::from_utf8_lossy(&p.stdout);
+    assert!(text.contains("SONAME               librdmacm.so.1"), "{text}");
+    assert!(text.contains("NEEDED               libibverbs.so.1"), "{text}");
+}
