@@ -50,7 +50,7 @@ fn fail<T>(e: c_int) -> *mut T {
 
 /// Whether `UROCE_VERBS_DEBUG` (set and not `0`) asks for the reason of every refused verb on
 /// stderr: the C API has only an errno to say what was wrong.
-fn debug() -> bool {
+pub(crate) fn debug() -> bool {
     static DEBUG: OnceLock<bool> = OnceLock::new();
     *DEBUG
         .get_or_init(|| std::env::var("UROCE_VERBS_DEBUG").is_ok_and(|v| !v.is_empty() && v != "0"))

@@ -141,10 +141,38 @@ pub(crate) fn open_fifo(path: &Path, read_side: bool) -> io::Result<OwnedFd> {
 }
 
 /// Writes one byte to a FIFO (a wake-up); a full FIFO already holds one, so errors are ignored.
+///
+/// A FIFO whose reader is gone (its process exited between its last sleep and now) answers
+/// `EPIPE` and raises `SIGPIPE`, whose default action would kill this process: the signal is
+/// blocked in this thread for the write, and the one the write raised is taken before it is
+/// unblocked (one already pending from elsewhere is left alone).
 pub(crate) fn poke(fd: RawFd) {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it below.
+    let mut pipe: libc::sigset_t = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    let mut pending: libc::sigset_t = unsafe { core::mem::zeroed() };
+    // SAFETY: initialises a local set.
+    unsafe { libc::sigemptyset(&raw mut pipe) };
+    // SAFETY: adds a valid signal to the local set.
+    unsafe { libc::sigaddset(&raw mut pipe, libc::SIGPIPE) };
+    // SAFETY: changes this thread's mask; the old one is kept and restored below.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const pipe, &raw mut old) };
+    // SAFETY: fills a local set.
+    unsafe { libc::sigpending(&raw mut pending) };
+    // SAFETY: reads a local set.
+    let already = unsafe { libc::sigismember(&raw const pending, libc::SIGPIPE) } == 1;
     let b = 1u8;
     // SAFETY: writes one byte from a live local.
-    let _ = unsafe { libc::write(fd, (&raw const b).cast(), 1) };
+    let n = unsafe { libc::write(fd, (&raw const b).cast(), 1) };
+    if n < 0 && !already && io::Error::last_os_error().raw_os_error() == Some(libc::EPIPE) {
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: takes the pending SIGPIPE this write raised, without waiting.
+        unsafe { libc::sigtimedwait(&raw const pipe, core::ptr::null_mut(), &raw const zero) };
+    }
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, core::ptr::null_mut()) };
 }
 
 /// Reads everything a non-blocking FIFO holds.
@@ -175,4 +203,25 @@ pub(crate) fn process_exists(pid: u32) -> bool {
 pub(crate) fn effective_uid() -> u32 {
     // SAFETY: geteuid(2) takes no argument and cannot fail.
     unsafe { libc::geteuid() }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn waking_a_reader_that_is_gone_does_not_kill_the_waker() {
+        let path = std::env::temp_dir().join(format!("uroce-fifo-{}", std::process::id()));
+        make_fifo(&path).unwrap();
+        let reader = open_fifo(&path, true).unwrap();
+        let writer = open_fifo(&path, false).unwrap();
+        drop(reader);
+        // EPIPE, and a SIGPIPE that would end this test process if it were delivered.
+        poke(writer.as_raw_fd());
+        poke(writer.as_raw_fd());
+        std::fs::remove_file(&path).unwrap();
+    }
 }

@@ -140,7 +140,14 @@ pub(crate) unsafe fn getaddrinfo(
         None => 0,
         Some(s) => s.parse().map_err(|_| libc::EINVAL)?,
     };
+    // rdma_getaddrinfo(3): without a node, the hints' addresses are the answer.
+    // SAFETY: the hints' addresses, if any, are the caller's valid sockaddrs.
+    let hint_dst = hints.and_then(|h| unsafe { read(h.ai_dst_addr) });
+    // SAFETY: as above.
+    let hint_src_only = hints.and_then(|h| unsafe { read(h.ai_src_addr) });
     let addrs: Vec<SocketAddr> = match node.as_deref() {
+        None if hint_dst.is_some() && !passive => hint_dst.into_iter().collect(),
+        None if passive && hint_src_only.is_some() => hint_src_only.into_iter().collect(),
         None if passive => {
             let any = if family == libc::AF_INET6 {
                 IpAddr::V6(Ipv6Addr::UNSPECIFIED)

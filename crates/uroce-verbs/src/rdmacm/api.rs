@@ -99,6 +99,7 @@ pub(crate) fn new_id(
             ep_qp_init: None,
             own_cqs: false,
             groups: Vec::new(),
+            synchronous: sync.is_some(),
         }),
         sync,
         path,
@@ -171,15 +172,29 @@ fn bind(idp: &IdPriv, st: &mut IdState, a: SocketAddr) -> Result<(), Errno> {
         st.local = Some(SocketAddr::new(a.ip(), port));
         return Ok(());
     }
-    let d = device_of_addr(a.ip()).ok_or(libc::EADDRNOTAVAIL)?;
-    let b = devs[d].net.bind_port(space, a.port(), a.ip()).map_err(bind_err)?;
-    st.local = Some(SocketAddr::new(a.ip(), b.port()));
+    // A loopback address that is no device's binds to the first device of its family, as
+    // Linux's rdma_cm binds a loopback address to a device (`cma_bind_loopback`): libfabric,
+    // for one, binds "localhost" to find a passive endpoint's address.
+    let loopback = a.ip().is_loopback() && device_of_addr(a.ip()).is_none();
+    let d = if loopback {
+        (0..devs.len()).find(|&i| devs[i].addr.is_ipv4() == a.is_ipv4()).ok_or(libc::ENODEV)?
+    } else {
+        device_of_addr(a.ip()).ok_or(libc::EADDRNOTAVAIL)?
+    };
+    let on = if loopback { devs[d].addr } else { a.ip() };
+    let b = devs[d].net.bind_port(space, a.port(), on).map_err(bind_err)?;
+    // The id's local address is then the device's (what `rdma_get_local_addr` reports and
+    // a peer can reach): a RoCE device has no loopback address of its own.
+    st.local = Some(SocketAddr::new(on, b.port()));
     st.bindings.push((d, b));
     st.dev = Some(d);
     Ok(())
 }
 
 fn sync_wait(idp: &IdPriv) -> Result<(), Errno> {
+    if !lock(&idp.st).synchronous {
+        return Ok(());
+    }
     match &idp.sync {
         // SAFETY: the live synchronous id.
         Some(c) => unsafe { complete(idp, c) },
@@ -258,6 +273,9 @@ unsafe extern "C" fn uroce_rdmacm_create_id(
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_destroy_id(id: *mut RdmaCmId) -> c_int {
+    if verbs::debug() {
+        eprintln!("uroce rdmacm: rdma_destroy_id({id:p})");
+    }
     let held = id_or_einval!(id);
     let idp = &*held;
     let me = idp.addr();
@@ -273,10 +291,17 @@ unsafe extern "C" fn uroce_rdmacm_destroy_id(id: *mut RdmaCmId) -> c_int {
         (st.dev, st.cid.take(), st.phase == Phase::Listening, core::mem::take(&mut st.bindings))
     };
     if let (Some(dev), Some(cid)) = (dev, cid) {
-        devices()[dev].net.with(|s| {
+        let state = devices()[dev].net.with(|s| {
             let (cm, now) = s.cm();
+            let state = cm.state(cid);
             cm.destroy(now, cid);
+            state
         });
+        if verbs::debug() {
+            eprintln!(
+                "uroce rdmacm: id {me:#x} destroyed, its connection {cid:#010x} was {state:?}"
+            );
+        }
     }
     if listening {
         for (d, b) in &bindings {
@@ -609,7 +634,9 @@ unsafe extern "C" fn uroce_rdmacm_get_request(
     if id.is_null() {
         return err(libc::EINVAL);
     }
-    let Some(sync) = &l.sync else { return err(libc::EINVAL) };
+    let Some(sync) = l.sync.as_ref().filter(|_| lock(&l.st).synchronous) else {
+        return err(libc::EINVAL);
+    };
     let e = loop {
         match events::next(&sync.inner) {
             Ok(e) if e.ev.event == event::CONNECT_REQUEST => break e,
@@ -963,15 +990,24 @@ unsafe extern "C" fn uroce_rdmacm_migrate_id(
 ) -> c_int {
     let held = id_or_einval!(id);
     let idp = &*held;
+    // rdma_migrate_id(3): a NULL channel makes the id synchronous (on its private channel,
+    // which an id made with a channel gets now).
     // SAFETY: the application's channel.
-    let Some(to) = (unsafe { chan_of(channel) }) else { return err(libc::EINVAL) };
+    let (to, cptr, synchronous) = match unsafe { chan_of(channel) } {
+        Some(c) => (c, channel, false),
+        None => match &idp.sync {
+            Some(own) => (Arc::clone(&own.inner), core::ptr::from_ref(&own.c).cast_mut(), true),
+            None => return err(libc::ENOSYS),
+        },
+    };
     let mut st = lock(&idp.st);
     let me = idp.addr();
     routes(|r| r.chans.insert(me, Arc::clone(&to)));
     st.chan.move_items_of(me, &to);
     st.chan = to;
+    st.synchronous = synchronous;
     // SAFETY: the live id's field.
-    unsafe { (*idp.id_ptr()).channel = channel };
+    unsafe { (*idp.id_ptr()).channel = cptr };
     0
 }
 

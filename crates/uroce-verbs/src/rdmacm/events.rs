@@ -162,6 +162,9 @@ fn process(item: Item) -> Option<Box<EventPriv>> {
         }
         Item::Cm { id, dev, event } => (id, dev, event),
     };
+    if crate::verbs::debug() {
+        eprintln!("uroce rdmacm: id {id:#x} on device {dev}: {e:?}");
+    }
     // SAFETY: ids are looked up among the live ones.
     let held = unsafe { id_of(id as *mut RdmaCmId) }?;
     let idp = &*held;
@@ -282,7 +285,7 @@ fn child_of(
     remote: SocketAddr,
 ) -> Option<std::sync::Arc<IdPriv>> {
     let lst = lock(&l.st);
-    let sync = l.sync.is_some();
+    let sync = lst.synchronous;
     // SAFETY: the listener is live.
     let (ctx, ps, qp_type) =
         unsafe { ((*l.id_ptr()).context, (*l.id_ptr()).ps, (*l.id_ptr()).qp_type) };

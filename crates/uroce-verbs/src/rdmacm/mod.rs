@@ -83,8 +83,30 @@ pub(crate) fn devices() -> &'static [CmDev] {
         }
         // SAFETY: the list this library returned above.
         unsafe { crate::verbs::uroce_verbs_free_device_list(list) };
+        // SAFETY: atexit(3) with a function that lives as long as the process.
+        unsafe { libc::atexit(release_at_exit) };
         out
     })
+}
+
+/// At exit, every connection still open is released as the kernel releases a process's
+/// rdma_cm ids when it closes their file: a live connection gets its DREQ (or, answering one,
+/// its DREP), a request not answered its REJ, so that no peer waits out its timeouts for a
+/// process that is gone. (qperf's server, for one, exits without destroying its connection.)
+extern "C" fn release_at_exit() {
+    let ids: Vec<Arc<IdPriv>> = routes(|r| r.ids.values().cloned().collect());
+    for idp in ids {
+        let (dev, cid) = {
+            let st = lock(&idp.st);
+            (st.dev, st.cid)
+        };
+        if let (Some(dev), Some(cid)) = (dev, cid) {
+            devices()[dev].net.with(|s| {
+                let (cm, now) = s.cm();
+                cm.destroy(now, cid);
+            });
+        }
+    }
 }
 
 /// The device with address `addr`.
@@ -272,6 +294,9 @@ pub(crate) struct IdState {
     pub(crate) own_cqs: bool,
     /// Multicast groups joined.
     pub(crate) groups: Vec<IpAddr>,
+    /// The id's calls wait for their events (it was made without a channel, and not
+    /// migrated to one since).
+    pub(crate) synchronous: bool,
 }
 
 // SAFETY: the raw pointers in `ep_qp_init` are the application's objects, handed back to this
@@ -292,8 +317,8 @@ pub(crate) struct IdPriv {
     /// places.
     pub(crate) id: core::cell::UnsafeCell<RdmaCmId>,
     pub(crate) st: Mutex<IdState>,
-    /// The id was created without a channel: calls wait for their event (librdmacm's
-    /// synchronous mode), on this private channel.
+    /// The private channel of an id made without one (librdmacm's synchronous mode: calls
+    /// wait for their event on it).
     pub(crate) sync: Option<Box<Chan>>,
     /// The path record `id.route.path_rec` points to once the route is resolved.
     pub(crate) path: IbvSaPathRec,
