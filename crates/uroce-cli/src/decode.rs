@@ -164,7 +164,19 @@ fn describe(d: &UdpDatagram<'_>) -> (String, bool) {
     let parsed_ok = match PacketRepr::parse_ignoring_icrc(roce) {
         Ok(p) => {
             let _ = write!(s, "{}", p.repr);
-            true
+            match uroce_wire::mad::gmp_payload(&p.repr) {
+                Ok(mad) => match describe_mad(mad) {
+                    Ok(m) => {
+                        let _ = write!(s, " {m}");
+                        true
+                    }
+                    Err(e) => {
+                        let _ = write!(s, " error=\"{e}\"");
+                        false
+                    }
+                },
+                Err(_) => true,
+            }
         }
         Err(e) => {
             // Show what can be read: the BTH, if there is one.
@@ -177,6 +189,48 @@ fn describe(d: &UdpDatagram<'_>) -> (String, bool) {
     };
     let _ = write!(s, " icrc={}", if icrc_ok { "ok" } else { "BAD" });
     (s, icrc_ok && parsed_ok)
+}
+
+/// A MAD to QP1, as the CM reads it: the message's fields, then the RDMA CM header of a
+/// request (the connection's IP addresses and port) and the private data, without the
+/// padding zeros.
+fn describe_mad(mad: &[u8]) -> Result<String, uroce_wire::Error> {
+    use uroce_wire::cm::{CmMad, Message};
+    let m = CmMad::parse(mad)?;
+    let mut s = m.to_string();
+    let private = match &m.message {
+        Message::Req(r) => r.private_data,
+        Message::SidrReq(r) => r.private_data,
+        Message::Rep(r) => r.private_data,
+        Message::Rej(r) => r.private_data,
+        Message::Mra(r) => r.private_data,
+        Message::Rtu(r) | Message::Drep(r) => r.private_data,
+        Message::Dreq(r) => r.private_data,
+        Message::SidrRep(r) => r.private_data,
+    };
+    let request = matches!(m.message, Message::Req(_) | Message::SidrReq(_));
+    let mut user = private;
+    if request && let Ok(h) = uroce_wire::cma::Header::parse(private) {
+        let _ = write!(s, " cma(src={}:{} dst={})", h.src, h.src_port, h.dst);
+        if let Some((space, port)) = match m.message {
+            Message::Req(r) => uroce_wire::cma::PortSpace::of_service_id(r.service_id),
+            Message::SidrReq(r) => uroce_wire::cma::PortSpace::of_service_id(r.service_id),
+            _ => None,
+        } {
+            let _ = write!(s, " ps={space:?} port={port}");
+        }
+        user = &private[uroce_wire::cma::HEADER_LEN..];
+    }
+    let used = user.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let _ = write!(s, " private={}", if used == 0 { "-".to_owned() } else { hex(&user[..used]) });
+    Ok(s)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut acc, b| {
+        let _ = write!(acc, "{b:02x}");
+        acc
+    })
 }
 
 /// Reads `[name] hex...`: if every token is hex the whole line is data, otherwise the first

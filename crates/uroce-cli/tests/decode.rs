@@ -213,3 +213,45 @@ fn pcapng_written_by_tshark_decodes_like_the_pcap() {
     assert_eq!(stdout(&a), stdout(&b));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn cm_mads_are_decoded_field_by_field() {
+    use uroce_wire::icrc::PseudoHeader;
+    use uroce_wire::pcap::PcapWriter;
+    let dir = temp_dir("cm");
+    let path = dir.join("cm.pcap");
+    let mut w = PcapWriter::new(std::fs::File::create(&path).unwrap()).unwrap();
+    let (a, b) = ("127.0.0.2:49152".parse().unwrap(), "127.0.0.3:4791".parse().unwrap());
+    for (i, m) in uroce_wire::examples::sample_cm_messages().iter().enumerate() {
+        let repr = uroce_wire::mad::gmp(m, uroce_wire::Psn::from_masked(0));
+        let mut buf = vec![0u8; repr.buffer_len().unwrap()];
+        repr.emit(&PseudoHeader::for_endpoints(a, b).unwrap(), &mut buf).unwrap();
+        w.write_roce(std::time::Duration::from_millis(i as u64), a, b, &buf).unwrap();
+    }
+    w.into_inner().unwrap();
+    let o = uroce(&["decode", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 9, "{text}");
+    let req = lines[0];
+    for field in [
+        "cm REQ tid=0x1",
+        "lcid=0x01000001",
+        "sid=0x0000000001061c06",
+        "qpn=0x010011",
+        "psn=11259375",
+        "mtu=4096",
+        "retry=7 rnr_retry=7 max_cm_retries=15",
+        "cma(src=127.0.0.2:40000 dst=127.0.0.3) ps=Tcp port=7174",
+        "private=70696e67",
+        "icrc=ok",
+    ] {
+        assert!(req.contains(field), "REQ line lacks {field:?}: {req}");
+    }
+    assert!(lines[2].contains("cm REP") && lines[2].contains("rcid=0x01000001"), "{text}");
+    assert!(lines[2].contains("qpn=0x020022 psn=1193046") && lines[2].contains("private=706f6e67"));
+    assert!(lines[6].contains("cm REJ") && lines[6].contains("reason=8"), "{text}");
+    assert!(lines[8].contains("cm SIDR_REP") && lines[8].contains("qpn=0x020023"), "{text}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -36,7 +36,9 @@ pub(crate) fn bind(
     addr: IpAddr,
 ) -> Result<PortBinding, BindError> {
     if let Some((dir, owner)) = endpoint {
-        let live = |i: u8| dir.live(i).map(|(g, _)| g);
+        // A port is held while its endpoint's process runs: one killed without unbinding
+        // frees its ports as soon as it is gone, not when its slot is taken over.
+        let live = |i: u8| dir.live(i).filter(|_| dir.alive(i)).map(|(g, _)| g);
         let (service_id, entry) = dir.ports.bind(owner, space, port, addr, &live)?;
         return Ok(PortBinding { service_id, addr, place: Place::Host { dir, owner, entry } });
     }

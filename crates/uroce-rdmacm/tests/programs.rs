@@ -80,10 +80,10 @@ fn rdma_server_and_client_use_the_synchronous_endpoint_api() {
     let (srv, cli) = sides();
     // The two programs are different binaries: one pair by hand.
     let server =
-        common::verbs_cmd(&[], &[], "rdma_server", srv.addr, &["-s", SERVER]).spawn().unwrap();
+        common::start(&mut common::verbs_cmd(&[], &[], "rdma_server", srv.addr, &["-s", SERVER]));
     std::thread::sleep(Duration::from_millis(300));
     let mut c = common::finish(
-        common::verbs_cmd(&[], &[], "rdma_client", cli.addr, &["-s", SERVER]).spawn().unwrap(),
+        common::start(&mut common::verbs_cmd(&[], &[], "rdma_client", cli.addr, &["-s", SERVER])),
         Duration::from_secs(30),
     );
     for _ in 0..20 {
@@ -92,7 +92,13 @@ fn rdma_server_and_client_use_the_synchronous_endpoint_api() {
         }
         std::thread::sleep(Duration::from_millis(300));
         c = common::finish(
-            common::verbs_cmd(&[], &[], "rdma_client", cli.addr, &["-s", SERVER]).spawn().unwrap(),
+            common::start(&mut common::verbs_cmd(
+                &[],
+                &[],
+                "rdma_client",
+                cli.addr,
+                &["-s", SERVER],
+            )),
             Duration::from_secs(30),
         );
     }
@@ -150,7 +156,7 @@ fn listeners_in_two_processes_each_get_their_requests_and_a_port_nobody_listens_
     let _turn = serial();
     let (srv, cli) = sides();
     let spawn = |addr: &str, args: &[&str]| {
-        common::verbs_cmd(&[], &[], "rping", addr, args).spawn().unwrap()
+        common::start(&mut common::verbs_cmd(&[], &[], "rping", addr, args))
     };
     let a = spawn(srv.addr, &["-s", "-a", SERVER, "-p", "7201", "-C", "3", "-v"]);
     let b = spawn(srv.addr, &["-s", "-a", SERVER, "-p", "7202", "-C", "5", "-v"]);
@@ -225,4 +231,57 @@ fn exports_every_symbol_and_version_of_the_real_library() {
     let text = String::from_utf8_lossy(&p.stdout);
     assert!(text.contains("SONAME               librdmacm.so.1"), "{text}");
     assert!(text.contains("NEEDED               libibverbs.so.1"), "{text}");
+}
+
+#[test]
+fn qperf_connects_through_the_rdma_cm() {
+    if !have("qperf", "qperf") {
+        return;
+    }
+    let _turn = serial();
+    let (s, c) = run("qperf", &[], &[SERVER, "-cm1", "-t", "1", "rc_lat", "rc_bw"]);
+    // The qperf server runs until killed: only the client's end is checked.
+    assert!(c.ok(), "qperf -cm1:\n{s}\n{c}");
+    assert!(c.stdout.contains("latency") && c.stdout.contains("bw"), "{c}");
+    println!("{}", c.stdout);
+}
+
+#[test]
+fn fio_writes_and_reads_over_the_rdma_engine() {
+    if !have("fio", "fio") {
+        return;
+    }
+    let _turn = serial();
+    let (srv, cli) = sides();
+    for (verb, port) in [("write", "19310"), ("read", "19311")] {
+        let host = format!("--hostname={SERVER}");
+        let port = format!("--port={port}");
+        let v = format!("--verb={verb}");
+        let common = ["--ioengine=rdma", &host, &port, "--bs=64k", "--size=32m"];
+        // fio's RDMA engine: the side with rw=read listens, the one with rw=write connects
+        // and moves data with `verb`.
+        // Engine options (`--verb`) come after `--ioengine`.
+        let mut sargs = vec!["--name=srv", "--rw=read"];
+        sargs.extend_from_slice(&common);
+        let mut cargs = vec!["--name=cli", "--rw=write"];
+        cargs.extend_from_slice(&common);
+        cargs.push(&v);
+        let server = common::start(&mut common::verbs_cmd(&[], &[], "fio", srv.addr, &sargs));
+        let mut c;
+        let start = std::time::Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            c = common::finish(
+                common::start(&mut common::verbs_cmd(&[], &[], "fio", cli.addr, &cargs)),
+                Duration::from_secs(60),
+            );
+            // A client that came before the listener is rejected, and fio exits 0 then.
+            if c.stdout.contains("WRITE: bw=") || start.elapsed() > Duration::from_secs(20) {
+                break;
+            }
+        }
+        let s = common::finish(server, Duration::from_secs(20));
+        assert!(c.ok() && s.ok(), "fio verb={verb}:\n{s}\n{c}");
+        assert!(c.stdout.contains("io=32.0MiB"), "fio verb={verb} moved less:\n{c}");
+    }
 }

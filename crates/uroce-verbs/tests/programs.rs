@@ -21,7 +21,7 @@ const CLIENT: Side<'static> = Side { prefix: &[], addr: "127.0.0.3", env: &[] };
 const PORT: u16 = 18515;
 
 fn run_alone(prog: &str, addr: &str, args: &[&str]) -> common::Outcome {
-    let child = verbs_cmd(&[], &[], prog, addr, args).spawn().unwrap();
+    let child = common::start(&mut verbs_cmd(&[], &[], prog, addr, args));
     common::finish(child, Duration::from_secs(20))
 }
 
@@ -118,7 +118,7 @@ fn two_servers_share_one_address_and_two_clients_another() {
     let args = |p: &'static str| ["-g", "0", "-p", p, "-n", "1000"];
     let servers: Vec<_> = ports
         .iter()
-        .map(|p| verbs_cmd(&[], &[], "ibv_rc_pingpong", "127.0.0.2", &args(p)).spawn().unwrap())
+        .map(|p| common::start(&mut verbs_cmd(&[], &[], "ibv_rc_pingpong", "127.0.0.2", &args(p))))
         .collect();
     for p in ports {
         assert!(common::wait_listening(&[], p.parse().unwrap()), "server on {p} never listened");
@@ -131,7 +131,7 @@ fn two_servers_share_one_address_and_two_clients_another() {
         .map(|p| {
             let mut a = args(p).to_vec();
             a.push("127.0.0.2");
-            verbs_cmd(&[], &[], "ibv_rc_pingpong", "127.0.0.3", &a).spawn().unwrap()
+            common::start(&mut verbs_cmd(&[], &[], "ibv_rc_pingpong", "127.0.0.3", &a))
         })
         .collect();
     let limit = Duration::from_secs(60);
@@ -153,9 +153,10 @@ fn a_refused_verb_is_explained_on_request() {
     // RoCE NIC, where modify_qp to RTR fails the same way).
     let mut server = verbs_cmd(&[], &[], "ibv_rc_pingpong", SERVER.addr, &[]);
     server.env("UROCE_VERBS_DEBUG", "1");
-    let srv = server.spawn().unwrap();
+    let srv = common::start(&mut server);
     assert!(common::wait_listening(&[], PORT), "the server never listened");
-    let cli = verbs_cmd(&[], &[], "ibv_rc_pingpong", CLIENT.addr, &[SERVER.addr]).spawn().unwrap();
+    let cli =
+        common::start(&mut verbs_cmd(&[], &[], "ibv_rc_pingpong", CLIENT.addr, &[SERVER.addr]));
     let c = common::finish(cli, Duration::from_secs(20));
     let s = common::finish(srv, Duration::from_secs(20));
     // The server connects its QP first, fails, and hangs up on the client.

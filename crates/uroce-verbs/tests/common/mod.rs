@@ -107,29 +107,76 @@ impl std::fmt::Display for Outcome {
     }
 }
 
-/// Waits for `child` up to `limit`, killing it then.
-pub(crate) fn finish(mut child: Child, limit: Duration) -> Outcome {
+/// A program started with its output drained as it comes: a program that prints more than
+/// a pipe holds would otherwise stall on its next write until someone reads.
+pub(crate) struct Running {
+    child: Child,
+    stdout: std::thread::JoinHandle<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Running {
+    /// Whether the program still runs.
+    pub(crate) fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+/// SIGKILL to the child's process group.
+fn kill_group(child: &Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) of a process group this test created; no memory is involved.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+}
+
+fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut p) = pipe {
+            let mut bytes = Vec::new();
+            let _ = p.read_to_end(&mut bytes);
+            text = String::from_utf8_lossy(&bytes).into_owned();
+        }
+        text
+    })
+}
+
+/// Starts `cmd` (its stdout and stderr piped, as [`verbs_cmd`] sets them) in a process group
+/// of its own, so that what it forks (fio's job processes) ends with it.
+pub(crate) fn start(cmd: &mut Command) -> Running {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    Running { child, stdout, stderr }
+}
+
+/// Waits for a program up to `limit`, killing it then.
+pub(crate) fn finish(mut r: Running, limit: Duration) -> Outcome {
     let deadline = Instant::now() + limit;
     let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = r.child.try_wait().unwrap() {
             break Some(s);
         }
         if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_group(&r.child);
+            let _ = r.child.wait();
             break None;
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_string(&mut stdout);
-    }
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut stderr);
-    }
-    Outcome { status, stdout, stderr }
+    // What the program left running (and holding its output open) goes with it.
+    kill_group(&r.child);
+    let output = |h: std::thread::JoinHandle<String>| {
+        let until = Instant::now() + Duration::from_secs(5);
+        while !h.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if h.is_finished() { h.join().unwrap_or_default() } else { "(output still open)".into() }
+    };
+    Outcome { status, stdout: output(r.stdout), stderr: output(r.stderr) }
 }
 
 /// Whether some socket listens on TCP `port` (any namespace-local address), from
@@ -176,14 +223,14 @@ pub(crate) fn pair(
     port: u16,
     limit: Duration,
 ) -> (Outcome, Outcome) {
-    let srv = verbs_cmd(server.prefix, server.env, prog, server.addr, args).spawn().unwrap();
+    let srv = start(&mut verbs_cmd(server.prefix, server.env, prog, server.addr, args));
     if !wait_listening(server.prefix, port) {
         let s = finish(srv, Duration::ZERO);
         panic!("{prog} server never listened on {port}:\n{s}");
     }
     let mut cargs = args.to_vec();
     cargs.push(server.addr);
-    let cli = verbs_cmd(client.prefix, client.env, prog, client.addr, &cargs).spawn().unwrap();
+    let cli = start(&mut verbs_cmd(client.prefix, client.env, prog, client.addr, &cargs));
     let c = finish(cli, limit);
     let s = finish(srv, if c.status.is_some() { Duration::from_secs(10) } else { Duration::ZERO });
     (s, c)
@@ -201,20 +248,22 @@ pub(crate) fn cm_pair(
     client: &Side<'_>,
     limit: Duration,
 ) -> (Outcome, Outcome) {
-    let mut srv =
-        verbs_cmd(server.prefix, server.env, prog, server.addr, server_args).spawn().unwrap();
-    let start = Instant::now();
+    let mut srv = start(&mut verbs_cmd(server.prefix, server.env, prog, server.addr, server_args));
+    let began = Instant::now();
     std::thread::sleep(Duration::from_millis(200));
+    let mut earlier = String::new();
     let c = loop {
         let t = Instant::now();
-        let cli =
-            verbs_cmd(client.prefix, client.env, prog, client.addr, client_args).spawn().unwrap();
-        let c = finish(cli, limit);
+        let cli = start(&mut verbs_cmd(client.prefix, client.env, prog, client.addr, client_args));
+        let mut c = finish(cli, limit);
         let early = !c.ok() && t.elapsed() < Duration::from_secs(5);
-        if early && start.elapsed() < Duration::from_secs(20) && srv.try_wait().unwrap().is_none() {
+        if early && began.elapsed() < Duration::from_secs(20) && srv.running() {
+            let at = t - began;
+            earlier.push_str(&format!("--- an attempt {at:?} after the server started:\n{c}\n"));
             std::thread::sleep(Duration::from_millis(300));
             continue;
         }
+        c.stderr.push_str(&earlier);
         break c;
     };
     let s = finish(srv, if c.status.is_some() { Duration::from_secs(10) } else { Duration::ZERO });
