@@ -848,7 +848,7 @@ impl NetDevice {
 
     /// Binds an RDMA CM port (`space`: the port space's value, `rdma_cma.h`; port 0: an
     /// ephemeral one) on `addr` (this device's address, or a wildcard) for this endpoint,
-    /// unique across the host's processes as TCP ports are ([`crate::ports`]).
+    /// unique across the host's processes as TCP ports are.
     pub fn bind_port(
         &self,
         space: u16,

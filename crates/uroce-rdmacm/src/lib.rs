@@ -142,8 +142,10 @@ extern "C" fn uroce_rdmacm_shim_ece(_id: P, _ece: P) -> I {
 /// Sets `errno` to `ENOSYS` and returns -1 (as `int`, `ssize_t` or `off_t`: the value is
 /// -1 in every width).
 fn unsupported() -> isize {
-    // SAFETY: the calling thread's errno.
-    unsafe { *libc::__errno_location() = libc::ENOSYS };
+    // SAFETY: the calling thread's errno location, always valid.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: as above.
+    unsafe { *errno = libc::ENOSYS };
     -1
 }
 

@@ -5,6 +5,10 @@
 //! Needs `rdmacm-utils` and `perftest`; without them each test says why it skips, and under
 //! `CI=true` fails.
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests run real programs: they wait by the wall clock"
+)]
 
 #[path = "common/mod.rs"]
 mod common;

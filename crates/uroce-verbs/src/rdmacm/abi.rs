@@ -145,7 +145,7 @@ pub(crate) struct RdmaAddrinfo {
     pub(crate) ai_route: *mut c_void,
     pub(crate) ai_connect_len: usize,
     pub(crate) ai_connect: *mut c_void,
-    pub(crate) ai_next: *mut RdmaAddrinfo,
+    pub(crate) ai_next: *mut Self,
 }
 
 /// `struct rdma_cm_join_mc_attr_ex`.

@@ -50,7 +50,7 @@ pub(crate) fn storage(a: SocketAddr) -> libc::sockaddr_storage {
     match a {
         SocketAddr::V4(v4) => {
             let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_family: libc::sa_family_t::try_from(libc::AF_INET).unwrap_or(2),
                 sin_port: v4.port().to_be(),
                 sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
                 sin_zero: [0; 8],
@@ -60,7 +60,7 @@ pub(crate) fn storage(a: SocketAddr) -> libc::sockaddr_storage {
         }
         SocketAddr::V6(v6) => {
             let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_family: libc::sa_family_t::try_from(libc::AF_INET6).unwrap_or(10),
                 sin6_port: v6.port().to_be(),
                 sin6_flowinfo: v6.flowinfo(),
                 sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
@@ -75,9 +75,12 @@ pub(crate) fn storage(a: SocketAddr) -> libc::sockaddr_storage {
 
 /// The length of `a`'s sockaddr.
 pub(crate) const fn len_of(a: &SocketAddr) -> libc::socklen_t {
+    const _: () =
+        assert!(size_of::<libc::sockaddr_in>() == 16 && size_of::<libc::sockaddr_in6>() == 28);
     match a {
-        SocketAddr::V4(_) => size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        SocketAddr::V6(_) => size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        // 16 and 28 bytes: both fit.
+        SocketAddr::V4(_) => 16,
+        SocketAddr::V6(_) => 28,
     }
 }
 

@@ -60,6 +60,7 @@ pub(crate) fn new_id(
     let route: RdmaRoute = unsafe { core::mem::zeroed() };
     // SAFETY: as above.
     let path: IbvSaPathRec = unsafe { core::mem::zeroed() };
+    let path = core::cell::UnsafeCell::new(path);
     let idp = Arc::new(IdPriv {
         id: core::cell::UnsafeCell::new(RdmaCmId {
             verbs: null_mut(),
@@ -113,24 +114,24 @@ pub(crate) fn new_id(
 
 /// Writes the id's addresses, device and GIDs into its C structure.
 pub(crate) fn set_route(idp: &IdPriv, st: &IdState) {
-    let raw = idp.id_ptr();
-    // SAFETY: the live id's own fields.
-    unsafe {
-        if let Some(l) = st.local {
-            (*raw).route.addr.src = addr::storage(l);
-            (*raw).route.addr.ibaddr.sgid = addr::gid(l.ip());
-        }
-        if let Some(r) = st.remote {
-            (*raw).route.addr.dst = addr::storage(r);
-            (*raw).route.addr.ibaddr.dgid = addr::gid(r.ip());
-        }
-        (*raw).route.addr.ibaddr.pkey = 0xFFFFu16.to_be();
-        if let Some(d) = st.dev {
-            (*raw).verbs = devices()[d].ctx;
-            (*raw).port_num = 1;
-            if st.local.is_none_or(|l| l.ip().is_unspecified()) {
-                (*raw).route.addr.ibaddr.sgid = addr::gid(devices()[d].addr);
-            }
+    // SAFETY: the live id's C structure, updated under its state lock (`st`), as every
+    // update of it is; the application reads it, and writes only its own fields
+    // (`context`), between calls.
+    let c = unsafe { &mut *idp.id_ptr() };
+    if let Some(l) = st.local {
+        c.route.addr.src = addr::storage(l);
+        c.route.addr.ibaddr.sgid = addr::gid(l.ip());
+    }
+    if let Some(r) = st.remote {
+        c.route.addr.dst = addr::storage(r);
+        c.route.addr.ibaddr.dgid = addr::gid(r.ip());
+    }
+    c.route.addr.ibaddr.pkey = 0xFFFFu16.to_be();
+    if let Some(d) = st.dev {
+        c.verbs = devices()[d].ctx;
+        c.port_num = 1;
+        if st.local.is_none_or(|l| l.ip().is_unspecified()) {
+            c.route.addr.ibaddr.sgid = addr::gid(devices()[d].addr);
         }
     }
 }
@@ -309,12 +310,12 @@ unsafe extern "C" fn uroce_rdmacm_destroy_id(id: *mut RdmaCmId) -> c_int {
         }
     }
     drop(bindings);
-    // SAFETY: the live id; its event (if any) is this library's, and nobody uses the id again.
-    unsafe {
-        let ev = (*idp.id_ptr()).event;
-        if !ev.is_null() {
-            drop(Box::from_raw(ev.cast::<EventPriv>()));
-        }
+    // SAFETY: the live id's field.
+    let ev = unsafe { (*idp.id_ptr()).event };
+    if !ev.is_null() {
+        // SAFETY: the id's event is one this library made, freed once: nobody uses the id
+        // again.
+        drop(unsafe { Box::from_raw(ev.cast::<EventPriv>()) });
     }
     // The last holder (this, or an event being processed in another thread) frees it.
     drop(held);
@@ -343,7 +344,9 @@ unsafe extern "C" fn uroce_rdmacm_resolve_addr(
     let held = id_or_einval!(id);
     let idp = &*held;
     // SAFETY: the application's sockaddrs.
-    let (src, dst) = unsafe { (addr::read(src), addr::read(dst)) };
+    let src = unsafe { addr::read(src) };
+    // SAFETY: as above.
+    let dst = unsafe { addr::read(dst) };
     let Some(dst) = dst else { return err(libc::EINVAL) };
     let r = (|| {
         let mut st = lock(&idp.st);
@@ -388,26 +391,35 @@ unsafe extern "C" fn uroce_rdmacm_resolve_route(id: *mut RdmaCmId, _timeout_ms: 
         }
         let dev = st.dev.ok_or(libc::EINVAL)?;
         let raw = idp.id_ptr();
-        let path = core::ptr::from_ref(&idp.path).cast_mut();
         let mtu = qp::port_mtu(dev);
-        // SAFETY: the live id's own path record and route fields.
-        unsafe {
-            (*path).dgid = (*raw).route.addr.ibaddr.dgid;
-            (*path).sgid = (*raw).route.addr.ibaddr.sgid;
-            (*path).pkey = 0xFFFFu16.to_be();
-            (*path).hop_limit = 64;
-            (*path).traffic_class = st.tos;
-            (*path).numb_path = 1;
-            (*path).reversible = 1;
-            (*path).mtu_selector = 2;
-            (*path).mtu = u8::try_from(mtu).unwrap_or(5);
-            (*path).rate_selector = 2;
-            (*path).rate = 3;
-            (*path).packet_life_time_selector = 2;
-            (*path).packet_life_time = 14;
-            (*raw).route.path_rec = path;
-            (*raw).route.num_paths = 1;
-        }
+        // SAFETY: the live id's C structure, updated under its state lock.
+        let c = unsafe { &mut *raw };
+        let rec = IbvSaPathRec {
+            dgid: c.route.addr.ibaddr.dgid,
+            sgid: c.route.addr.ibaddr.sgid,
+            dlid: 0,
+            slid: 0,
+            raw_traffic: 0,
+            flow_label: 0,
+            hop_limit: 64,
+            traffic_class: st.tos,
+            reversible: 1,
+            numb_path: 1,
+            pkey: 0xFFFFu16.to_be(),
+            sl: 0,
+            mtu_selector: 2,
+            mtu: u8::try_from(mtu).unwrap_or(5),
+            rate_selector: 2,
+            rate: 3,
+            packet_life_time_selector: 2,
+            packet_life_time: 14,
+            preference: 0,
+        };
+        let path = idp.path.get();
+        // SAFETY: the id's own path record, written under its state lock.
+        unsafe { path.write(rec) };
+        c.route.path_rec = path;
+        c.route.num_paths = 1;
         st.phase = Phase::RouteResolved;
         drop(st);
         push_ready(idp, event(raw, event::ROUTE_RESOLVED, 0));
@@ -492,7 +504,9 @@ unsafe extern "C" fn uroce_rdmacm_connect(id: *mut RdmaCmId, param: *mut RdmaCon
     let held = id_or_einval!(id);
     let idp = &*held;
     // SAFETY: the application's parameters.
-    let (user, param) = unsafe { (private_of(param), param.as_ref().copied()) };
+    let user = unsafe { private_of(param) };
+    // SAFETY: as above.
+    let param = unsafe { param.as_ref() }.copied();
     done(connect(idp, param.as_ref(), user))
 }
 
@@ -669,7 +683,9 @@ unsafe extern "C" fn uroce_rdmacm_accept(id: *mut RdmaCmId, param: *mut RdmaConn
     let held = id_or_einval!(id);
     let idp = &*held;
     // SAFETY: the application's parameters.
-    let (user, param) = unsafe { (private_of(param), param.as_ref().copied()) };
+    let user = unsafe { private_of(param) };
+    // SAFETY: as above.
+    let param = unsafe { param.as_ref() }.copied();
     if let Err(e) = events::accept(idp, param.as_ref(), user) {
         return err(e);
     }
@@ -909,9 +925,10 @@ unsafe extern "C" fn uroce_rdmacm_get_devices(num: *mut c_int) -> *mut *mut IbvC
         set_errno(libc::ENOMEM);
         return null_mut();
     }
-    for (i, d) in devs.iter().enumerate() {
-        // SAFETY: within the allocation.
-        unsafe { *list.add(i) = d.ctx };
+    // SAFETY: the allocation just made holds `devs.len() + 1` pointers.
+    let slots = unsafe { core::slice::from_raw_parts_mut(list, devs.len()) };
+    for (slot, d) in slots.iter_mut().zip(devs) {
+        *slot = d.ctx;
     }
     if !num.is_null() {
         // SAFETY: the caller's out-pointer.
@@ -1054,11 +1071,10 @@ unsafe extern "C" fn uroce_rdmacm_init_qp_attr(
     let st = lock(&idp.st);
     match qp::attrs_for(idp, &st, state) {
         Ok((a, m)) => {
-            // SAFETY: the caller's out-pointers.
-            unsafe {
-                *attr = a;
-                *mask = m;
-            }
+            // SAFETY: the caller's out-pointer.
+            unsafe { *attr = a };
+            // SAFETY: as above.
+            unsafe { *mask = m };
             0
         }
         Err(e) => err(e),
@@ -1103,17 +1119,17 @@ unsafe extern "C" fn uroce_rdmacm_create_ep(
             }
             return Ok(());
         }
-        // SAFETY: our own entry points on the id just made.
-        unsafe {
-            if uroce_rdmacm_resolve_addr(raw, ai.ai_src_addr, ai.ai_dst_addr, 2000) != 0 {
-                return Err(errno());
-            }
-            if uroce_rdmacm_resolve_route(raw, 2000) != 0 {
-                return Err(errno());
-            }
-            if !qp_init_attr.is_null() {
-                qp::create(idp, pd, qp_init_attr)?;
-            }
+        // SAFETY: our own entry point on the id just made, with the addrinfo's addresses.
+        if unsafe { uroce_rdmacm_resolve_addr(raw, ai.ai_src_addr, ai.ai_dst_addr, 2000) } != 0 {
+            return Err(errno());
+        }
+        // SAFETY: as above.
+        if unsafe { uroce_rdmacm_resolve_route(raw, 2000) } != 0 {
+            return Err(errno());
+        }
+        if !qp_init_attr.is_null() {
+            // SAFETY: the application's PD and attributes.
+            unsafe { qp::create(idp, pd, qp_init_attr) }?;
         }
         Ok(())
     })();
@@ -1140,14 +1156,15 @@ unsafe extern "C" fn uroce_rdmacm_destroy_ep(id: *mut RdmaCmId) {
     // SAFETY: the application's id.
     if let Some(held) = unsafe { id_of(id) } {
         let idp = &*held;
-        // SAFETY: the live id.
-        unsafe {
-            if !(*idp.id_ptr()).srq.is_null() {
-                uroce_rdmacm_destroy_srq(id);
-            }
-            qp::destroy(idp);
-            uroce_rdmacm_destroy_id(id);
+        // SAFETY: the live id's field.
+        if !unsafe { (*idp.id_ptr()).srq }.is_null() {
+            // SAFETY: the live id.
+            unsafe { uroce_rdmacm_destroy_srq(id) };
         }
+        // SAFETY: the live id.
+        unsafe { qp::destroy(idp) };
+        // SAFETY: the live id, not used again.
+        unsafe { uroce_rdmacm_destroy_id(id) };
     }
 }
 
@@ -1166,11 +1183,10 @@ unsafe extern "C" fn uroce_rdmacm_create_srq(
     if srq.is_null() {
         return -1;
     }
-    // SAFETY: the live id's fields.
-    unsafe {
-        (*idp.id_ptr()).srq = srq;
-        (*idp.id_ptr()).pd = pd;
-    }
+    // SAFETY: the live id's C structure, updated under no other reference.
+    let c = unsafe { &mut *idp.id_ptr() };
+    c.srq = srq;
+    c.pd = pd;
     0
 }
 
@@ -1179,13 +1195,12 @@ unsafe extern "C" fn uroce_rdmacm_destroy_srq(id: *mut RdmaCmId) {
     // SAFETY: the application's id.
     if let Some(held) = unsafe { id_of(id) } {
         let idp = &*held;
-        // SAFETY: the live id's SRQ, this library's.
-        unsafe {
-            let srq = (*idp.id_ptr()).srq;
-            if !srq.is_null() {
-                verbs::uroce_verbs_destroy_srq(srq);
-                (*idp.id_ptr()).srq = null_mut();
-            }
+        // SAFETY: the live id's C structure, updated under no other reference.
+        let c = unsafe { &mut *idp.id_ptr() };
+        if !c.srq.is_null() {
+            // SAFETY: the id's SRQ, this library's.
+            unsafe { verbs::uroce_verbs_destroy_srq(c.srq) };
+            c.srq = null_mut();
         }
     }
 }

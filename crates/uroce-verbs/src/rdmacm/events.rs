@@ -115,14 +115,13 @@ pub(crate) unsafe fn complete(idp: &IdPriv, sync: &Chan) -> Result<(), Errno> {
     let status = e.ev.status;
     let kind = e.ev.event;
     let raw = idp.id_ptr();
-    // SAFETY: the live id; its `event` is NULL or an event this library made.
-    unsafe {
-        let old = (*raw).event;
-        if !old.is_null() {
-            drop(Box::from_raw(old.cast::<EventPriv>()));
-        }
-        (*raw).event = Box::into_raw(e).cast();
+    // SAFETY: the live synchronous id's C structure, which only its caller uses now.
+    let c = unsafe { &mut *raw };
+    if !c.event.is_null() {
+        // SAFETY: the id's previous event, one this library made.
+        drop(unsafe { Box::from_raw(c.event.cast::<EventPriv>()) });
     }
+    c.event = Box::into_raw(e).cast();
     let failed = matches!(
         kind,
         event::ADDR_ERROR
@@ -286,11 +285,9 @@ fn child_of(
 ) -> Option<std::sync::Arc<IdPriv>> {
     let lst = lock(&l.st);
     let sync = lst.synchronous;
-    // SAFETY: the listener is live.
-    let (ctx, ps, qp_type) =
-        unsafe { ((*l.id_ptr()).context, (*l.id_ptr()).ps, (*l.id_ptr()).qp_type) };
-    // SAFETY: the listener is live.
-    let cptr = unsafe { (*l.id_ptr()).channel };
+    // SAFETY: the live listener's C structure, read.
+    let lc = unsafe { &*l.id_ptr() };
+    let (ctx, ps, qp_type, cptr) = (lc.context, lc.ps, lc.qp_type, lc.channel);
     let chan = if sync { None } else { Some((cptr, std::sync::Arc::clone(&lst.chan))) };
     drop(lst);
     let child = super::api::new_id(chan, ctx, ps, qp_type).ok()?;

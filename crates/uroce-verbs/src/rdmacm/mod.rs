@@ -69,9 +69,10 @@ pub(crate) fn devices() -> &'static [CmDev] {
             return Vec::new();
         }
         let mut out = Vec::new();
-        for i in 0..usize::try_from(n).unwrap_or(0) {
-            // SAFETY: the list holds `n` device pointers.
-            let dev = unsafe { *list.add(i) };
+        // SAFETY: the list holds `n` device pointers.
+        let list_devs =
+            unsafe { core::slice::from_raw_parts(list, usize::try_from(n).unwrap_or(0)) };
+        for &dev in list_devs {
             // SAFETY: a device of the list.
             let ctx = unsafe { crate::verbs::uroce_verbs_open_device(dev) };
             // SAFETY: a context just opened by this library, or NULL.
@@ -321,7 +322,7 @@ pub(crate) struct IdPriv {
     /// wait for their event on it).
     pub(crate) sync: Option<Box<Chan>>,
     /// The path record `id.route.path_rec` points to once the route is resolved.
-    pub(crate) path: IbvSaPathRec,
+    pub(crate) path: core::cell::UnsafeCell<IbvSaPathRec>,
 }
 
 impl IdPriv {

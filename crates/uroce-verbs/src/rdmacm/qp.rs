@@ -169,13 +169,12 @@ pub(crate) unsafe fn create(
     let mut own = false;
     if a.send_cq.is_null() || a.recv_cq.is_null() {
         let (sch, scq, rch, rcq) = make_cqs(ctx, &a.cap)?;
-        // SAFETY: the application's id: its fields are ours to set.
-        unsafe {
-            (*raw).send_cq_channel = sch;
-            (*raw).send_cq = scq;
-            (*raw).recv_cq_channel = rch;
-            (*raw).recv_cq = rcq;
-        }
+        // SAFETY: the live id's C structure, updated under no other reference.
+        let c = unsafe { &mut *raw };
+        c.send_cq_channel = sch;
+        c.send_cq = scq;
+        c.recv_cq_channel = rch;
+        c.recv_cq = rcq;
         if a.send_cq.is_null() {
             a.send_cq = scq;
         }
@@ -185,10 +184,9 @@ pub(crate) unsafe fn create(
         own = true;
     } else {
         // SAFETY: as above.
-        unsafe {
-            (*raw).send_cq = a.send_cq;
-            (*raw).recv_cq = a.recv_cq;
-        }
+        let c = unsafe { &mut *raw };
+        c.send_cq = a.send_cq;
+        c.recv_cq = a.recv_cq;
     }
     if a.qp_type == 0 {
         // SAFETY: the live id.
@@ -204,16 +202,18 @@ pub(crate) unsafe fn create(
         }
         return Err(e);
     }
-    // SAFETY: the live id; the QP was just created.
-    unsafe {
-        (*raw).qp = qp;
-        (*raw).pd = pd;
-        (*raw).qp_type = (*qp).qp_type;
-        if !a.srq.is_null() {
-            (*raw).srq = a.srq;
-        }
-        (*attr).cap = a.cap;
+    // SAFETY: the QP just created.
+    let qp_type = unsafe { (*qp).qp_type };
+    // SAFETY: the live id's C structure, updated under no other reference.
+    let c = unsafe { &mut *raw };
+    c.qp = qp;
+    c.pd = pd;
+    c.qp_type = qp_type;
+    if !a.srq.is_null() {
+        c.srq = a.srq;
     }
+    // SAFETY: the caller's attributes: the capabilities granted go back.
+    unsafe { (*attr).cap = a.cap };
     let mut st = lock(&idp.st);
     st.own_cqs = own;
     let steps: &[c_int] = if a.qp_type == IBV_QPT_UD {
@@ -268,11 +268,10 @@ fn make_cqs(ctx: *mut crate::abi::IbvContext, cap: &IbvQpCap) -> Result<Cqs, Err
     match mk(cap.max_recv_wr) {
         Ok((rch, rcq)) => Ok((sch, scq, rch, rcq)),
         Err(e) => {
-            // SAFETY: the CQ and channel just made.
-            unsafe {
-                verbs::uroce_verbs_destroy_cq(scq);
-                verbs::uroce_verbs_destroy_comp_channel(sch);
-            }
+            // SAFETY: the CQ just made.
+            unsafe { verbs::uroce_verbs_destroy_cq(scq) };
+            // SAFETY: its channel, unused now.
+            unsafe { verbs::uroce_verbs_destroy_comp_channel(sch) };
             Err(e)
         }
     }
@@ -284,23 +283,24 @@ fn make_cqs(ctx: *mut crate::abi::IbvContext, cap: &IbvQpCap) -> Result<Cqs, Err
 ///
 /// `raw` is a live id whose CQ fields, if set, hold this library's objects no QP uses.
 unsafe fn destroy_cqs(raw: *mut RdmaCmId) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        for cq in [(*raw).send_cq, (*raw).recv_cq] {
-            if !cq.is_null() {
-                verbs::uroce_verbs_destroy_cq(cq);
-            }
+    // SAFETY: the caller's contract: a live id, updated under no other reference.
+    let c = unsafe { &mut *raw };
+    for cq in [c.send_cq, c.recv_cq] {
+        if !cq.is_null() {
+            // SAFETY: this library's CQ, which no QP uses (the caller's contract).
+            unsafe { verbs::uroce_verbs_destroy_cq(cq) };
         }
-        for ch in [(*raw).send_cq_channel, (*raw).recv_cq_channel] {
-            if !ch.is_null() {
-                verbs::uroce_verbs_destroy_comp_channel(ch);
-            }
-        }
-        (*raw).send_cq = null_mut();
-        (*raw).recv_cq = null_mut();
-        (*raw).send_cq_channel = null_mut();
-        (*raw).recv_cq_channel = null_mut();
     }
+    for ch in [c.send_cq_channel, c.recv_cq_channel] {
+        if !ch.is_null() {
+            // SAFETY: this library's channel, its CQ gone.
+            unsafe { verbs::uroce_verbs_destroy_comp_channel(ch) };
+        }
+    }
+    c.send_cq = null_mut();
+    c.recv_cq = null_mut();
+    c.send_cq_channel = null_mut();
+    c.recv_cq_channel = null_mut();
 }
 
 /// `rdma_destroy_qp`: the QP, and the CQs made for it.
@@ -310,13 +310,12 @@ unsafe fn destroy_cqs(raw: *mut RdmaCmId) {
 /// `idp` is a live id.
 pub(crate) unsafe fn destroy(idp: &IdPriv) {
     let raw = idp.id_ptr();
-    // SAFETY: the live id; its QP (if any) is this library's.
-    unsafe {
-        let qp = (*raw).qp;
-        if !qp.is_null() {
-            verbs::uroce_verbs_destroy_qp(qp);
-            (*raw).qp = null_mut();
-        }
+    // SAFETY: the live id's C structure, updated under no other reference.
+    let c = unsafe { &mut *raw };
+    if !c.qp.is_null() {
+        // SAFETY: the id's QP, this library's.
+        unsafe { verbs::uroce_verbs_destroy_qp(c.qp) };
+        c.qp = null_mut();
     }
     let own = core::mem::take(&mut lock(&idp.st).own_cqs);
     if own {
