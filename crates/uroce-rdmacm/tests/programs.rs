@@ -289,3 +289,50 @@ fn fio_writes_and_reads_over_the_rdma_engine() {
         assert!(c.stdout.contains("io=32.0MiB"), "fio verb={verb} moved less:\n{c}");
     }
 }
+
+#[test]
+fn a_captured_rping_shows_every_cm_message_to_wireshark() {
+    if !have("rping", "rdmacm-utils") || !uroce_testkit::tshark_available() {
+        return;
+    }
+    let _turn = serial();
+    let dir = std::env::temp_dir().join(format!("uroce-rping-pcap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cpcap, spcap) = (dir.join("rping-client.pcap"), dir.join("rping-server.pcap"));
+    let (cenv, senv) =
+        (format!("UROCE_PCAP={}", cpcap.display()), format!("UROCE_PCAP={}", spcap.display()));
+    let (cenvs, senvs) = ([cenv.as_str()], [senv.as_str()]);
+    let server = Side { prefix: &[], addr: SERVER, env: &senvs };
+    let client = Side { prefix: &[], addr: CLIENT, env: &cenvs };
+    let (s, c) = cm_pair(
+        "rping",
+        &["-s", "-a", SERVER, "-C", "5"],
+        &["-c", "-a", SERVER, "-C", "5"],
+        &server,
+        &client,
+        Duration::from_secs(60),
+    );
+    assert!(s.ok() && c.ok(), "rping:\n{s}\n{c}");
+    let mut text = String::new();
+    for pcap in [&cpcap, &spcap] {
+        uroce_testkit::tshark_finds_nothing_malformed(pcap);
+        let out = Command::new("tshark")
+            .arg("-r")
+            .arg(pcap)
+            .args(["-Y", "infiniband.mad", "-T", "fields", "-e", "infiniband.mad.attributeid"])
+            .args(["-e", "infiniband.cm.req.serviceid.dport", "-e", "infiniband.cm.req.ip_cm.sip4"])
+            .output()
+            .unwrap();
+        text.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let attrs: Vec<&str> = text.lines().map(|l| l.split('\t').next().unwrap_or("")).collect();
+    // The handshake and the release as the two sides saw them: REQ, REP, RTU, DREQ, DREP (the
+    // client may exit before the DREP reaches it; the server sends it before it exits).
+    for a in ["0x0010", "0x0013", "0x0014", "0x0015", "0x0016"] {
+        assert!(attrs.contains(&a), "no CM attribute {a} in the captures:\n{text}");
+    }
+    let req = text.lines().find(|l| l.starts_with("0x0010")).unwrap();
+    // rping's default port 7174 in the service ID, the client's address in the CM header.
+    assert!(req.contains("0x1c06") && req.contains(CLIENT), "{req}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
