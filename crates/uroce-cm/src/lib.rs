@@ -1004,7 +1004,7 @@ impl Cm {
                     self.counters.drop_unknown_id += 1;
                     return;
                 }
-                self.on_conn_message(now, rid, &m);
+                self.on_conn_message(now, rid, tid, &m);
             }
         }
     }
@@ -1115,7 +1115,7 @@ impl Cm {
         }
     }
 
-    fn on_conn_message(&mut self, now: Instant, id: CommId, m: &Message<'_>) {
+    fn on_conn_message(&mut self, now: Instant, id: CommId, tid: u64, m: &Message<'_>) {
         let Some(c) = self.conns.get_mut(&id) else { return };
         let orphan = c.orphan;
         // A message from the peer's end must name it (once known).
@@ -1188,6 +1188,8 @@ impl Cm {
             }
             (Message::Rtu(_), ConnState::Established) => {}
             (Message::Dreq(_), ConnState::Established | ConnState::RepSent) => {
+                // The DREP answers this DREQ: it carries its transaction ID (IBA 12.6.11).
+                c.tid = tid;
                 // A DREQ overtaking the RTU says the active side is established: so are we.
                 let overtook = c.state == ConnState::RepSent;
                 c.state = ConnState::DreqRcvd;
@@ -1205,9 +1207,9 @@ impl Cm {
                     self.events.push_back(Event::DisconnectRequest { id, private_data });
                 }
             }
-            (Message::Dreq(d), ConnState::DreqSent) => {
+            (Message::Dreq(_), ConnState::DreqSent) => {
                 // Both ends released at once: answer, and ours is done too.
-                let _ = d;
+                c.tid = tid;
                 self.send_drep(id, now);
                 self.event(orphan, Event::Disconnected { id });
             }

@@ -56,6 +56,8 @@ struct Net {
     faults: Faults,
     /// Host `i` is cut off from the network (vanished).
     cut: [bool; 2],
+    /// The transaction ID of each DREQ sent, by its sender's comm ID: a DREP must carry it.
+    dreq_tids: HashMap<u32, u64>,
 }
 
 impl Net {
@@ -75,6 +77,7 @@ impl Net {
             rng: Rng(seed),
             faults,
             cut: [false; 2],
+            dreq_tids: HashMap::new(),
         }
     }
 
@@ -119,6 +122,19 @@ impl Net {
                 break;
             }
             let (j, from, mad) = entry.remove();
+            if let Ok(m) = uroce_wire::cm::CmMad::parse(&mad) {
+                match m.message {
+                    uroce_wire::cm::Message::Dreq(d) => {
+                        self.dreq_tids.insert(d.local_comm_id, m.tid);
+                    }
+                    uroce_wire::cm::Message::Drep(d) => {
+                        if let Some(&t) = self.dreq_tids.get(&d.remote_comm_id) {
+                            assert_eq!(m.tid, t, "a DREP carries its DREQ's transaction ID");
+                        }
+                    }
+                    _ => {}
+                }
+            }
             self.hosts[j].cm.handle_mad(self.now, from, &mad);
         }
         for h in &mut self.hosts {
