@@ -13,7 +13,6 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
@@ -194,21 +193,6 @@ fn listeners_in_two_processes_each_get_their_requests_and_a_port_nobody_listens_
     assert!(rejected_in < Duration::from_secs(5), "the reject took {rejected_in:?}");
 }
 
-/// Defined dynamic symbols as `name version`.
-fn dynamic_symbols(path: &str) -> BTreeSet<String> {
-    let out = Command::new("objdump").args(["-T", path]).output().unwrap();
-    assert!(out.status.success(), "objdump -T {path}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.contains("*UND*") && (l.contains(" DF ") || l.contains(" DO ")))
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (ver, name) = (f[f.len() - 2], f[f.len() - 1]);
-            (ver != "Base" && ver != name).then(|| format!("{name} {ver}"))
-        })
-        .collect()
-}
-
 #[test]
 fn exports_every_symbol_and_version_of_the_real_library() {
     let real = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
@@ -225,8 +209,8 @@ fn exports_every_symbol_and_version_of_the_real_library() {
     }
     let ours = lib_dir().join("librdmacm.so.1");
     let ours = ours.to_str().unwrap();
-    let want = dynamic_symbols(real);
-    let got = dynamic_symbols(ours);
+    let want = common::dynamic_symbols(real);
+    let got = common::dynamic_symbols(ours);
     let missing: Vec<_> = want.difference(&got).collect();
     let extra: Vec<_> = got.difference(&want).collect();
     assert!(missing.is_empty() && extra.is_empty(), "missing {missing:?}\nextra {extra:?}");

@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
@@ -255,23 +254,6 @@ fn perftest_uc_and_ud_run() {
     }
 }
 
-/// Defined dynamic symbols as `name version` (hidden versions in parentheses), without the
-/// `Base` ones and without the absolute symbols naming each version node (the linker's
-/// bookkeeping; the nodes themselves are compared from the version definitions).
-fn dynamic_symbols(path: &str) -> BTreeSet<String> {
-    let out = Command::new("objdump").args(["-T", path]).output().unwrap();
-    assert!(out.status.success(), "objdump -T {path}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.contains("*UND*") && (l.contains(" DF ") || l.contains(" DO ")))
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (ver, name) = (f[f.len() - 2], f[f.len() - 1]);
-            (ver != "Base" && ver != name).then(|| format!("{name} {ver}"))
-        })
-        .collect()
-}
-
 /// The version nodes a library defines, in order. (Only the names: the real library also
 /// records each node's parent, which the dynamic loader never reads and rustc's default
 /// linker, lld, does not write.)
@@ -303,8 +285,8 @@ fn exports_every_symbol_and_version_of_the_real_library() {
     }
     let ours = lib_dir().join("libibverbs.so.1");
     let ours = ours.to_str().unwrap();
-    let want = dynamic_symbols(real);
-    let have = dynamic_symbols(ours);
+    let want = common::dynamic_symbols(real);
+    let have = common::dynamic_symbols(ours);
     let missing: Vec<_> = want.difference(&have).collect();
     let extra: Vec<_> = have.difference(&want).collect();
     assert!(missing.is_empty() && extra.is_empty(), "missing {missing:?}\nextra {extra:?}");

@@ -7,6 +7,7 @@
 )]
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 
+use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -268,4 +269,21 @@ pub(crate) fn cm_pair(
     };
     let s = finish(srv, if c.status.is_some() { Duration::from_secs(10) } else { Duration::ZERO });
     (s, c)
+}
+
+/// Defined dynamic symbols as `name version` (hidden versions in parentheses), without the
+/// `Base` ones and without the absolute symbols naming each version node (the linker's
+/// bookkeeping; the nodes themselves are compared from the version definitions).
+pub(crate) fn dynamic_symbols(path: &str) -> BTreeSet<String> {
+    let out = Command::new("objdump").args(["-T", path]).output().unwrap();
+    assert!(out.status.success(), "objdump -T {path}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.contains("*UND*") && (l.contains(" DF ") || l.contains(" DO ")))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (ver, name) = (f[f.len() - 2], f[f.len() - 1]);
+            (ver != "Base" && ver != name).then(|| format!("{name} {ver}"))
+        })
+        .collect()
 }
