@@ -224,3 +224,111 @@ pub(crate) struct IbvQpInitAttrExHead {
 pub(crate) const IBV_QP_INIT_ATTR_PD: u32 = 1;
 /// `IBV_MTU_256`.
 pub(crate) const IBV_MTU_256: c_int = 1;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use core::mem::{offset_of, size_of};
+
+    use super::*;
+
+    /// Every size and field offset above, against what a C compiler makes of the installed
+    /// `<rdma/rdma_cma.h>`.
+    #[test]
+    fn layouts_match_the_installed_header() {
+        if !std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "librdmacm-dev is required under CI"
+            );
+            eprintln!("SKIPPED: no <rdma/rdma_cma.h> (apt-get install -y librdmacm-dev)");
+            return;
+        }
+        let ours: Vec<(&str, usize)> = vec![
+            ("sizeof(struct rdma_cm_id)", size_of::<RdmaCmId>()),
+            ("offsetof(struct rdma_cm_id, verbs)", offset_of!(RdmaCmId, verbs)),
+            ("offsetof(struct rdma_cm_id, channel)", offset_of!(RdmaCmId, channel)),
+            ("offsetof(struct rdma_cm_id, context)", offset_of!(RdmaCmId, context)),
+            ("offsetof(struct rdma_cm_id, qp)", offset_of!(RdmaCmId, qp)),
+            ("offsetof(struct rdma_cm_id, route)", offset_of!(RdmaCmId, route)),
+            ("offsetof(struct rdma_cm_id, ps)", offset_of!(RdmaCmId, ps)),
+            ("offsetof(struct rdma_cm_id, port_num)", offset_of!(RdmaCmId, port_num)),
+            ("offsetof(struct rdma_cm_id, event)", offset_of!(RdmaCmId, event)),
+            ("offsetof(struct rdma_cm_id, send_cq_channel)", offset_of!(RdmaCmId, send_cq_channel)),
+            ("offsetof(struct rdma_cm_id, send_cq)", offset_of!(RdmaCmId, send_cq)),
+            ("offsetof(struct rdma_cm_id, recv_cq_channel)", offset_of!(RdmaCmId, recv_cq_channel)),
+            ("offsetof(struct rdma_cm_id, recv_cq)", offset_of!(RdmaCmId, recv_cq)),
+            ("offsetof(struct rdma_cm_id, srq)", offset_of!(RdmaCmId, srq)),
+            ("offsetof(struct rdma_cm_id, pd)", offset_of!(RdmaCmId, pd)),
+            ("offsetof(struct rdma_cm_id, qp_type)", offset_of!(RdmaCmId, qp_type)),
+            ("sizeof(struct rdma_route)", size_of::<RdmaRoute>()),
+            ("offsetof(struct rdma_route, path_rec)", offset_of!(RdmaRoute, path_rec)),
+            ("offsetof(struct rdma_route, num_paths)", offset_of!(RdmaRoute, num_paths)),
+            ("sizeof(struct rdma_addr)", size_of::<RdmaAddr>()),
+            ("offsetof(struct rdma_addr, dst_addr)", offset_of!(RdmaAddr, dst)),
+            ("offsetof(struct rdma_addr, addr)", offset_of!(RdmaAddr, ibaddr)),
+            ("offsetof(struct rdma_ib_addr, pkey)", offset_of!(RdmaIbAddr, pkey)),
+            ("sizeof(struct ibv_sa_path_rec)", size_of::<IbvSaPathRec>()),
+            ("offsetof(struct ibv_sa_path_rec, flow_label)", offset_of!(IbvSaPathRec, flow_label)),
+            ("offsetof(struct ibv_sa_path_rec, reversible)", offset_of!(IbvSaPathRec, reversible)),
+            ("offsetof(struct ibv_sa_path_rec, pkey)", offset_of!(IbvSaPathRec, pkey)),
+            ("offsetof(struct ibv_sa_path_rec, preference)", offset_of!(IbvSaPathRec, preference)),
+            ("sizeof(struct rdma_conn_param)", size_of::<RdmaConnParam>()),
+            (
+                "offsetof(struct rdma_conn_param, private_data_len)",
+                offset_of!(RdmaConnParam, private_data_len),
+            ),
+            ("offsetof(struct rdma_conn_param, srq)", offset_of!(RdmaConnParam, srq)),
+            ("offsetof(struct rdma_conn_param, qp_num)", offset_of!(RdmaConnParam, qp_num)),
+            ("sizeof(struct rdma_ud_param)", size_of::<RdmaUdParam>()),
+            ("offsetof(struct rdma_ud_param, ah_attr)", offset_of!(RdmaUdParam, ah_attr)),
+            ("offsetof(struct rdma_ud_param, qp_num)", offset_of!(RdmaUdParam, qp_num)),
+            ("offsetof(struct rdma_ud_param, qkey)", offset_of!(RdmaUdParam, qkey)),
+            ("sizeof(struct rdma_cm_event)", size_of::<RdmaCmEvent>()),
+            ("offsetof(struct rdma_cm_event, listen_id)", offset_of!(RdmaCmEvent, listen_id)),
+            ("offsetof(struct rdma_cm_event, event)", offset_of!(RdmaCmEvent, event)),
+            ("offsetof(struct rdma_cm_event, status)", offset_of!(RdmaCmEvent, status)),
+            ("offsetof(struct rdma_cm_event, param)", offset_of!(RdmaCmEvent, param)),
+            ("sizeof(struct rdma_addrinfo)", size_of::<RdmaAddrinfo>()),
+            ("offsetof(struct rdma_addrinfo, ai_src_len)", offset_of!(RdmaAddrinfo, ai_src_len)),
+            ("offsetof(struct rdma_addrinfo, ai_src_addr)", offset_of!(RdmaAddrinfo, ai_src_addr)),
+            (
+                "offsetof(struct rdma_addrinfo, ai_route_len)",
+                offset_of!(RdmaAddrinfo, ai_route_len),
+            ),
+            ("offsetof(struct rdma_addrinfo, ai_next)", offset_of!(RdmaAddrinfo, ai_next)),
+            ("sizeof(struct rdma_cm_join_mc_attr_ex)", size_of::<RdmaCmJoinMcAttrEx>()),
+            (
+                "offsetof(struct rdma_cm_join_mc_attr_ex, addr)",
+                offset_of!(RdmaCmJoinMcAttrEx, addr),
+            ),
+            (
+                "offsetof(struct ibv_qp_init_attr_ex, comp_mask)",
+                offset_of!(IbvQpInitAttrExHead, comp_mask),
+            ),
+            ("offsetof(struct ibv_qp_init_attr_ex, pd)", offset_of!(IbvQpInitAttrExHead, pd)),
+        ];
+        let mut c = String::from(
+            "#include <stdio.h>\n#include <stddef.h>\n#include <rdma/rdma_cma.h>\nint main(void) {\n",
+        );
+        for (expr, _) in &ours {
+            c.push_str(&format!("    printf(\"%zu\\n\", (size_t){expr});\n"));
+        }
+        c.push_str("    return 0;\n}\n");
+        let dir = std::env::temp_dir().join(format!("uroce-rdmacm-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (src, exe) = (dir.join("layout.c"), dir.join("layout"));
+        std::fs::write(&src, c).unwrap();
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let built = std::process::Command::new(cc).arg("-o").arg(&exe).arg(&src).output().unwrap();
+        assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+        let out = std::process::Command::new(&exe).output().unwrap();
+        let theirs: Vec<usize> =
+            String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
+        assert_eq!(theirs.len(), ours.len());
+        for ((expr, mine), c) in ours.iter().zip(&theirs) {
+            assert_eq!(mine, c, "{expr}: ours {mine}, the header's {c}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
