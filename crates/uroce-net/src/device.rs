@@ -257,7 +257,8 @@ impl Channel {
         e
     }
 
-    /// The next CQ event, waiting up to `timeout` (forever if `None`).
+    /// The next CQ event, waiting up to `timeout` (forever if `None`). A signal ends the wait
+    /// with an `Interrupted` error, as it ends the `read(2)` of a kernel completion channel.
     pub fn get(&self, timeout: Option<Duration>) -> io::Result<Option<CqHandle>> {
         #[expect(clippy::disallowed_methods, reason = "the runtime owns the clock")]
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
@@ -276,7 +277,7 @@ impl Channel {
                     i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX)
                 }
             };
-            sys::poll_readable(&[self.fd.as_raw_fd()], ms)?;
+            sys::wait_readable(self.fd.as_raw_fd(), ms)?;
         }
     }
 

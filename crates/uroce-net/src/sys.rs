@@ -538,6 +538,17 @@ pub(crate) fn poll_readable_ns(fds: &[RawFd], timeout_ns: Option<u64>) -> io::Re
     Ok(())
 }
 
+/// Blocks until `fd` is readable or `timeout_ms` passes (-1: forever), for a thread of the
+/// application: a signal interrupts the wait with `EINTR`, as the `read(2)` the verbs wait
+/// in on Linux is (qperf ends its tests with `SIGALRM` and expects `ibv_get_cq_event` to
+/// return).
+pub(crate) fn wait_readable(fd: RawFd, timeout_ms: i32) -> io::Result<()> {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll(2) on one live pollfd.
+    let ret = unsafe { libc::poll(&raw mut pfd, 1, timeout_ms) };
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
 /// Puts the calling thread under `SCHED_FIFO` at `priority`.
 pub(crate) fn set_realtime(priority: libc::c_int) -> io::Result<()> {
     let param = libc::sched_param { sched_priority: priority };

@@ -94,10 +94,10 @@ pub(crate) fn next(chan: &ChanInner) -> Result<Box<EventPriv>, Errno> {
                 // SAFETY: poll(2) on one valid pollfd.
                 let r = unsafe { libc::poll(&raw mut p, 1, -1) };
                 if r < 0 {
-                    let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINTR);
-                    if e != libc::EINTR {
-                        return Err(e);
-                    }
+                    // A signal ends the wait with EINTR, as the read(2) of Linux's librdmacm.
+                    return Err(std::io::Error::last_os_error()
+                        .raw_os_error()
+                        .unwrap_or(libc::EINTR));
                 }
             }
         }
