@@ -372,7 +372,6 @@ struct Conn {
     service_id: u64,
     passive: bool,
     remote_qpn: Qpn,
-    local_qpn: Qpn,
     /// The message sent last that awaits an answer, for retransmission and duplicates.
     sent: Option<[u8; MAD_LEN]>,
     deadline: Option<Instant>,
@@ -575,7 +574,6 @@ impl Cm {
                 service_id: p.service_id,
                 passive: false,
                 remote_qpn: Qpn::from_masked(0),
-                local_qpn: p.qpn,
                 sent,
                 deadline: Some(now + wait),
                 wait,
@@ -619,7 +617,6 @@ impl Cm {
         self.unpend(service);
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = ConnState::RepSent;
-            c.local_qpn = p.qpn;
             c.sent = sent;
             c.deadline = Some(now + c.wait);
         }
@@ -1057,7 +1054,6 @@ impl Cm {
                 service_id: r.service_id,
                 passive: true,
                 remote_qpn: r.local_qpn,
-                local_qpn: Qpn::from_masked(0),
                 sent: None,
                 deadline: None,
                 wait,

@@ -38,7 +38,7 @@ pub(crate) fn bind(
     if let Some((dir, owner)) = endpoint {
         // A port is held while its endpoint's process runs: one killed without unbinding
         // frees its ports as soon as it is gone, not when its slot is taken over.
-        let live = |i: u8| dir.live(i).filter(|_| dir.alive(i)).map(|(g, _)| g);
+        let live = |i: u8| dir.running_generation(i);
         let (service_id, entry) = dir.ports.bind(owner, space, port, addr, &live)?;
         return Ok(PortBinding { service_id, addr, place: Place::Host { dir, owner, entry } });
     }

@@ -212,6 +212,13 @@ impl HostDir {
         owner_alive(pid, start)
     }
 
+    /// The generation of slot `index` if it is live and its process still runs ([`HostDir::live`]
+    /// and [`HostDir::alive`]): what holds a port or a listener, which a process killed
+    /// without unbinding must not keep.
+    pub(crate) fn running_generation(&self, index: u8) -> Option<u32> {
+        self.live(index).filter(|_| self.alive(index)).map(|(g, _)| g)
+    }
+
     /// Slot `index`'s sleep flag.
     pub(crate) fn waiting(&self, index: u8) -> &AtomicU32 {
         self.slots.u32_at(self.at(index, WAITING))

@@ -64,7 +64,7 @@ fn refuse(verb: &str, why: impl core::fmt::Display, errno: c_int) -> c_int {
     errno
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -78,7 +78,7 @@ fn c_string<const N: usize>(s: &str) -> [c_char; N] {
 }
 
 /// The GID of an address: IPv6 as is, IPv4 as `::ffff:a.b.c.d` (RoCEv2, IBA A17.4.5.1).
-fn gid_of(addr: IpAddr) -> IbvGid {
+pub(crate) fn gid_of(addr: IpAddr) -> IbvGid {
     let raw = match addr {
         IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
         IpAddr::V6(a) => a.octets(),
@@ -133,22 +133,13 @@ fn devices() -> &'static [&'static Device] {
                     },
                     addr,
                     index: c_int::try_from(i).unwrap_or(c_int::MAX),
-                    guid_be: node_guid(addr).to_be(),
+                    // The device's CM sends the same GUID in its REQs and REPs.
+                    guid_be: uroce_net::node_guid(addr).to_be(),
                 }));
                 dev
             })
             .collect()
     })
-}
-
-/// A node GUID from the address, EUI-64 style: `02:00` (locally administered) then the last
-/// six bytes of its GID.
-fn node_guid(addr: IpAddr) -> u64 {
-    let g = gid_of(addr).raw;
-    let mut b = [0u8; 8];
-    b[0] = 0x02;
-    b[2..].copy_from_slice(&g[10..]);
-    u64::from_be_bytes(b)
 }
 
 /// Ours, if `p` is one of our devices (checked by address: nothing is dereferenced).

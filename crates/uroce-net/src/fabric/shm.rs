@@ -155,7 +155,7 @@ impl Shm {
         let mad = packet.get(20..20 + uroce_wire::mad::MAD_LEN)?;
         let m = uroce_wire::cm::CmMad::parse(mad).ok()?;
         // A listener whose process is gone takes no requests (they are rejected here).
-        let live = |i: u8| self.dir.live(i).filter(|_| self.dir.alive(i)).map(|(g, _)| g);
+        let live = |i: u8| self.dir.running_generation(i);
         let owner = match m.message {
             uroce_wire::cm::Message::Req(r) => self.dir.ports.listener(ip, r.service_id, &live),
             uroce_wire::cm::Message::SidrReq(r) => self.dir.ports.listener(ip, r.service_id, &live),

@@ -84,11 +84,6 @@ pub(crate) const fn len_of(a: &SocketAddr) -> libc::socklen_t {
     }
 }
 
-/// The RoCEv2 GID of an address.
-pub(crate) fn gid(a: IpAddr) -> crate::abi::IbvGid {
-    crate::abi::IbvGid { raw: uroce_net::uroce_cm::gid(a) }
-}
-
 /// The device that reaches `dst` (`rdma_resolve_addr` without a source): the device whose
 /// address the kernel's routing table picks as the source towards `dst`; failing that (a
 /// destination on loopback, where the kernel picks 127.0.0.1), the device at `dst` itself

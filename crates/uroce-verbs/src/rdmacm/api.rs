@@ -16,8 +16,8 @@ use super::abi::*;
 use super::events::{self, complete, event};
 use super::qp::{self, MAX_RD_ATOMIC};
 use super::{
-    Chan, ChanInner, Errno, EventPriv, IdPriv, IdState, Item, Phase, addr, device_of_addr,
-    device_of_ctx, devices, id_of, lock, routes,
+    Chan, ChanInner, Errno, EventPriv, IdPriv, IdState, Item, Phase, addr, device_of_addr, devices,
+    id_of, lock, routes,
 };
 use crate::abi::consts::*;
 use crate::abi::{IbvContext, IbvPd, IbvQpAttr, IbvQpInitAttr, IbvSrq, IbvSrqInitAttr};
@@ -120,18 +120,18 @@ pub(crate) fn set_route(idp: &IdPriv, st: &IdState) {
     let c = unsafe { &mut *idp.id_ptr() };
     if let Some(l) = st.local {
         c.route.addr.src = addr::storage(l);
-        c.route.addr.ibaddr.sgid = addr::gid(l.ip());
+        c.route.addr.ibaddr.sgid = verbs::gid_of(l.ip());
     }
     if let Some(r) = st.remote {
         c.route.addr.dst = addr::storage(r);
-        c.route.addr.ibaddr.dgid = addr::gid(r.ip());
+        c.route.addr.ibaddr.dgid = verbs::gid_of(r.ip());
     }
     c.route.addr.ibaddr.pkey = 0xFFFFu16.to_be();
     if let Some(d) = st.dev {
         c.verbs = devices()[d].ctx;
         c.port_num = 1;
         if st.local.is_none_or(|l| l.ip().is_unspecified()) {
-            c.route.addr.ibaddr.sgid = addr::gid(devices()[d].addr);
+            c.route.addr.ibaddr.sgid = verbs::gid_of(devices()[d].addr);
         }
     }
 }
@@ -791,7 +791,7 @@ fn join(idp: &IdPriv, group: IpAddr, context: *mut c_void) -> Result<(), Errno> 
     }
     let dev = st.dev.ok_or(libc::ENODEV)?;
     let qp = idp.qp();
-    let gid = addr::gid(group);
+    let gid = verbs::gid_of(group);
     if !qp.is_null() {
         // SAFETY: the id's QP and a GID on the stack.
         let r = unsafe { verbs::uroce_verbs_attach_mcast(qp, &raw const gid, 0) };
@@ -860,7 +860,7 @@ unsafe extern "C" fn uroce_rdmacm_leave_multicast(
     st.groups.remove(i);
     let qp = idp.qp();
     if !qp.is_null() {
-        let gid = addr::gid(g);
+        let gid = verbs::gid_of(g);
         // SAFETY: the id's QP and a GID on the stack.
         unsafe { verbs::uroce_verbs_detach_mcast(qp, &raw const gid, 0) };
     }
@@ -1121,11 +1121,11 @@ unsafe extern "C" fn uroce_rdmacm_create_ep(
         }
         // SAFETY: our own entry point on the id just made, with the addrinfo's addresses.
         if unsafe { uroce_rdmacm_resolve_addr(raw, ai.ai_src_addr, ai.ai_dst_addr, 2000) } != 0 {
-            return Err(errno());
+            return Err(super::last_errno());
         }
         // SAFETY: as above.
         if unsafe { uroce_rdmacm_resolve_route(raw, 2000) } != 0 {
-            return Err(errno());
+            return Err(super::last_errno());
         }
         if !qp_init_attr.is_null() {
             // SAFETY: the application's PD and attributes.
@@ -1145,10 +1145,6 @@ unsafe extern "C" fn uroce_rdmacm_create_ep(
             err(e)
         }
     }
-}
-
-fn errno() -> Errno {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
 }
 
 #[unsafe(no_mangle)]
@@ -1203,11 +1199,4 @@ unsafe extern "C" fn uroce_rdmacm_destroy_srq(id: *mut RdmaCmId) {
             c.srq = null_mut();
         }
     }
-}
-
-/// Which device an application's verbs context is (for ids made on contexts it opened
-/// itself).
-#[expect(dead_code, reason = "kept for rdma_create_id on foreign contexts")]
-fn dev_of(ctx: *mut IbvContext) -> Option<usize> {
-    device_of_ctx(ctx)
 }

@@ -170,8 +170,8 @@ fn process(item: Item) -> Option<Box<EventPriv>> {
     let raw = idp.id_ptr();
     match e {
         CmEvent::Request { id: cid, info, .. } => request(idp, dev, cid, info),
-        CmEvent::SidrRequest { id: sid, from, service_id: _, private_data } => {
-            sidr_request(idp, dev, sid, from, &private_data)
+        CmEvent::SidrRequest { id: sid, private_data, .. } => {
+            sidr_request(idp, dev, sid, &private_data)
         }
         CmEvent::Reply { id: cid, info } => {
             let mut st = lock(&idp.st);
@@ -343,13 +343,7 @@ fn request(
     Some(ev)
 }
 
-fn sidr_request(
-    l: &IdPriv,
-    dev: usize,
-    sid: u32,
-    from: core::net::IpAddr,
-    private: &[u8],
-) -> Option<Box<EventPriv>> {
+fn sidr_request(l: &IdPriv, dev: usize, sid: u32, private: &[u8]) -> Option<Box<EventPriv>> {
     let Ok(hdr) = cma::Header::parse(private) else {
         let _ = cm_call(dev, |cm, _| {
             cm.sidr_reply(
@@ -362,7 +356,6 @@ fn sidr_request(
         });
         return None;
     };
-    let _ = from;
     let port = lock(&l.st).local.map_or(0, |a| a.port());
     let child =
         child_of(l, dev, SocketAddr::new(hdr.dst, port), SocketAddr::new(hdr.src, hdr.src_port))?;

@@ -30,7 +30,7 @@ mod qp;
 use core::ffi::c_int;
 use core::net::{IpAddr, SocketAddr};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use uroce_net::uroce_cm::{self, CommId, RequestInfo};
 use uroce_net::{EventFd, NetDevice, PortBinding};
@@ -38,8 +38,11 @@ use uroce_net::{EventFd, NetDevice, PortBinding};
 use self::abi::*;
 use crate::abi::{IbvContext, IbvPd, IbvQpInitAttr};
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+pub(crate) use crate::verbs::lock;
+
+/// The calling thread's `errno`, as a verb this library called left it.
+pub(crate) fn last_errno() -> Errno {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
 }
 
 /// A device as the RDMA CM uses it: one shared verbs context (`rdma_get_devices`,
@@ -113,11 +116,6 @@ extern "C" fn release_at_exit() {
 /// The device with address `addr`.
 pub(crate) fn device_of_addr(addr: IpAddr) -> Option<usize> {
     devices().iter().position(|d| d.addr == addr)
-}
-
-/// The device of a verbs context.
-pub(crate) fn device_of_ctx(ctx: *mut IbvContext) -> Option<usize> {
-    devices().iter().position(|d| d.ctx == ctx)
 }
 
 /// Where the IB CM's events go: the id each comm ID, SIDR request or listened service belongs

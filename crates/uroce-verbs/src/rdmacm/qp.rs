@@ -7,7 +7,7 @@ use core::ffi::c_int;
 use core::ptr::null_mut;
 
 use super::abi::*;
-use super::{Errno, IdPriv, IdState, addr, default_pd, devices, lock};
+use super::{Errno, IdPriv, IdState, default_pd, devices, lock};
 use crate::abi::consts::*;
 use crate::abi::{IbvAhAttr, IbvGlobalRoute, IbvPd, IbvQpAttr, IbvQpCap, IbvQpInitAttr};
 use crate::verbs;
@@ -27,7 +27,7 @@ fn zero_attr() -> IbvQpAttr {
 
 /// The address vector to the id's peer.
 pub(crate) fn ah_to(st: &IdState) -> IbvAhAttr {
-    let dgid = st.remote.map_or(crate::abi::IbvGid { raw: [0; 16] }, |r| addr::gid(r.ip()));
+    let dgid = st.remote.map_or(crate::abi::IbvGid { raw: [0; 16] }, |r| verbs::gid_of(r.ip()));
     IbvAhAttr {
         grh: IbvGlobalRoute {
             dgid,
@@ -195,7 +195,7 @@ pub(crate) unsafe fn create(
     // SAFETY: our PD and attributes made valid above.
     let qp = unsafe { verbs::uroce_verbs_create_qp(pd, &raw mut a) };
     if qp.is_null() {
-        let e = errno();
+        let e = super::last_errno();
         if own {
             // SAFETY: the CQs and channels just made.
             unsafe { destroy_cqs(raw) };
@@ -235,10 +235,6 @@ pub(crate) unsafe fn create(
     Ok(())
 }
 
-fn errno() -> Errno {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
-}
-
 type Cqs = (
     *mut crate::abi::IbvCompChannel,
     *mut crate::abi::IbvCq,
@@ -251,13 +247,13 @@ fn make_cqs(ctx: *mut crate::abi::IbvContext, cap: &IbvQpCap) -> Result<Cqs, Err
         // SAFETY: our context.
         let ch = unsafe { verbs::uroce_verbs_create_comp_channel(ctx) };
         if ch.is_null() {
-            return Err(errno());
+            return Err(super::last_errno());
         }
         let cqe = c_int::try_from(n.max(1)).unwrap_or(c_int::MAX);
         // SAFETY: our context and the channel just made.
         let cq = unsafe { verbs::uroce_verbs_create_cq(ctx, cqe, null_mut(), ch, 0) };
         if cq.is_null() {
-            let e = errno();
+            let e = super::last_errno();
             // SAFETY: the channel just made, unused.
             unsafe { verbs::uroce_verbs_destroy_comp_channel(ch) };
             return Err(e);
