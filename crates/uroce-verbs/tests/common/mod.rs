@@ -249,6 +249,20 @@ pub(crate) fn cm_pair(
     client: &Side<'_>,
     limit: Duration,
 ) -> (Outcome, Outcome) {
+    cm_pair_unless(prog, server_args, client_args, server, client, limit, &|_| false)
+}
+
+/// [`cm_pair`], but a client failure for which `server_stuck` holds is not retried: the server
+/// has gone past the point a new client could meet it, and the caller decides.
+pub(crate) fn cm_pair_unless(
+    prog: &str,
+    server_args: &[&str],
+    client_args: &[&str],
+    server: &Side<'_>,
+    client: &Side<'_>,
+    limit: Duration,
+    server_stuck: &dyn Fn(&Outcome) -> bool,
+) -> (Outcome, Outcome) {
     let mut srv = start(&mut verbs_cmd(server.prefix, server.env, prog, server.addr, server_args));
     let began = Instant::now();
     std::thread::sleep(Duration::from_millis(200));
@@ -258,7 +272,8 @@ pub(crate) fn cm_pair(
         let cli = start(&mut verbs_cmd(client.prefix, client.env, prog, client.addr, client_args));
         let mut c = finish(cli, limit);
         let early = !c.ok() && t.elapsed() < Duration::from_secs(5);
-        if early && began.elapsed() < Duration::from_secs(20) && srv.running() {
+        if early && began.elapsed() < Duration::from_secs(20) && srv.running() && !server_stuck(&c)
+        {
             let at = t - began;
             earlier.push_str(&format!("--- an attempt {at:?} after the server started:\n{c}\n"));
             std::thread::sleep(Duration::from_millis(300));
@@ -267,7 +282,8 @@ pub(crate) fn cm_pair(
         c.stderr.push_str(&earlier);
         break c;
     };
-    let s = finish(srv, if c.status.is_some() { Duration::from_secs(10) } else { Duration::ZERO });
+    let ended = c.status.is_some() && !server_stuck(&c);
+    let s = finish(srv, if ended { Duration::from_secs(10) } else { Duration::ZERO });
     (s, c)
 }
 
