@@ -110,6 +110,70 @@ fn rdma_server_and_client_use_the_synchronous_endpoint_api() {
     assert!(c.stdout.contains("rdma_client: end 0"), "{c}");
 }
 
+/// The safe API's CM against Debian's `rdma_client` and `rdma_server` (on the drop-in
+/// libraries): each side's REQ, REP and RTU, private-data header and QP attributes are what
+/// the other's RDMA CM expects, and 16 bytes go each way over the connected QPs.
+#[test]
+fn the_safe_apis_cm_meets_rdma_client_and_rdma_server() {
+    use uroce::{Access, CmError, Context, Error, QpType, WcStatus};
+    if !have("rdma_server", "rdmacm-utils") {
+        return;
+    }
+    let _turn = serial();
+    let wait = Some(Duration::from_secs(10));
+    let exchange = |ctx: &Context, connect: &dyn Fn(&uroce::Qp) -> uroce::Connection| {
+        let (pd, cq) = (ctx.alloc_pd(), ctx.create_cq(8).unwrap());
+        let qp = pd.qp(QpType::Rc, &cq).build().unwrap();
+        let (recv, send) = (pd.register(16, Access::LOCAL_WRITE).unwrap(), {
+            pd.register(16, Access::LOCAL_WRITE).unwrap()
+        });
+        qp.post_recv(1, &recv, 0..16).unwrap();
+        let conn = connect(&qp);
+        send.write(0, b"uroce safe API!\0").unwrap();
+        qp.send(2, &send, 0..16).unwrap();
+        let mut ids: Vec<u64> = (0..2)
+            .map(|_| {
+                let wc = cq.wait_one(wait).unwrap();
+                assert_eq!(wc.status, WcStatus::SUCCESS, "{wc:?}");
+                wc.wr_id
+            })
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [1, 2]);
+        conn
+    };
+
+    // uroce's listener, Debian's client.
+    let ctx = Context::open(SERVER.parse().unwrap()).unwrap();
+    let listener = ctx.listen(7471, 1).unwrap();
+    let client =
+        common::start(&mut common::verbs_cmd(&[], &[], "rdma_client", CLIENT, &["-s", SERVER]));
+    let conn = exchange(&ctx, &|qp| listener.accept(qp, b"", wait).unwrap());
+    conn.wait_disconnect(wait).unwrap();
+    let c = common::finish(client, Duration::from_secs(30));
+    assert!(c.ok() && c.stdout.contains("rdma_client: end 0"), "{c}");
+    drop(listener);
+
+    // Debian's server, uroce's client.
+    let server =
+        common::start(&mut common::verbs_cmd(&[], &[], "rdma_server", SERVER, &["-s", SERVER]));
+    let me = Context::open(CLIENT.parse().unwrap()).unwrap();
+    let dest = std::net::SocketAddr::new(SERVER.parse().unwrap(), 7471);
+    let began = std::time::Instant::now();
+    let conn = exchange(&me, &|qp| loop {
+        // Until the server listens, its host rejects the REQ: invalid service ID.
+        match qp.connect_to(dest, b"", wait) {
+            Err(Error::Cm(CmError::Rejected(8))) if began.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r => break r.unwrap(),
+        }
+    });
+    conn.disconnect(wait).unwrap();
+    let s = common::finish(server, Duration::from_secs(30));
+    assert!(s.ok() && s.stdout.contains("rdma_server: end 0"), "{s}");
+}
+
 #[test]
 fn mckey_sends_to_a_multicast_group() {
     if !have("mckey", "rdmacm-utils") {

@@ -78,6 +78,8 @@ pub mod reason {
     pub const STALE_CONN: u16 = 10;
     /// Invalid service ID: nobody listens on it.
     pub const INVALID_SERVICE_ID: u16 = 8;
+    /// Invalid transport service type: the listener's QP is not of the type the REQ asks for.
+    pub const INVALID_TRANSPORT_TYPE: u16 = 9;
     /// The passive side's consumer rejected the connection.
     pub const CONSUMER_REJECT: u16 = 28;
     /// Invalid communication ID: the message names a connection the receiver does not have.

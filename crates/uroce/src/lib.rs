@@ -56,6 +56,9 @@
 //! and freed. A peer's RDMA to a dropped region fails with `REM_ACCESS_ERR` after that.
 #![deny(unsafe_code)]
 
+mod cm;
+pub use cm::{CmError, Connection, Listener};
+
 use core::fmt;
 use core::net::IpAddr;
 use core::ops::Range;
@@ -97,6 +100,8 @@ pub enum Error {
     },
     /// An endpoint description that does not parse.
     BadEndpoint(&'static str),
+    /// Connection setup or release through the CM failed.
+    Cm(CmError),
     /// A system call failed.
     Io(io::Error),
 }
@@ -113,6 +118,7 @@ impl fmt::Display for Error {
                 write!(f, "bytes {range:?} are outside the {len}-byte region")
             }
             Self::BadEndpoint(why) => write!(f, "bad endpoint description: {why}"),
+            Self::Cm(e) => write!(f, "{e}"),
             Self::Io(e) => write!(f, "{e}"),
         }
     }
@@ -137,6 +143,8 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 #[derive(Clone, Debug)]
 pub struct Context {
     dev: Arc<NetDevice>,
+    /// The CM's events, once something connects or listens through it.
+    cm: Arc<std::sync::OnceLock<Arc<cm::Hub>>>,
 }
 
 impl Context {
@@ -150,7 +158,7 @@ impl Context {
 
     /// Opens the device of `addr` with explicit options.
     pub fn open_with(addr: IpAddr, options: Options) -> Result<Self> {
-        Ok(Self { dev: Arc::new(NetDevice::open(addr, options)?) })
+        Ok(Self { dev: Arc::new(NetDevice::open(addr, options)?), cm: Arc::default() })
     }
 
     /// The device's address (GID index 0).
