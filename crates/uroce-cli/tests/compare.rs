@@ -39,6 +39,7 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     // The summary states the crossovers from the data.
     assert!(stdout.contains("setup: TCP connect"), "{stdout}");
+    assert!(stdout.contains("RDMA CM connect (RC QP, REQ/REP/RTU)"), "{stdout}");
     assert!(stdout.contains("latency p50"), "{stdout}");
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
     well_formed(&html).unwrap();
@@ -68,6 +69,8 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
         assert!(json.contains(&format!("\"test\":\"{test}\"")), "{test} missing");
     }
     assert!(json.contains("\"crossover\":[{"), "crossovers computed");
+    assert!(json.contains("\"rdma_cm_connect_us\":"), "the RDMA CM connection's setup");
+    assert!(md.contains("connected through the RDMA connection manager"), "{md}");
     // Its server is gone: the server's RDMA address can be opened again.
     let again = uroce::Context::open_with("127.0.0.53".parse().unwrap(), uroce::Options::default());
     assert!(again.is_ok(), "a server was left running: {:?}", again.err());

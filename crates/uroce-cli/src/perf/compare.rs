@@ -69,6 +69,9 @@ pub(crate) struct Row {
 pub(crate) struct Setup {
     pub(crate) tcp_connect_us: f64,
     pub(crate) qp_connect_us: f64,
+    /// An RC QP created and connected through the CM to a listener of another device (REQ,
+    /// REP, RTU on QP1; `rdma_connect` to ESTABLISHED), measured on the active side.
+    pub(crate) cm_connect_us: f64,
     /// (region bytes, register + deregister µs, locked register + deregister µs).
     pub(crate) registration: Vec<(usize, f64, f64)>,
 }
@@ -246,6 +249,7 @@ fn setup_costs(server: IpAddr, local: IpAddr, quick: bool) -> Result<Setup, Stri
         b.connect(&a.endpoint()).map_err(|e| e.to_string())?;
         qp.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
+    let cm = cm_connect(server, &pd, &cq, if quick { 20 } else { 50 })?;
     let top = if quick { 64 << 20 } else { 1 << 30 };
     let mut registration = Vec::new();
     let mut len = 4096;
@@ -269,12 +273,51 @@ fn setup_costs(server: IpAddr, local: IpAddr, quick: bool) -> Result<Setup, Stri
         registration.push((len, median(plain), median(locked)));
         len *= 8;
     }
-    Ok(Setup { tcp_connect_us: median(tcp), qp_connect_us: median(qp), registration })
+    Ok(Setup {
+        tcp_connect_us: median(tcp),
+        qp_connect_us: median(qp),
+        cm_connect_us: median(cm),
+        registration,
+    })
+}
+
+/// `n` connections through the CM from `pd`'s device to a listener on the device of `server` (in a
+/// thread of its own, as TCP's accept is in the kernel): QP creation and the handshake, each
+/// then released outside the timing. Microseconds per connection.
+fn cm_connect(
+    server: IpAddr,
+    pd: &uroce::Pd,
+    cq: &uroce::Cq,
+    n: usize,
+) -> Result<Vec<f64>, String> {
+    let e = |e: uroce::Error| e.to_string();
+    let wait = Some(Duration::from_secs(10));
+    let passive = Context::open_with(server, Options::default()).map_err(e)?;
+    let listener = passive.listen(0, 8).map_err(e)?;
+    let dest = listener.local_addr();
+    let accepter = std::thread::spawn(move || -> Result<(), uroce::Error> {
+        let (pd, cq) = (passive.alloc_pd(), passive.create_cq(64)?);
+        for _ in 0..n {
+            let qp = pd.qp(uroce::QpType::Rc, &cq).build()?;
+            listener.accept(&qp, b"", wait)?.wait_disconnect(wait)?;
+        }
+        Ok(())
+    });
+    let mut us = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = now();
+        let qp = pd.qp(uroce::QpType::Rc, cq).build().map_err(e)?;
+        let conn = qp.connect_to(dest, b"", wait).map_err(e)?;
+        us.push(t0.elapsed().as_secs_f64() * 1e6);
+        conn.disconnect(wait).map_err(e)?;
+    }
+    accepter.join().map_err(|_| "the CM listener's thread panicked".to_string())?.map_err(e)?;
+    Ok(us)
 }
 
 /// For each size both `tcp_lat` (tuned) and `rc_lat` ran at: the number of messages after which
-/// RDMA (QP setup + a registration of the message size + n half round trips) costs less time
-/// than TCP (connect + n half round trips).
+/// RDMA (a connection through the CM + a registration of the message size + n half round
+/// trips) costs less time than TCP (connect + n half round trips).
 fn crossovers(rows: &[Row], setup: &Setup) -> Vec<Crossover> {
     let p50 = |test: &str, label_has: &str, size: usize| {
         rows.iter()
@@ -296,7 +339,7 @@ fn crossovers(rows: &[Row], setup: &Setup) -> Vec<Crossover> {
         else {
             continue;
         };
-        let fixed = setup.qp_connect_us + reg(size) - setup.tcp_connect_us;
+        let fixed = setup.cm_connect_us + reg(size) - setup.tcp_connect_us;
         let messages = if rdma < tcp {
             #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a count")]
             let n = (fixed / (tcp - rdma)).ceil().max(1.0) as u64;
