@@ -57,6 +57,12 @@ pub struct Options {
     /// already spinning (both sides of `ib_write_lat` on two cores) it only adds contention,
     /// so it is off by default.
     pub progress_spin: Option<Duration>,
+    /// A thread about to block for a completion event (`ibv_get_cq_event`) first busy-polls
+    /// the device this long (`UROCE_EVENT_SPIN_US`, 50 µs unless set; 0: never): an event
+    /// that comes within it costs no wake-up of the progress thread and of the waiter, two
+    /// context switches, most of an event-driven round trip (Linux's `SO_BUSY_POLL` does the
+    /// same for sockets). The price is that much CPU per wait that ends in sleep.
+    pub event_spin: Option<Duration>,
     /// The port MTU. By default it is derived from the MTU of the address's interface as RoCE
     /// NICs derive it (Linux rxe: the largest IB MTU that fits the interface MTU less 80 bytes
     /// of headers): 4096 on loopback, 1024 on 1500-byte Ethernet.
@@ -87,9 +93,19 @@ impl Options {
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|&us| us > 0)
             .map(Duration::from_micros);
+        let event_spin_us = std::env::var("UROCE_EVENT_SPIN_US").ok().map(|v| v.parse::<u64>());
+        o.event_spin = match event_spin_us {
+            None => Some(Duration::from_micros(DEFAULT_EVENT_SPIN_US)),
+            Some(Ok(0) | Err(_)) => None,
+            Some(Ok(us)) => Some(Duration::from_micros(us)),
+        };
         Ok(o)
     }
 }
+
+/// [`Options::event_spin`] by default: above an event-driven round trip between two processes
+/// of this host (about 10 µs busy-polling), well below a scheduler tick.
+const DEFAULT_EVENT_SPIN_US: u64 = 50;
 
 /// The IB MTU a port has on an interface of `if_mtu` bytes: the largest that leaves room for
 /// the RoCEv2 headers (rxe reserves 80 bytes: IP, UDP, BTH, the largest extension header and
@@ -229,30 +245,68 @@ struct AsyncSubscriber {
 
 /// A completion channel (`ibv_comp_channel`): a pollable eventfd and the CQs whose armed
 /// notification fired, oldest first.
+///
+/// The descriptor is readable while an event waits, except while a thread spins for one in
+/// [`NetDevice::spin_for_event`]: that thread takes it from the queue directly, and the
+/// descriptor is made readable when it stops spinning if any event is left. Writing and
+/// clearing the eventfd only when its state changes saves two or three system calls an
+/// event.
 #[derive(Debug)]
 pub struct Channel {
     fd: EventFd,
-    events: Mutex<VecDeque<CqHandle>>,
+    queue: Mutex<ChannelQueue>,
+}
+
+#[derive(Debug, Default)]
+struct ChannelQueue {
+    events: VecDeque<CqHandle>,
+    /// The eventfd holds a count (is readable).
+    signaled: bool,
+    /// Threads spinning for an event.
+    spinners: usize,
+}
+
+impl ChannelQueue {
+    /// The descriptor readable exactly when someone may have to look.
+    fn settle(&mut self, fd: &EventFd) {
+        let want = !self.events.is_empty() && self.spinners == 0;
+        if want && !self.signaled {
+            fd.signal();
+        } else if !want && self.signaled {
+            fd.take_signaled();
+        }
+        self.signaled = want;
+    }
 }
 
 impl Channel {
     /// A channel with no events.
     pub fn new() -> io::Result<Self> {
-        Ok(Self { fd: EventFd::new()?, events: Mutex::new(VecDeque::new()) })
+        Ok(Self { fd: EventFd::new()?, queue: Mutex::default() })
     }
 
     /// A channel whose descriptor is in blocking mode ([`EventFd::new_blocking`]), for
     /// `ibv_comp_channel`.
     pub fn new_blocking() -> io::Result<Self> {
-        Ok(Self { fd: EventFd::new_blocking()?, events: Mutex::new(VecDeque::new()) })
+        Ok(Self { fd: EventFd::new_blocking()?, queue: Mutex::default() })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ChannelQueue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether an event waits (a look, without taking it).
+    pub fn has_event(&self) -> bool {
+        !self.lock().events.is_empty()
     }
 
     /// The next CQ event, without blocking.
     pub fn try_get(&self) -> Option<CqHandle> {
-        let mut q = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        let e = q.pop_front();
-        if q.is_empty() {
-            self.fd.take();
+        let mut q = self.lock();
+        let e = q.events.pop_front();
+        // Left readable only while another event waits.
+        if q.events.is_empty() && q.signaled {
+            q.settle(&self.fd);
         }
         e
     }
@@ -282,8 +336,19 @@ impl Channel {
     }
 
     fn push(&self, cq: CqHandle) {
-        self.events.lock().unwrap_or_else(PoisonError::into_inner).push_back(cq);
-        self.fd.signal();
+        let mut q = self.lock();
+        q.events.push_back(cq);
+        q.settle(&self.fd);
+    }
+
+    fn spinning(&self, on: bool) {
+        let mut q = self.lock();
+        if on {
+            q.spinners += 1;
+        } else {
+            q.spinners = q.spinners.saturating_sub(1);
+        }
+        q.settle(&self.fd);
     }
 }
 
@@ -617,6 +682,8 @@ impl State {
 struct Shared {
     state: Mutex<State>,
     wake: EventFd,
+    /// Armed by a verb whose deadline comes before `sleeping_until`.
+    timer: sys::TimerFd,
     stop: AtomicBool,
     /// When the progress thread will wake on its own (device nanoseconds; `u64::MAX`: never).
     sleeping_until: AtomicU64,
@@ -675,6 +742,8 @@ const BUSY_POLL_GRACE_NS: u64 = 1_000_000;
 /// A uroce device bound to one address, with its progress thread.
 pub struct NetDevice {
     shared: Arc<Shared>,
+    /// [`Options::event_spin`] in nanoseconds (0: none).
+    event_spin_ns: u64,
     thread: Option<JoinHandle<()>>,
     endpoint: Option<Endpoint>,
 }
@@ -802,9 +871,11 @@ impl NetDevice {
             cm_sink: None,
         };
         let wake = EventFd::new().map_err(|e| OpenError::Io(local, e))?;
+        let timer = sys::TimerFd::new().map_err(|e| OpenError::Io(local, e))?;
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             wake,
+            timer,
             stop: AtomicBool::new(false),
             sleeping_until: AtomicU64::new(u64::MAX),
             last_busy_poll: AtomicU64::new(0),
@@ -833,7 +904,9 @@ impl NetDevice {
                 .map_err(|e| OpenError::Io(local, e))?;
             Some(t)
         };
-        Ok(Self { shared, thread, endpoint })
+        let event_spin_ns =
+            options.event_spin.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        Ok(Self { shared, event_spin_ns, thread, endpoint })
     }
 
     /// This process's slot on the host-wide device: its index (the top byte of every QPN it
@@ -888,10 +961,17 @@ impl NetDevice {
         } else {
             s.next_deadline().map(Instant::as_nanos)
         };
-        drop(s);
-        if next.is_some_and(|t| t < self.shared.sleeping_until.load(Ordering::Acquire)) {
-            self.shared.wake.signal();
+        // A deadline earlier than the one the progress thread sleeps to: the kernel's timer
+        // wakes it then (arming it costs a system call; waking the thread now would cost a
+        // context switch, and on a small machine the CPU the application is about to use).
+        // Under the lock, as the thread sets its own deadline, so neither undoes the other.
+        if let Some(t) = next
+            && t < self.shared.sleeping_until.load(Ordering::Acquire)
+        {
+            self.shared.sleeping_until.store(t, Ordering::Release);
+            self.shared.timer.arm_in(t.saturating_sub(now.as_nanos()));
         }
+        drop(s);
         (r, now)
     }
 
@@ -908,6 +988,48 @@ impl NetDevice {
         if self.shared.last_busy_poll.swap(0, Ordering::AcqRel) != 0 {
             self.shared.wake.signal();
         }
+    }
+
+    /// For a thread about to block for an event: busy-polls (rounds of progress in this
+    /// thread, the progress thread standing off the sockets) until `ready` holds or
+    /// [`Options::event_spin`] passes. Returns whether `ready` held; if not, the caller ends
+    /// the busy-poll mark ([`NetDevice::end_busy_poll`]) before it blocks.
+    pub fn spin_for(&self, mut ready: impl FnMut() -> bool) -> bool {
+        if ready() {
+            return true;
+        }
+        if self.event_spin_ns == 0 {
+            return false;
+        }
+        let until = self.shared.now_ns().saturating_add(self.event_spin_ns);
+        loop {
+            let ((), now) = self.with_at(State::progress_polled);
+            self.shared.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
+            if ready() {
+                return true;
+            }
+            if now.as_nanos() >= until {
+                return false;
+            }
+            core::hint::spin_loop();
+        }
+    }
+
+    /// For a thread about to block in `ibv_get_cq_event`: [`NetDevice::spin_for`] an event
+    /// of `channel`, and takes it. `None`: none came; the caller ends the busy-poll mark and
+    /// blocks.
+    pub fn spin_for_event(&self, channel: &Channel) -> Option<CqHandle> {
+        if let Some(e) = channel.try_get() {
+            return Some(e);
+        }
+        if self.event_spin_ns == 0 {
+            return None;
+        }
+        channel.spinning(true);
+        let found = self.spin_for(|| channel.has_event());
+        let e = found.then(|| channel.try_get()).flatten();
+        channel.spinning(false);
+        e
     }
 
     /// For a thread that busy-polls: a round of progress, then `f`, under one acquisition of
@@ -979,6 +1101,7 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
             let busy = shared.busy_polled(now);
             fds.clear();
             fds.push(shared.wake.as_raw_fd());
+            fds.push(shared.timer.as_raw_fd());
             if !busy {
                 // Ask the fabric's senders for a wake-up; if something arrived meanwhile,
                 // go round again instead of sleeping.
@@ -1005,5 +1128,42 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
         };
         let _ = sys::poll_readable_ns(&fds, wait_ns);
         shared.wake.take();
+        shared.timer.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(c: &Channel) -> bool {
+        sys::readable_now(c.as_raw_fd())
+    }
+
+    #[test]
+    fn a_channel_is_readable_while_an_event_waits_and_nobody_spins_for_it() -> io::Result<()> {
+        let c = Channel::new_blocking()?;
+        let options = Options { no_progress_thread: true, ..Options::default() };
+        let dev = NetDevice::open("127.0.18.9".parse().map_err(io::Error::other)?, options)
+            .map_err(io::Error::other)?;
+        let cq = dev.with(|s| s.engine().create_cq(4)).map_err(io::Error::other)?;
+        assert!(!readable(&c));
+        c.push(cq);
+        c.push(cq);
+        assert!(readable(&c), "an epoll on the channel sees the event");
+        assert_eq!(c.try_get(), Some(cq));
+        assert!(readable(&c), "one is left");
+        assert_eq!(c.try_get(), Some(cq));
+        assert!(!readable(&c));
+        // A thread spinning for an event takes it from the queue: no write to the eventfd.
+        c.spinning(true);
+        c.push(cq);
+        assert!(!readable(&c) && c.has_event());
+        // It stopped spinning with the event still there: the descriptor says so.
+        c.spinning(false);
+        assert!(readable(&c));
+        assert_eq!(c.get(Some(Duration::from_millis(1)))?, Some(cq));
+        assert!(!readable(&c));
+        Ok(())
     }
 }

@@ -439,6 +439,14 @@ impl EventFd {
         if ret == 8 { v } else { 0 }
     }
 
+    /// Clears a counter known to be non-zero (its owner signaled it and nobody else reads
+    /// it): one `read`, which cannot block.
+    pub fn take_signaled(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into `v`, as eventfd(2) requires.
+        let _ = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+    }
+
     /// Blocks until the counter is non-zero or `timeout_ms` passes (-1: forever); then
     /// takes it. Returns the value taken.
     pub fn wait(&self, timeout_ms: i32) -> io::Result<u64> {
@@ -448,6 +456,56 @@ impl EventFd {
 }
 
 impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// A Linux timerfd on `CLOCK_MONOTONIC`, non-blocking: readable once it expires. A verb that
+/// brings a deadline forward arms it instead of waking the progress thread (a context switch
+/// on each `ibv_post_send` that starts a retransmission timer); the thread sleeps in `poll`
+/// on it with its sockets.
+#[derive(Debug)]
+pub(crate) struct TimerFd {
+    fd: OwnedFd,
+}
+
+impl TimerFd {
+    /// A disarmed timer.
+    pub(crate) fn new() -> io::Result<Self> {
+        let flags = libc::TFD_CLOEXEC | libc::TFD_NONBLOCK;
+        // SAFETY: timerfd_create(2) with plain integer arguments; the result is checked.
+        let fd = check(unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, flags) })?;
+        // SAFETY: `fd` was just returned by timerfd_create(2) and is owned by nothing else.
+        Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Expires once, `after_ns` from now (at least 1 ns: zero would disarm it).
+    pub(crate) fn arm_in(&self, after_ns: u64) {
+        let ns = after_ns.max(1);
+        let value = libc::timespec {
+            tv_sec: libc::time_t::try_from(ns / 1_000_000_000).unwrap_or(libc::time_t::MAX),
+            // Below 10^9: fits every c_long.
+            tv_nsec: libc::c_long::try_from(ns % 1_000_000_000).unwrap_or(0),
+        };
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let spec = libc::itimerspec { it_interval: zero, it_value: value };
+        // SAFETY: timerfd_settime(2) reads the live `spec`; the old value is not asked for.
+        // It fails only for a bad descriptor or value, neither possible here.
+        let _ = unsafe {
+            libc::timerfd_settime(self.fd.as_raw_fd(), 0, &raw const spec, core::ptr::null_mut())
+        };
+    }
+
+    /// Clears an expiry (readable no more until armed and expired again).
+    pub(crate) fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into `v`, as timerfd(2) requires; EAGAIN when not expired.
+        let _ = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+    }
+}
+
+impl AsRawFd for TimerFd {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
@@ -565,7 +623,7 @@ pub(crate) fn set_timer_slack_ns(ns: u64) {
 }
 
 /// Whether `fd` is readable now (a `poll` with no wait).
-fn readable_now(fd: RawFd) -> bool {
+pub(crate) fn readable_now(fd: RawFd) -> bool {
     let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: one live pollfd.
     let ret = unsafe { libc::poll(&raw mut pfd, 1, 0) };

@@ -1013,14 +1013,14 @@ unsafe extern "C" fn uroce_verbs_get_cq_event(
         return -1;
     };
     loop {
-        let got = if nonblocking(fd) {
-            match chan.try_get() {
-                Some(h) => h,
-                None => {
-                    set_errno(libc::EAGAIN);
-                    return -1;
-                }
-            }
+        // An event already there is returned in either mode, without asking which.
+        let got = if let Some(h) = chan.try_get() {
+            h
+        } else if nonblocking(fd) {
+            set_errno(libc::EAGAIN);
+            return -1;
+        } else if let Some(h) = ctx.net.spin_for_event(chan) {
+            h
         } else {
             ctx.net.end_busy_poll();
             match chan.get(None) {

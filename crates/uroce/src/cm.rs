@@ -106,7 +106,9 @@ impl Hub {
         self.arrived.notify_all();
     }
 
-    /// Takes the first event `wanted` picks, waiting for one until `timeout` passes.
+    /// Takes the first event `wanted` picks, waiting for one until `timeout` passes. Asleep:
+    /// busy-polling for a CM answer, which needs the peer's progress and application threads
+    /// to run, only takes a core from them on a small machine.
     fn take(&self, timeout: Option<Duration>, wanted: impl Fn(&Event) -> bool) -> Option<Event> {
         #[expect(clippy::disallowed_methods, reason = "a blocking wait reads the clock")]
         let deadline = timeout.map(|t| std::time::Instant::now() + t);

@@ -461,8 +461,12 @@ impl Cq {
                 }
             };
             // An event left by an earlier arming, whose completions a poll already took, wakes
-            // this too: the loop then polls and sleeps again.
-            self.channel.get(left)?;
+            // this too: the loop then polls and sleeps again. One that comes soon is waited
+            // for busy-polling ([`Options::event_spin`]), without a thread wake-up.
+            if self.ctx.dev.spin_for_event(&self.channel).is_none() {
+                self.ctx.dev.end_busy_poll();
+                self.channel.get(left)?;
+            }
         }
     }
 }

@@ -358,3 +358,29 @@ fn two_qps_share_a_receive_queue_over_sockets() {
         assert_eq!(inbox.to_vec(at..at + 4).unwrap(), k.to_be_bytes());
     }
 }
+
+/// A SEND to a peer that never answers is retried on the transport's timer and ends in
+/// RETRY_EXC_ERR, with nothing else to wake the progress thread: it went to sleep with no
+/// deadline, and the verb that started the timer arms the device's kernel timer instead of
+/// waking it (IBA 9.7.6.1.3: retry_cnt retries, each after the local ACK timeout).
+#[test]
+fn a_send_to_a_silent_peer_is_retried_on_the_timer_until_retry_exceeded() {
+    let ctx = Context::open(ip("127.0.18.7")).unwrap();
+    let (pd, cq) = (ctx.alloc_pd(), ctx.create_cq(4).unwrap());
+    // 4.096 µs × 2^10 ≈ 4 ms per attempt, 2 retries.
+    let qp = pd.qp(QpType::Rc, &cq).retries(10, 2, 0).build().unwrap();
+    // Nobody has 127.0.18.8 open: its datagrams go nowhere.
+    let mut silent = qp.endpoint();
+    silent.gid = ip("127.0.18.8");
+    qp.connect(&silent).unwrap();
+    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    qp.send(1, &mr, 0..64).unwrap();
+    // Nothing of this thread makes progress meanwhile (a poll or a wait would run the timers
+    // itself, or wake the progress thread): only the progress thread's timer can.
+    #[expect(clippy::disallowed_methods, reason = "the test leaves the device to itself")]
+    std::thread::sleep(Duration::from_millis(500));
+    let (counters, _) = ctx.counters();
+    assert!(counters.retransmitted_pkts >= 2, "{counters:?}");
+    let wc = cq.wait_one(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RETRY_EXC_ERR));
+}
