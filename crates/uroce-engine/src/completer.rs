@@ -282,6 +282,7 @@ pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
                 qp_num: qp.qpn,
                 src_qp: qp.dest_qpn,
                 grh: false,
+                ipv4: false,
             };
             ctx.complete(qp.init.send_cq, wc);
         }
@@ -319,6 +320,7 @@ pub(crate) fn fail_front<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, status:
             qp_num: qp.qpn,
             src_qp: qp.dest_qpn,
             grh: false,
+            ipv4: false,
         };
         ctx.complete(qp.init.send_cq, wc);
     }

@@ -1449,5 +1449,6 @@ pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> WorkCompletion
         qp_num: qpn,
         src_qp: Qpn::QP0,
         grh: false,
+        ipv4: false,
     }
 }

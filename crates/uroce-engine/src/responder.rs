@@ -159,6 +159,8 @@ pub(crate) fn ud_request<M: MemoryAccess>(
                 recv_wc(qp, wqe.wr.wr_id, WcStatus::SUCCESS, WcOpcode::Recv, byte_len, imm);
             wc.src_qp = deth.src_qp;
             wc.grh = true;
+            // The IPv4 form leaves the first 20 bytes zero; an IPv6 header starts with 6.
+            wc.ipv4 = grh[0] >> 4 != 6;
             ctx.complete_solicited(qp.init.recv_cq, wc, packet.bth.solicited);
         }
         Err(ScatterError::Length) => {
@@ -314,6 +316,7 @@ fn recv_wc(
         qp_num: qp.qpn,
         src_qp: qp.dest_qpn,
         grh: false,
+        ipv4: false,
     }
 }
 

@@ -470,4 +470,6 @@ pub struct WorkCompletion {
     /// UD receives: the first 40 bytes of the receive buffer hold the packet's network header
     /// (`IBV_WC_GRH`).
     pub grh: bool,
+    /// UD receives: that header is IPv4 (RoCEv2 over IPv4; IPv6 otherwise).
+    pub ipv4: bool,
 }

@@ -113,6 +113,7 @@
 #![deny(unsafe_code)]
 
 mod cm;
+pub mod config;
 mod device;
 mod fabric;
 mod faults;
@@ -129,6 +130,7 @@ pub use faults::{Faults, FaultsError};
 pub use ports::BindError;
 pub use sys::memory::Registry;
 pub use sys::{
-    EventFd, RawRegion, die_with_parent, pin_current_thread, process_cpu_time, set_socket_buffers,
+    EventFd, RawRegion, die_with_parent, interface_of, pin_current_thread, process_cpu_time,
+    set_socket_buffers,
 };
 pub use uroce_cm;

@@ -549,6 +549,54 @@ pub(crate) fn interface_mtu(sock: &impl AsRawFd, addr: IpAddr) -> Option<u32> {
     u32::try_from(unsafe { ifr.ifr_ifru.ifru_mtu }).ok()
 }
 
+/// The network interface that holds `addr`: the one with that address, else the one whose
+/// subnet contains it (`127.0.0.2` is on `lo` by its `127.0.0.1/8`). RoCE names it as the
+/// GID's netdev (`gid_attrs/ndevs`).
+pub fn interface_of(addr: IpAddr) -> Option<String> {
+    let all = interfaces();
+    let exact = all.iter().find(|(_, a, _)| *a == addr);
+    let within = || {
+        all.iter().find(|(_, a, mask)| match (a, mask, addr) {
+            (IpAddr::V4(a), Some(IpAddr::V4(m)), IpAddr::V4(x)) => {
+                u32::from(*a) & u32::from(*m) == u32::from(x) & u32::from(*m)
+            }
+            (IpAddr::V6(a), Some(IpAddr::V6(m)), IpAddr::V6(x)) => {
+                u128::from(*a) & u128::from(*m) == u128::from(x) & u128::from(*m)
+            }
+            _ => false,
+        })
+    };
+    exact.or_else(within).map(|(name, _, _)| name.clone())
+}
+
+/// Every interface address: (interface name, address, netmask).
+fn interfaces() -> Vec<(String, IpAddr, Option<IpAddr>)> {
+    let mut out = Vec::new();
+    let mut list: *mut libc::ifaddrs = core::ptr::null_mut();
+    // SAFETY: getifaddrs(3) fills `list` with a list this function frees below.
+    if unsafe { libc::getifaddrs(&raw mut list) } != 0 {
+        return out;
+    }
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        // SAFETY: a non-NULL ifa_addr points to a sockaddr of the family it names.
+        let ip = (!ifa.ifa_addr.is_null()).then(|| unsafe { sockaddr_ip(ifa.ifa_addr) }).flatten();
+        // SAFETY: as above, for the netmask.
+        let mask = (!ifa.ifa_netmask.is_null()).then(|| unsafe { sockaddr_ip(ifa.ifa_netmask) });
+        if let Some(ip) = ip {
+            // SAFETY: ifa_name is a NUL-terminated interface name.
+            let name = unsafe { core::ffi::CStr::from_ptr(ifa.ifa_name) };
+            out.push((name.to_string_lossy().into_owned(), ip, mask.flatten()));
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: frees the list getifaddrs returned; no node is used after this.
+    unsafe { libc::freeifaddrs(list) };
+    out
+}
+
 /// The IP address of a sockaddr, for the IPv4 and IPv6 families.
 ///
 /// # Safety

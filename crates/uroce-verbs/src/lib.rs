@@ -42,7 +42,6 @@
 
 mod abi;
 mod compat;
-mod config;
 mod rdmacm;
 mod strings;
 mod symbols;

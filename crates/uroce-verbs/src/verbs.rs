@@ -29,7 +29,6 @@ use uroce_net::{Channel, EventFd, NetDevice, OpenError, Options, RawRegion, Subs
 
 use crate::abi::consts::*;
 use crate::abi::*;
-use crate::config;
 
 // ---------------------------------------------------------------------------------------------
 // errno and small helpers
@@ -112,7 +111,7 @@ pub(crate) struct Device {
 fn devices() -> &'static [&'static Device] {
     static DEVICES: OnceLock<Vec<&'static Device>> = OnceLock::new();
     DEVICES.get_or_init(|| {
-        let addrs = config::addresses().unwrap_or_else(|msg| {
+        let addrs = uroce_net::config::addresses().unwrap_or_else(|msg| {
             eprintln!("{msg}");
             Vec::new()
         });
@@ -126,10 +125,12 @@ fn devices() -> &'static [&'static Device] {
                         ops: [None, None],
                         node_type: IBV_NODE_CA,
                         transport_type: IBV_TRANSPORT_IB,
+                        // As libibverbs fills them for kernel device i (`uverbsI`, and its
+                        // sysfs directories), which `uroce exec` makes real.
                         name: c_string(&name),
-                        dev_name: c_string(&format!("uverbs-{name}")),
-                        dev_path: c_string(""),
-                        ibdev_path: c_string(""),
+                        dev_name: c_string(&format!("uverbs{i}")),
+                        dev_path: c_string(&format!("/sys/class/infiniband_verbs/uverbs{i}")),
+                        ibdev_path: c_string(&format!("/sys/class/infiniband/{name}")),
                     },
                     addr,
                     index: c_int::try_from(i).unwrap_or(c_int::MAX),
@@ -948,9 +949,23 @@ fn wc_of(w: &WorkCompletion) -> IbvWc {
         wc_flags: flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: ud_sl(w),
         dlid_path_bits: 0,
     }
+}
+
+/// The `sl` of a UD receive on RoCE: Ethernet has no service level, and a ConnectX reports
+/// the packet type there instead (rdma-core's mlx5 provider copies bits 24–27 of the CQE's
+/// `flags_rqpn` into `wc.sl`; for a UD responder on RoCE they are bit 3 "UDP header present",
+/// bits 2:0 the L3 header, 1 IPv6 and 2 IPv4). UCX reads it to find the destination GID in
+/// the GRH area (IBA A17.4.5.1: the CQE says whether the frame was IPv4 or IPv6). Linux rxe
+/// leaves it 0. Everything else: 0.
+fn ud_sl(w: &WorkCompletion) -> u8 {
+    if !w.grh {
+        return 0;
+    }
+    const UDP_PRESENT: u8 = 0x8;
+    UDP_PRESENT | if w.ipv4 { 0x2 } else { 0x1 }
 }
 
 /// `ibv_poll_cq(3)` (through `ibv_context.ops`): a round of progress in the calling thread,

@@ -5,15 +5,15 @@ use core::net::IpAddr;
 use std::path::Path;
 
 /// The environment variable naming the device addresses, comma-separated.
-pub(crate) const ENV: &str = "UROCE_ADDR";
+pub const ENV: &str = "UROCE_ADDR";
 /// The environment variable naming the config file.
-pub(crate) const CONFIG_ENV: &str = "UROCE_CONFIG";
+pub const CONFIG_ENV: &str = "UROCE_CONFIG";
 /// The config file read when `UROCE_ADDR` is not set (and `UROCE_CONFIG` names no other): one
 /// address per line, `#` starts a comment.
-pub(crate) const FILE: &str = "/etc/uroce/devices";
+pub const FILE: &str = "/etc/uroce/devices";
 
 /// The configured addresses, or a message saying why there are none.
-pub(crate) fn addresses() -> Result<Vec<IpAddr>, String> {
+pub fn addresses() -> Result<Vec<IpAddr>, String> {
     match std::env::var(ENV) {
         Ok(v) => parse(&v, ENV),
         Err(_) => {
@@ -38,7 +38,8 @@ pub(crate) fn addresses() -> Result<Vec<IpAddr>, String> {
     }
 }
 
-fn parse(list: &str, from: &str) -> Result<Vec<IpAddr>, String> {
+/// A comma-separated address list (`from` names where it came from in the messages).
+pub fn parse(list: &str, from: &str) -> Result<Vec<IpAddr>, String> {
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let addr: IpAddr =
