@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 mod decode;
+mod exec;
 mod perf;
 
 const USAGE: &str = "\
@@ -13,6 +14,8 @@ uroce: RoCEv2 RDMA in user space
 Usage:
   uroce compare [OPTIONS]        Measure RDMA against TCP on loopback and write a report
   uroce decode FILE...           Decode RoCEv2 packets and verify their ICRC
+  uroce exec [--addr A,…] -- CMD Run an unmodified program on uroce (drop-in libraries and the
+                                 /dev/infiniband and /sys/class/infiniband view)
   uroce list                     List the tests, one line each
   uroce server [OPTIONS]         Wait for clients and answer their tests
   uroce client SERVER TEST... [OPTIONS]
@@ -80,6 +83,15 @@ fn run(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
         return Ok(ExitCode::from(2));
     };
     match arg {
+        Value(cmd) if cmd == "exec" => {
+            // Everything after `exec` is ours to read (and then the command's): lexopt would
+            // take the command's own options for ours.
+            let rest: Vec<std::ffi::OsString> = parser.raw_args()?.collect();
+            let message = exec::run(rest);
+            let help = message == exec::USAGE;
+            let _ = writeln!(io::stderr(), "{message}");
+            Ok(ExitCode::from(if help { 0 } else { 127 }))
+        }
         Value(cmd) if cmd == "decode" => {
             let mut files = Vec::new();
             while let Some(arg) = parser.next()? {
