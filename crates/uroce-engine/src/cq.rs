@@ -37,6 +37,11 @@ pub(crate) struct Cq {
 }
 
 impl Cq {
+    /// Whether a notification is armed and has not fired yet.
+    pub(crate) const fn armed(&self) -> bool {
+        self.armed.is_some()
+    }
+
     pub(crate) fn new(capacity: usize) -> Self {
         let entries = VecDeque::with_capacity(capacity.min(4096));
         Self { entries, capacity, overflowed: false, armed: None }

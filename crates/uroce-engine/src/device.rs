@@ -729,6 +729,12 @@ impl<M: MemoryAccess> Device<M> {
         self.ctx.cqs.get_mut(&cq.0).map(|q| q.arm(arm)).is_some()
     }
 
+    /// Whether `cq` is armed (`ibv_req_notify_cq`) and its notification has not fired yet:
+    /// whoever polls it means to sleep until an event.
+    pub fn cq_armed(&self, cq: CqHandle) -> bool {
+        self.ctx.cqs.get(&cq.0).is_some_and(Cq::armed)
+    }
+
     /// The next completion queue whose notification fired (what a completion channel delivers:
     /// `ibv_get_cq_event`), oldest first.
     pub fn poll_cq_event(&mut self) -> Option<CqHandle> {

@@ -1041,11 +1041,24 @@ impl NetDevice {
     /// operation to land in its memory (perftest's `ib_write_lat` spins on the buffer), which
     /// only the progress thread will take off the socket.
     pub fn poll_with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
-        let ((r, pending), now) = self.with_at(|s| {
+        self.poll_cq_with(None, f)
+    }
+
+    /// [`NetDevice::poll_with`] for a poll of `cq`: a poll of a CQ armed for a notification
+    /// (`ibv_req_notify_cq`, then `ibv_poll_cq`: what Gloo, UCX's event mode and libfabric do
+    /// before they sleep in `poll(2)` on the channel's descriptor) is no busy-poll, and sets
+    /// no mark; otherwise the progress thread would stay off the sockets for the grace period
+    /// while the application sleeps, and every message would wait up to a millisecond.
+    pub fn poll_cq_with<R>(&self, cq: Option<CqHandle>, f: impl FnOnce(&mut State) -> R) -> R {
+        let ((r, pending, armed), now) = self.with_at(|s| {
             s.progress_polled();
             let r = f(s);
-            (r, s.engine.has_pending_work())
+            let armed = cq.is_some_and(|c| s.engine.cq_armed(c));
+            (r, s.engine.has_pending_work(), armed)
         });
+        if armed {
+            return r;
+        }
         if pending {
             self.shared.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
         } else {

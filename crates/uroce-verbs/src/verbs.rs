@@ -13,6 +13,7 @@ use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::mem::{offset_of, size_of};
 use core::net::{IpAddr, Ipv6Addr};
 use core::ptr::{self, null_mut};
+use core::time::Duration;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -824,7 +825,13 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_comp_channel(
 struct Cq {
     ibv: IbvCq,
     handle: CqHandle,
+    /// Completion events `ibv_get_cq_event` returned for this CQ: `ibv_destroy_cq` waits
+    /// until the application has acknowledged as many (`ibv.comp_events_completed`).
+    events_reported: AtomicU32,
 }
+
+/// Signaled on every `ibv_ack_cq_events`, for a destroy waiting for the acknowledgements.
+static ACKED: (Mutex<()>, std::sync::Condvar) = (Mutex::new(()), std::sync::Condvar::new());
 
 /// The context and engine handle of a CQ.
 ///
@@ -885,6 +892,7 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_cq(
             async_events_completed: 0,
         },
         handle,
+        events_reported: AtomicU32::new(0),
     });
     let raw = Box::into_raw(boxed);
     lock(&ctx.objects).cqs.insert(handle, raw as usize);
@@ -901,7 +909,22 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_cq(cq: *mut IbvCq) -> c_int 
         Err(DestroyError::InUse) => return libc::EBUSY,
         Err(DestroyError::Unknown) => return libc::EINVAL,
     }
+    // From here `ibv_get_cq_event` drops this CQ's events instead of returning them.
     lock(&ctx.objects).cqs.remove(&handle);
+    // As rdma-core's ibv_destroy_cq does, wait until every event returned for this CQ is
+    // acknowledged (ibv_get_cq_event(3)): a thread that got one may still be handling it,
+    // and the CQ (and whatever its cq_context names) must outlive that.
+    let field = cq.wrapping_byte_add(offset_of!(IbvCq, comp_events_completed)).cast::<u32>();
+    // SAFETY: the CQ is live until freed below; the counter is only accessed atomically.
+    let acked = unsafe { AtomicU32::from_ptr(field) };
+    // SAFETY: as above; a field of our CQ, read atomically.
+    let reported = unsafe { &(*cq.cast::<Cq>()).events_reported };
+    let mut g = lock(&ACKED.0);
+    while acked.load(Ordering::Acquire) < reported.load(Ordering::Acquire) {
+        let wait = ACKED.1.wait_timeout(g, Duration::from_millis(10));
+        g = wait.map_or_else(|e| e.into_inner().0, |w| w.0);
+    }
+    drop(g);
     // SAFETY: made by `ibv_create_cq`; destroying it is the caller's last use.
     let boxed = unsafe { Box::from_raw(cq.cast::<Cq>()) };
     let channel = boxed.ibv.channel;
@@ -979,7 +1002,7 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
     }
     SCRATCH.with_borrow_mut(|got| {
         got.clear();
-        let n = ctx.net.poll_with(|s| s.engine().poll_cq(handle, max, got));
+        let n = ctx.net.poll_cq_with(Some(handle), |s| s.engine().poll_cq(handle, max, got));
         for (i, w) in got.iter().enumerate() {
             // SAFETY: the caller's array holds `num_entries` >= n entries.
             unsafe { wc.wrapping_add(i).write(wc_of(w)) };
@@ -1047,9 +1070,14 @@ unsafe extern "C" fn uroce_verbs_get_cq_event(
                 }
             }
         };
-        // An event of a CQ destroyed meanwhile is dropped, as the kernel does.
-        let Some(&cq) = lock(&ctx.objects).cqs.get(&got) else { continue };
+        // An event of a CQ destroyed meanwhile is dropped, as the kernel does. One returned
+        // is counted under the same lock the destroy takes, so the destroy waits for its ack.
+        let objects = lock(&ctx.objects);
+        let Some(&cq) = objects.cqs.get(&got) else { continue };
         let cq = cq as *mut Cq;
+        // SAFETY: registered CQs are live; the counter is atomic.
+        unsafe { (*cq).events_reported.fetch_add(1, Ordering::AcqRel) };
+        drop(objects);
         // SAFETY: registered CQs are live; reads one plain field.
         let cq_context = unsafe { (*cq).ibv.cq_context };
         // SAFETY: the caller passes room for both pointers (checked non-NULL).
@@ -1069,6 +1097,8 @@ unsafe extern "C" fn uroce_verbs_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) 
     // SAFETY: a live CQ (the caller's contract); the counter is only accessed atomically.
     let done = unsafe { AtomicU32::from_ptr(field) };
     done.fetch_add(nevents, Ordering::AcqRel);
+    let _g = lock(&ACKED.0);
+    ACKED.1.notify_all();
 }
 
 // ---------------------------------------------------------------------------------------------

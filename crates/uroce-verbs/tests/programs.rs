@@ -314,7 +314,7 @@ fn error_completions_through_the_abi() {
         .args(["-Wall", "-Wextra", "-Werror", "-O2", "-o"])
         .arg(&exe)
         .arg(src)
-        .arg("-libverbs")
+        .args(["-libverbs", "-lpthread"])
         .output()
         .unwrap();
     assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));

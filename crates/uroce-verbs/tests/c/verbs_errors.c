@@ -49,6 +49,10 @@
  *      example does it). The limit disarms when it fires: ibv_query_srq then reports
  *      srq_limit 0 (ibv_query_srq(3): 0 means "not (or no longer) armed"). A second context
  *      opened on the same device gets none of it: its async_fd stays unreadable.
+ *   i. destroy after an event (ibv_get_cq_event(3): every event returned must be acked, and
+ *      ibv_destroy_cq waits for that, so that a thread handling an event never finds its CQ
+ *      freed): a thread takes the event of a SEND's completion and acks it only 300 ms later;
+ *      ibv_destroy_cq on that CQ, called meanwhile, returns no earlier than the ack.
  *   h. ABI details: ibv_query_port@IBVERBS_1.1 called directly writes 48 bytes, no more;
  *      ibv_query_device_ex falls back to the legacy verb; on uroce, ibv_create_qp_ex with
  *      send-ops flags, ibv_alloc_mw and ibv_reg_dmabuf_mr fail with EOPNOTSUPP.
@@ -73,7 +77,9 @@
 #include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -1069,6 +1075,71 @@ static void scenario_srq_limit(struct dev *d0, struct dev *d1)
 		fail("cleanup: ibv_destroy_srq(%s): %s (%d)", d1->name, strerror(rc), rc);
 }
 
+struct acker {
+	struct ibv_comp_channel *ch;
+	struct timespec acked_at;
+	int got;
+};
+
+/* Takes one event, holds it 300 ms, then acks it. */
+static void *late_acker(void *arg)
+{
+	struct acker *a = arg;
+	struct ibv_cq *cq;
+	void *ctx;
+
+	if (ibv_get_cq_event(a->ch, &cq, &ctx) == 0) {
+		a->got = 1;
+		usleep(300 * 1000);
+		clock_gettime(CLOCK_MONOTONIC, &a->acked_at);
+		ibv_ack_cq_events(cq, 1);
+	}
+	return NULL;
+}
+
+static void scenario_destroy_waits_for_ack(struct dev *d0, struct dev *d1)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(d1->ctx);
+	struct ep a, b;
+	struct acker ack = { .ch = ch };
+	struct timespec done;
+	pthread_t t;
+
+	if (!ch)
+		die("ibv_create_comp_channel: %s", strerror(errno));
+	ep_create(&a, d0);
+	ep_create_ex(&b, d1, ch, &b, NULL);
+	connect_pair(&a, &b);
+	must_post("i", "recv", post_recv(&b, 1, 64));
+	if (ibv_req_notify_cq(b.cq, 0))
+		fail("i: ibv_req_notify_cq");
+	pthread_create(&t, NULL, late_acker, &ack);
+	must_post("i", "send", post_send(&a, IBV_WR_SEND, 2, 64, 0, 0));
+	expect_wc("i", "requester", &a, 2, IBV_WC_SUCCESS, 5000);
+	/* The receive completed and its event went to the thread; drain the CQ. */
+	expect_wc("i", "responder", &b, 1, IBV_WC_SUCCESS, 5000);
+	usleep(50 * 1000);
+	if (ibv_destroy_qp(b.qp))
+		fail("i: ibv_destroy_qp");
+	if (ibv_destroy_cq(b.cq))
+		fail("i: ibv_destroy_cq");
+	clock_gettime(CLOCK_MONOTONIC, &done);
+	pthread_join(t, NULL);
+	long early_ns = (ack.acked_at.tv_sec - done.tv_sec) * 1000000000L +
+			(ack.acked_at.tv_nsec - done.tv_nsec);
+	if (!ack.got)
+		fail("i: the thread got no event");
+	else if (early_ns > 0)
+		fail("i: ibv_destroy_cq returned %ld us before the event's ack", early_ns / 1000);
+	else
+		printf("i: ibv_destroy_cq returned after the event's ack\n");
+	ibv_dereg_mr(b.mr);
+	free(b.buf);
+	ep_destroy(&a);
+	if (ibv_destroy_comp_channel(ch))
+		fail("i: ibv_destroy_comp_channel");
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -1108,6 +1179,7 @@ int main(void)
 	scenario_sync_failures(&d0);
 	scenario_comp_channel(&d0, &d1);
 	scenario_srq_limit(&d0, &d1);
+	scenario_destroy_waits_for_ack(&d0, &d1);
 	scenario_abi(&d0);
 
 	close_dev(&d0);
