@@ -42,7 +42,7 @@ fn workdir() -> &'static Path {
         let dir = std::env::temp_dir().join(format!("uroce-mpi-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
-        let out = Command::new("mpicc")
+        let out = Command::new("mpicc.openmpi")
             .args(["-O2", "-o"])
             .arg(dir.join("mpi_check"))
             .arg(&src)
@@ -74,7 +74,7 @@ fn text(o: &Output) -> String {
 fn mpirun(extra: &[&str], rank_script: &Path) -> Output {
     let lib = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
     Command::new("timeout")
-        .args(["300", "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .args(["300", "mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-np", "4"])
         .args(extra)
         .args(["--mca", "pml", "ucx", "--mca", "osc", "ucx", "--mca", "btl", "^openib,uct"])
         .args(["-x", "UCX_TLS=rc_verbs,ud_verbs", "-x", "UROCE_LIB_DIR"])
@@ -88,7 +88,7 @@ fn mpirun(extra: &[&str], rank_script: &Path) -> Output {
 
 #[test]
 fn open_mpi_over_ucx_runs_four_ranks_two_per_device() {
-    if !have("mpirun") || !have("mpicc") {
+    if !have("mpirun.openmpi") || !have("mpicc.openmpi") {
         return;
     }
     let _turn = serial();
@@ -109,7 +109,7 @@ fn open_mpi_over_ucx_runs_four_ranks_two_per_device() {
 
 #[test]
 fn open_mpi_over_ucx_runs_across_two_namespaces_with_one_percent_loss() {
-    if !netns_tools_present() || !have("mpirun") || !have("mpicc") {
+    if !netns_tools_present() || !have("mpirun.openmpi") || !have("mpicc.openmpi") {
         return;
     }
     let _turn = serial();
