@@ -453,6 +453,12 @@ impl Cm {
         self.conns.get(&id).map(|c| c.state)
     }
 
+    /// Connections whose DREQ waits for its DREP (IBA 12.9.7): the peer learns of the release
+    /// only if the DREQ, retried on the CM's timer, gets through.
+    pub fn releasing(&self) -> usize {
+        self.conns.values().filter(|c| c.state == ConnState::DreqSent).count()
+    }
+
     /// Connections held, in every state.
     pub fn connections(&self) -> usize {
         self.conns.len()

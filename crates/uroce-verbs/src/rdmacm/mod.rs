@@ -97,6 +97,11 @@ pub(crate) fn devices() -> &'static [CmDev] {
 /// rdma_cm ids when it closes their file: a live connection gets its DREQ (or, answering one,
 /// its DREP), a request not answered its REJ, so that no peer waits out its timeouts for a
 /// process that is gone. (qperf's server, for one, exits without destroying its connection.)
+///
+/// The kernel's CM then goes on retrying those DREQs after the process is gone; uroce's CM
+/// lives in the process, so the exit waits (at most [`EXIT_LINGER`]) until every DREQ of
+/// this process has its DREP: otherwise one DREQ lost on the way leaves the peer waiting for
+/// `RDMA_CM_EVENT_DISCONNECTED` forever.
 extern "C" fn release_at_exit() {
     let ids: Vec<Arc<IdPriv>> = routes(|r| r.ids.values().cloned().collect());
     for idp in ids {
@@ -111,7 +116,24 @@ extern "C" fn release_at_exit() {
             });
         }
     }
+    let releasing =
+        || devices().iter().map(|d| d.net.with(|s| s.cm().0.releasing())).sum::<usize>();
+    #[expect(clippy::disallowed_methods, reason = "a bounded wait at exit reads the clock")]
+    let deadline = std::time::Instant::now() + EXIT_LINGER;
+    while releasing() > 0 {
+        #[expect(clippy::disallowed_methods, reason = "a bounded wait at exit reads the clock")]
+        if std::time::Instant::now() >= deadline {
+            break;
+        }
+        // The progress thread retries the DREQs; this only watches.
+        #[expect(clippy::disallowed_methods, reason = "a bounded wait at exit")]
+        std::thread::sleep(core::time::Duration::from_millis(5));
+    }
 }
+
+/// How long an exiting process waits for the DREPs of its DREQs: a few CM retries (each
+/// after about 1.1 s, the response timeout the CM sends, IBA 12.7.36).
+const EXIT_LINGER: core::time::Duration = core::time::Duration::from_secs(4);
 
 /// The device with address `addr`.
 pub(crate) fn device_of_addr(addr: IpAddr) -> Option<usize> {
