@@ -1,59 +1,87 @@
-//! Open MPI (Debian's, `pml ucx` and `osc ucx`) on uroce through `uroce exec`: a C program
-//! doing ping-pong, allreduce, alltoall and one-sided `MPI_Put`/`MPI_Get`, every result
-//! checked (`tests/c/mpi_check.c`), four ranks with two sharing each device — on one host,
-//! and on two network namespaces joined by a veth pair on which nftables drops 1 % of the
-//! RoCEv2 packets (mpirun reaches each namespace as a host, through an rsh agent that is
-//! `ip netns exec`).
+//! MPI on uroce through `uroce exec`, over UCX: Open MPI 4.1 (`pml ucx`, `osc ucx`) and MPICH
+//! 4.0 (`ch4:ucx`), Debian's. A C program doing ping-pong, allreduce, alltoall and one-sided
+//! `MPI_Put`/`MPI_Get`, every result checked (`tests/c/mpi_check.c`), four ranks with two
+//! sharing each device — on one host, and on two network namespaces joined by a veth pair on
+//! which nftables drops 1 % of the RoCEv2 packets (the launcher reaches each namespace as a
+//! host through an rsh agent that is `ip netns exec`, and its daemons talk to it over a
+//! bridge of their own).
 //!
-//! Needs `openmpi-bin`, `libopenmpi-dev` and, for the namespaces, root, `ip` and `nft`;
-//! without them each test says why it skips, and under `CI=true` fails.
+//! Needs `openmpi-bin`, `libopenmpi-dev`, `mpich`, `libmpich-dev` and, for the namespaces,
+//! root, `ip` and `nft`; without them each test says why it skips, and under `CI=true` fails.
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use uroce_testkit::{Namespaces, netns_tools_present, run};
 
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+/// One MPI implementation, by Debian's names for its tools.
+#[derive(Clone, Copy)]
+struct Mpi {
+    name: &'static str,
+    cc: &'static str,
+    launcher: &'static str,
+    /// The environment variable holding a rank's number.
+    rank_var: &'static str,
+    package: &'static str,
+}
+
+const OPEN_MPI: Mpi = Mpi {
+    name: "openmpi",
+    cc: "mpicc.openmpi",
+    launcher: "mpirun.openmpi",
+    rank_var: "OMPI_COMM_WORLD_RANK",
+    package: "openmpi-bin libopenmpi-dev",
+};
+
+const MPICH: Mpi = Mpi {
+    name: "mpich",
+    cc: "mpicc.mpich",
+    launcher: "mpiexec.mpich",
+    rank_var: "PMI_RANK",
+    package: "mpich libmpich-dev",
+};
+
+fn have(mpi: Mpi) -> bool {
+    let found = [mpi.cc, mpi.launcher].iter().all(|tool| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
     if !found {
-        let msg = format!("{tool} is not installed (apt-get install openmpi-bin libopenmpi-dev)");
+        let msg = format!("{} is not installed (apt-get install {})", mpi.name, mpi.package);
         assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
         eprintln!("skipped: {msg}");
     }
     found
 }
 
-/// The jobs take turns: four spinning ranks each already fill two cores.
+/// The jobs take turns: four spinning ranks already fill two cores.
 fn serial() -> MutexGuard<'static, ()> {
     static TURN: Mutex<()> = Mutex::new(());
     TURN.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A scratch directory of this test process, with the program built in it.
-fn workdir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("uroce-mpi-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
-        let out = Command::new("mpicc.openmpi")
-            .args(["-O2", "-o"])
-            .arg(dir.join("mpi_check"))
-            .arg(&src)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "mpicc: {}", String::from_utf8_lossy(&out.stderr));
-        dir
-    })
+/// This test process's scratch directory.
+fn workdir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("uroce-mpi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
-/// A script `name` in the work directory.
+/// The checking program, built with `mpi`'s compiler.
+fn program(mpi: Mpi) -> PathBuf {
+    let exe = workdir().join(format!("mpi_check.{}", mpi.name));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
+    let out = Command::new(mpi.cc).args(["-O2", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    assert!(out.status.success(), "{}: {}", mpi.cc, String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+/// An executable script `name` in the work directory.
 fn script(name: &str, body: &str) -> PathBuf {
     let p = workdir().join(name);
     std::fs::write(&p, body).unwrap();
@@ -70,80 +98,101 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// `mpirun` of the checking program under `uroce exec`, each rank through `rank_script`.
-fn mpirun(extra: &[&str], rank_script: &Path) -> Output {
+/// Four ranks of the checking program, each through `rank_script` (which runs it under
+/// `uroce exec`), with `extra` launcher options; only `UCX_TLS` set for UCX.
+fn launch(mpi: Mpi, extra: &[&str], rank_script: &Path) -> Output {
     let lib = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
-    Command::new("timeout")
-        .args(["300", "mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-np", "4"])
-        .args(extra)
-        .args(["--mca", "pml", "ucx", "--mca", "osc", "ucx", "--mca", "btl", "^openib,uct"])
-        .args(["-x", "UCX_TLS=rc_verbs,ud_verbs", "-x", "UROCE_LIB_DIR"])
-        .arg(rank_script)
-        .arg(workdir().join("mpi_check"))
-        .arg("1024")
-        .env("UROCE_LIB_DIR", lib)
-        .output()
-        .unwrap()
+    let mut c = Command::new("timeout");
+    c.args(["300", mpi.launcher]);
+    if mpi.name == "openmpi" {
+        c.args(["--allow-run-as-root", "--oversubscribe", "-np", "4"]);
+        c.args(["--mca", "pml", "ucx", "--mca", "osc", "ucx", "--mca", "btl", "^openib,uct"]);
+        c.args(["-x", "UCX_TLS=rc_verbs,ud_verbs", "-x", "UROCE_LIB_DIR"]);
+    } else {
+        c.args(["-n", "4", "-genv", "UCX_TLS", "rc_verbs,ud_verbs"]);
+        c.args(["-genv", "UROCE_LIB_DIR", lib.to_str().unwrap()]);
+    }
+    c.args(extra).arg(rank_script).arg(program(mpi)).arg("1024");
+    c.env("UROCE_LIB_DIR", lib).output().unwrap()
 }
 
-#[test]
-fn open_mpi_over_ucx_runs_four_ranks_two_per_device() {
-    if !have("mpirun.openmpi") || !have("mpicc.openmpi") {
+fn check(mpi: Mpi, o: &Output) {
+    assert!(o.status.success(), "{}: {}", mpi.name, text(o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("mpi_check: ok 4 ranks"), "{}: {}", mpi.name, text(o));
+    println!("{}: {out}", mpi.name);
+}
+
+/// Ranks 0 and 1 on one device, 2 and 3 on the other, of one host.
+fn on_one_host(mpi: Mpi, net: u8) {
+    if !have(mpi) {
         return;
     }
     let _turn = serial();
     let uroce = env!("CARGO_BIN_EXE_uroce");
-    // Ranks 0 and 1 on one device, 2 and 3 on the other.
+    let var = mpi.rank_var;
     let rank = script(
-        "rank-host.sh",
-        &format!(
-            "#!/bin/sh\nexec {uroce} exec --addr 127.0.21.$((1 + OMPI_COMM_WORLD_RANK / 2)) -- \"$@\"\n"
-        ),
+        &format!("rank-host.{}.sh", mpi.name),
+        &format!("#!/bin/sh\nexec {uroce} exec --addr 127.0.{net}.$((1 + {var} / 2)) -- \"$@\"\n"),
     );
-    let o = mpirun(&[], &rank);
-    assert!(o.status.success(), "{}", text(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("mpi_check: ok 4 ranks"), "{}", text(&o));
-    println!("{out}");
+    check(mpi, &launch(mpi, &[], &rank));
 }
 
 #[test]
-fn open_mpi_over_ucx_runs_across_two_namespaces_with_one_percent_loss() {
-    if !netns_tools_present() || !have("mpirun.openmpi") || !have("mpicc.openmpi") {
+fn open_mpi_runs_four_ranks_two_per_device() {
+    on_one_host(OPEN_MPI, 21);
+}
+
+#[test]
+fn mpich_runs_four_ranks_two_per_device() {
+    on_one_host(MPICH, 26);
+}
+
+/// Ranks 0 and 1 in one namespace, 2 and 3 in the other, each pair on its namespace's one
+/// address of a veth pair that drops 1 % of the RoCEv2 packets.
+fn across_namespaces(mpi: Mpi, tag: char, net: u8) {
+    if !netns_tools_present() || !have(mpi) {
         return;
     }
     let _turn = serial();
-    let ns = Namespaces::new('p', &["10.202.0.1/24"], &["10.202.0.2/24"]);
-    // mpirun's own channel to each namespace's daemon: a veth pair from this namespace.
+    let (a, b) = (format!("10.{net}.0.1/24"), format!("10.{net}.0.2/24"));
+    let ns = Namespaces::new(tag, &[&a], &[&b]);
+    // The launcher's channel to its daemons: a bridge here, a veth pair to each namespace.
     let id = std::process::id() % 100_000;
+    let bridge = format!("u{tag}br{id}");
+    run("ip", &["link", "add", &bridge, "type", "bridge"]);
+    let _bridge = Deleted(bridge.clone());
+    run("ip", &["addr", "add", &format!("10.{}.0.254/16", net + 1), "dev", &bridge]);
+    run("ip", &["link", "set", &bridge, "up"]);
     for (i, n) in [&ns.a, &ns.b].into_iter().enumerate() {
-        let (here, there) = (format!("po{i}{id}"), format!("pi{i}{id}"));
+        let (here, there) = (format!("u{tag}o{i}{id}"), format!("u{tag}i{i}{id}"));
         run("ip", &["link", "add", &here, "type", "veth", "peer", "name", &there, "netns", n]);
-        run("ip", &["addr", "add", &format!("10.203.{i}.254/24"), "dev", &here]);
+        run("ip", &["link", "set", &here, "master", &bridge]);
         run("ip", &["link", "set", &here, "up"]);
-        run("ip", &["-n", n, "addr", "add", &format!("10.203.{i}.1/24"), "dev", &there]);
+        let addr = format!("10.{}.0.{}/16", net + 1, i + 1);
+        run("ip", &["-n", n, "addr", "add", &addr, "dev", &there]);
         run("ip", &["-n", n, "link", "set", &there, "up"]);
-        run("ip", &["-n", n, "route", "add", "10.203.0.0/16", "via", &format!("10.203.{i}.254")]);
     }
     ns.set_loss(1);
     let agent = script(
         "nsagent.sh",
-        "#!/bin/sh\n# mpirun's rsh agent: its hosts are network namespaces.\n\
+        "#!/bin/sh\n# The launcher's rsh agent: its hosts are network namespaces.\n\
+         while [ $# -gt 0 ]; do case \"$1\" in -*) shift;; *) break;; esac; done\n\
          host=$1; shift\nexec ip netns exec \"$host\" sh -c \"$*\"\n",
     );
     let uroce = env!("CARGO_BIN_EXE_uroce");
-    // Each rank's device is its namespace's address on the lossy pair.
     let rank = script(
-        "rank-ns.sh",
+        &format!("rank-ns.{}.sh", mpi.name),
         &format!(
-            "#!/bin/sh\na=$(ip -o -4 addr show | sed -n 's/.* \\(10\\.202\\.0\\.[0-9]*\\)\\/.*/\\1/p')\n\
+            "#!/bin/sh\na=$(ip -o -4 addr show | sed -n 's/.* \\(10\\.{net}\\.0\\.[0-9]*\\)\\/.*/\\1/p')\n\
              exec {uroce} exec --addr \"$a\" -- \"$@\"\n"
         ),
     );
     let hosts = format!("{}:2,{}:2", ns.a, ns.b);
     let agent = agent.to_str().unwrap();
-    let o = mpirun(
-        &[
+    let control = format!("10.{}.0.0/16", net + 1);
+    let extra: Vec<&str> = if mpi.name == "openmpi" {
+        vec![
             "--host",
             &hosts,
             "--mca",
@@ -157,14 +206,33 @@ fn open_mpi_over_ucx_runs_across_two_namespaces_with_one_percent_loss() {
             "direct",
             "--mca",
             "oob_tcp_if_include",
-            "10.203.0.0/16",
-        ],
-        &rank,
-    );
+            &control,
+        ]
+    } else {
+        vec!["-launcher", "ssh", "-launcher-exec", agent, "-iface", &bridge, "-hosts", &hosts]
+    };
+    let o = launch(mpi, &extra, &rank);
     let dropped = ns.dropped();
-    assert!(o.status.success(), "{}", text(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("mpi_check: ok 4 ranks"), "{}", text(&o));
+    check(mpi, &o);
     assert!(dropped > 0, "nftables dropped nothing: the loss was not exercised");
-    println!("{out}nftables dropped {dropped} RoCEv2 packets");
+    println!("{}: nftables dropped {dropped} RoCEv2 packets", mpi.name);
+}
+
+/// A network interface deleted when dropped.
+struct Deleted(String);
+
+impl Drop for Deleted {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.0]).output();
+    }
+}
+
+#[test]
+fn open_mpi_runs_across_two_namespaces_with_one_percent_loss() {
+    across_namespaces(OPEN_MPI, 'p', 202);
+}
+
+#[test]
+fn mpich_runs_across_two_namespaces_with_one_percent_loss() {
+    across_namespaces(MPICH, 'q', 204);
 }
