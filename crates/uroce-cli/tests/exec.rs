@@ -12,21 +12,13 @@
 )]
 
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
+
 use std::time::Duration;
+use uroce_testkit::{describe, installed};
 
 fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        let msg = format!("{tool} is not installed (Debian: apt-get install ucx-utils)");
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
-        eprintln!("skipped: {msg}");
-    }
-    found
+    installed(&[tool], "ucx-utils")
 }
 
 /// Where `cargo test` built the drop-in libraries: beside this test's executable.
@@ -40,15 +32,6 @@ fn exec(addr: &str) -> Command {
     c
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 #[test]
 fn ucx_lists_rc_and_ud_verbs_on_every_device_and_the_view_matches_the_verbs() {
     if !have("ucx_info") {
@@ -57,7 +40,7 @@ fn ucx_lists_rc_and_ud_verbs_on_every_device_and_the_view_matches_the_verbs() {
     let host_had_it = std::path::Path::new("/dev/infiniband").exists();
     let o = exec("127.0.20.1,127.0.20.2").args(["ucx_info", "-d"]).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.status.success(), "{}", describe(&o));
     for dev in ["uroce0:1", "uroce1:1"] {
         for tl in ["rc_verbs", "ud_verbs"] {
             let listed = out
@@ -74,10 +57,10 @@ fn ucx_lists_rc_and_ud_verbs_on_every_device_and_the_view_matches_the_verbs() {
                       /sys/class/infiniband_verbs/uverbs1/ibdev; \
                   stat -c %F /dev/infiniband/uverbs1";
     let o = exec("127.0.20.1,127.0.20.2").args(["sh", "-c", script]).output().unwrap();
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.status.success(), "{}", describe(&o));
     let lines: Vec<String> =
         String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect();
-    assert_eq!(lines.len(), 6, "{}", text(&o));
+    assert_eq!(lines.len(), 6, "{}", describe(&o));
     assert_eq!(lines[0], lines[1], "node GUID: the verbs and sysfs differ");
     assert_eq!(lines[2], "RoCE v2");
     assert_eq!(lines[3], "0000:0000:0000:0000:0000:ffff:7f00:1402");
@@ -121,7 +104,7 @@ fn perftest(tls: &str, port: u16, args: &[&str]) -> String {
     assert!(
         client.status.success() && server.status.success(),
         "UCX_TLS={tls} ucx_perftest {args:?}:\n{}\n--- server\n{}",
-        text(&client),
+        describe(&client),
         String::from_utf8_lossy(&server.stderr)
     );
     let last = out.lines().find(|l| l.starts_with("Final:")).unwrap_or_default().to_string();
@@ -165,7 +148,7 @@ fn ucx_perftest_runs_over_rc_and_ud_verbs() {
 
 #[test]
 fn an_unprivileged_user_gets_the_same_view_in_a_user_namespace() {
-    if !have("setpriv") {
+    if !installed(&["setpriv"], "util-linux") {
         return;
     }
     if !Command::new("id").arg("-u").output().unwrap().stdout.starts_with(b"0\n") {
@@ -183,8 +166,8 @@ fn an_unprivileged_user_gets_the_same_view_in_a_user_namespace() {
         .env("UROCE_LIB_DIR", lib_dir())
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "65534\nRoCE v2\nok\n", "{}", text(&o));
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "65534\nRoCE v2\nok\n", "{}", describe(&o));
 }
 
 #[test]

@@ -11,10 +11,10 @@
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use uroce_testkit::{Namespaces, netns_tools_present, run};
+use uroce_testkit::{Namespaces, describe, installed, netns_tools_present, run};
 
 /// One MPI implementation, by Debian's names for its tools.
 #[derive(Clone, Copy)]
@@ -44,19 +44,7 @@ const MPICH: Mpi = Mpi {
 };
 
 fn have(mpi: Mpi) -> bool {
-    let found = [mpi.cc, mpi.launcher].iter().all(|tool| {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    if !found {
-        let msg = format!("{} is not installed (apt-get install {})", mpi.name, mpi.package);
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
-        eprintln!("skipped: {msg}");
-    }
-    found
+    installed(&[mpi.cc, mpi.launcher], mpi.package)
 }
 
 /// The jobs take turns: four spinning ranks already fill two cores.
@@ -89,15 +77,6 @@ fn script(name: &str, body: &str) -> PathBuf {
     p
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Four ranks of the checking program, each through `rank_script` (which runs it under
 /// `uroce exec`), with `extra` launcher options; only `UCX_TLS` set for UCX.
 fn launch(mpi: Mpi, extra: &[&str], rank_script: &Path) -> Output {
@@ -117,9 +96,9 @@ fn launch(mpi: Mpi, extra: &[&str], rank_script: &Path) -> Output {
 }
 
 fn check(mpi: Mpi, o: &Output) {
-    assert!(o.status.success(), "{}: {}", mpi.name, text(o));
+    assert!(o.status.success(), "{}: {}", mpi.name, describe(o));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("mpi_check: ok 4 ranks"), "{}: {}", mpi.name, text(o));
+    assert!(out.contains("mpi_check: ok 4 ranks"), "{}: {}", mpi.name, describe(o));
     println!("{}: {out}", mpi.name);
 }
 

@@ -4,15 +4,50 @@
 //!   not built into every kernel). Root, `ip` (iproute2) and `nft` (nftables) are needed;
 //!   [`netns_tools_present`] says so, and under `CI=true` a missing one is a failure;
 //! - tshark as the judge of a capture ([`tshark_finds_nothing_malformed`]);
-//! - the payload bytes the tests send and check ([`pattern`]).
+//! - the payload bytes the tests send and check ([`pattern`]);
+//! - unmodified programs: whether they are installed ([`installed`]) and what they printed
+//!   ([`describe`]).
 #![allow(clippy::unwrap_used, reason = "test support: a panic is a test failure")]
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 
 /// Whether this is a CI run (then a missing tool fails a test instead of skipping it).
 pub fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Whether every one of `tools` is on the path; if not, says which Debian packages
+/// (`packages`) bring them and that the test skips, or panics under CI.
+pub fn installed(tools: &[&str], packages: &str) -> bool {
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|t| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {t}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!("{missing:?} not installed (apt-get install {packages})");
+    assert!(!ci(), "{msg}");
+    eprintln!("skipped: {msg}");
+    false
+}
+
+/// A finished program's status and output, for a failed assertion's message.
+pub fn describe(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// `len` bytes of a seeded xorshift sequence: test payloads whose corruption, truncation or
