@@ -1,7 +1,8 @@
 /* An MPI job's usual traffic, every result checked: ping-pong between ranks 0 and 1,
  * allreduce, alltoall, and one-sided MPI_Put / MPI_Get in a window (fence epochs).
  * Prints "mpi_check: ok <ranks> ranks" on rank 0 when every check passed; exits 1 otherwise.
- * Optional argument: bytes for the timed allreduce and ping-pong (default 1024). */
+ * Optional arguments: bytes for the timed allreduce and ping-pong (default 1024), and how many
+ * timed iterations of each (default 200). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +31,7 @@ int main(int argc, char **argv)
 
     /* Ping-pong between 0 and 1, the data checked each way. */
     char *buf = malloc(bytes);
-    const int iters = 200;
+    const int iters = argc > 2 ? atoi(argv[2]) : 200;
     double t0 = 0;
     /* The first round warms up (connections, registration caches); the second is timed. */
     for (int i = 0; i < 2 * iters && size > 1; i++) {
