@@ -56,6 +56,9 @@ pub enum CmError {
     TimedOut,
     /// Only RC and UC QPs connect through the CM this way (UD services use SIDR).
     NotConnected(QpType),
+    /// The RDMA CM header names both ends in one IP version: an IPv4 device cannot reach an
+    /// IPv6 listener or the other way round.
+    AddressFamilies,
 }
 
 impl fmt::Display for CmError {
@@ -68,6 +71,9 @@ impl fmt::Display for CmError {
             Self::Unreachable => f.write_str("the peer did not answer the CM (every retry)"),
             Self::TimedOut => f.write_str("no connection within the timeout"),
             Self::NotConnected(t) => write!(f, "a {t:?} QP is not connected through the CM"),
+            Self::AddressFamilies => {
+                f.write_str("the device and the listener are of different IP versions")
+            }
         }
     }
 }
@@ -312,7 +318,7 @@ impl crate::Qp {
         let binding = ctx.dev.bind_port(space.value(), 0, local_ip).map_err(CmError::Bind)?;
         let header = cma::Header { src: local_ip, dst: dest.ip(), src_port: binding.port() };
         let mut private = vec![0u8; cma::HEADER_LEN];
-        header.emit(&mut private).map_err(|_| CmError::Rejected(0))?;
+        header.emit(&mut private).map_err(|_| CmError::AddressFamilies)?;
         private.extend_from_slice(private_data);
         let params = ConnectParams {
             remote: dest.ip(),

@@ -88,3 +88,13 @@ fn a_ud_qp_does_not_connect_through_the_cm() {
     let r = qp.connect_to(SocketAddr::new(a.addr(), 7), b"", WAIT);
     assert!(matches!(r, Err(Error::Cm(CmError::NotConnected(QpType::Ud)))), "{r:?}");
 }
+
+#[test]
+fn an_ipv4_device_cannot_connect_to_an_ipv6_listener() {
+    let a = Context::open("127.0.18.10".parse().unwrap()).unwrap();
+    let (pd, cq) = (a.alloc_pd(), a.create_cq(4).unwrap());
+    let qp = pd.qp(QpType::Rc, &cq).build().unwrap();
+    let r = qp.connect_to("[::1]:7".parse().unwrap(), b"", WAIT);
+    assert!(matches!(r, Err(Error::Cm(CmError::AddressFamilies))), "{r:?}");
+    assert_eq!(qp.state(), Some(QpState::Init));
+}
