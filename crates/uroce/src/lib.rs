@@ -56,7 +56,7 @@
 //! and freed. A peer's RDMA to a dropped region fails with `REM_ACCESS_ERR` after that.
 #![deny(unsafe_code)]
 
-mod cm;
+pub mod cm;
 pub use cm::{CmError, Connection, Listener};
 
 use core::fmt;
