@@ -514,33 +514,14 @@ impl AsRawFd for TimerFd {
 /// The MTU of the network interface that holds `addr`, if one does: `getifaddrs(3)` finds the
 /// interface, `SIOCGIFMTU` on `sock` reads its MTU (both see the caller's network namespace).
 pub(crate) fn interface_mtu(sock: &impl AsRawFd, addr: IpAddr) -> Option<u32> {
-    let mut list: *mut libc::ifaddrs = core::ptr::null_mut();
-    // SAFETY: getifaddrs(3) fills `list` with a list this function frees below.
-    if unsafe { libc::getifaddrs(&raw mut list) } != 0 {
-        return None;
+    let (name, _, _) = interfaces().into_iter().find(|(_, a, _)| *a == addr)?;
+    let mut ifr_name = [0 as libc::c_char; libc::IFNAMSIZ];
+    for (d, s) in ifr_name.iter_mut().zip(name.bytes().take(libc::IFNAMSIZ - 1)) {
+        *d = s as libc::c_char;
     }
-    let mut name = None;
-    let mut cur = list;
-    while !cur.is_null() && name.is_none() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
-        let ifa = unsafe { &*cur };
-        // SAFETY: a non-NULL ifa_addr points to a sockaddr of the family it names.
-        if !ifa.ifa_addr.is_null() && unsafe { sockaddr_ip(ifa.ifa_addr) } == Some(addr) {
-            let mut ifr_name = [0 as libc::c_char; libc::IFNAMSIZ];
-            // SAFETY: ifa_name is a NUL-terminated interface name.
-            let n = unsafe { core::ffi::CStr::from_ptr(ifa.ifa_name) }.to_bytes();
-            for (d, s) in ifr_name.iter_mut().zip(n.iter().take(libc::IFNAMSIZ - 1)) {
-                *d = *s as libc::c_char;
-            }
-            name = Some(ifr_name);
-        }
-        cur = ifa.ifa_next;
-    }
-    // SAFETY: frees the list getifaddrs returned; no node is used after this.
-    unsafe { libc::freeifaddrs(list) };
     // SAFETY: ifreq is plain old data; all zeroes is a valid value.
     let mut ifr: libc::ifreq = unsafe { core::mem::zeroed() };
-    ifr.ifr_name = name?;
+    ifr.ifr_name = ifr_name;
     // SAFETY: SIOCGIFMTU reads the named interface's MTU into the live `ifr`.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU, &raw mut ifr) } != 0 {
         return None;
