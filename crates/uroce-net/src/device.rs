@@ -305,9 +305,7 @@ impl Channel {
         let mut q = self.lock();
         let e = q.events.pop_front();
         // Left readable only while another event waits.
-        if q.events.is_empty() && q.signaled {
-            q.settle(&self.fd);
-        }
+        q.settle(&self.fd);
         e
     }
 
@@ -994,7 +992,7 @@ impl NetDevice {
     /// thread, the progress thread standing off the sockets) until `ready` holds or
     /// [`Options::event_spin`] passes. Returns whether `ready` held; if not, the caller ends
     /// the busy-poll mark ([`NetDevice::end_busy_poll`]) before it blocks.
-    pub fn spin_for(&self, mut ready: impl FnMut() -> bool) -> bool {
+    fn spin_for(&self, mut ready: impl FnMut() -> bool) -> bool {
         if ready() {
             return true;
         }
@@ -1015,7 +1013,7 @@ impl NetDevice {
         }
     }
 
-    /// For a thread about to block in `ibv_get_cq_event`: [`NetDevice::spin_for`] an event
+    /// For a thread about to block in `ibv_get_cq_event`: `NetDevice::spin_for` an event
     /// of `channel`, and takes it. `None`: none came; the caller ends the busy-poll mark and
     /// blocks.
     pub fn spin_for_event(&self, channel: &Channel) -> Option<CqHandle> {
@@ -1141,6 +1139,8 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
         };
         let _ = sys::poll_readable_ns(&fds, wait_ns);
         shared.wake.take();
+        // Every time: a wake-up before the timer's expiry clears nothing, and the expiry
+        // must not be left readable.
         shared.timer.clear();
     }
 }

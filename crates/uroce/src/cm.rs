@@ -123,17 +123,10 @@ impl Hub {
             if let Some(i) = q.iter().position(&wanted) {
                 return q.remove(i);
             }
-            q = match deadline {
+            q = match deadline.map(crate::time_left) {
                 None => self.arrived.wait(q).unwrap_or_else(PoisonError::into_inner),
-                Some(d) => {
-                    #[expect(
-                        clippy::disallowed_methods,
-                        reason = "a blocking wait reads the clock"
-                    )]
-                    let left = d.saturating_duration_since(std::time::Instant::now());
-                    if left.is_zero() {
-                        return None;
-                    }
+                Some(None) => return None,
+                Some(Some(left)) => {
                     self.arrived.wait_timeout(q, left).unwrap_or_else(PoisonError::into_inner).0
                 }
             };

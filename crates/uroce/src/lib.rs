@@ -136,6 +136,13 @@ macro_rules! from_error {
 from_error!(OpenError => Open, CreateError => Create, ModifyError => Modify, PostError => Post,
     McastError => Mcast, io::Error => Io);
 
+/// What is left until `deadline`, for a blocking wait; `None` once it has passed.
+fn time_left(deadline: std::time::Instant) -> Option<Duration> {
+    #[expect(clippy::disallowed_methods, reason = "a blocking wait reads the clock")]
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    (!left.is_zero()).then_some(left)
+}
+
 /// Result with [`Error`].
 pub type Result<T, E = Error> = core::result::Result<T, E>;
 
@@ -446,19 +453,10 @@ impl Cq {
             if take(&mut out) > 0 {
                 return Ok(out);
             }
-            let left = match deadline {
+            let left = match deadline.map(time_left) {
                 None => None,
-                Some(d) => {
-                    #[expect(
-                        clippy::disallowed_methods,
-                        reason = "a blocking wait reads the clock"
-                    )]
-                    let left = d.saturating_duration_since(std::time::Instant::now());
-                    if left.is_zero() {
-                        return Ok(out);
-                    }
-                    Some(left)
-                }
+                Some(None) => return Ok(out),
+                Some(left) => left,
             };
             // An event left by an earlier arming, whose completions a poll already took, wakes
             // this too: the loop then polls and sleeps again. One that comes soon is waited
