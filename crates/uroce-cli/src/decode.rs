@@ -21,6 +21,8 @@ const UNUSABLE: u8 = 2;
 /// status.
 pub(crate) fn run(files: &[OsString], out: &mut dyn Write, err: &mut dyn Write) -> u8 {
     let mut status = OK;
+    // A file whose every packet has been printed before what ended the reading is reported:
+    // a truncated capture keeps its complete packets, as tshark keeps them.
     let prefix_names = files.len() > 1;
     for file in files {
         let name = file.to_string_lossy();
@@ -32,6 +34,11 @@ pub(crate) fn run(files: &[OsString], out: &mut dyn Write, err: &mut dyn Write) 
                 continue;
             }
         };
+        if bytes.is_empty() {
+            let _ = writeln!(err, "uroce: {name}: empty file: neither a capture nor hex text");
+            status = UNUSABLE;
+            continue;
+        }
         let prefix = if prefix_names { format!("{name}: ") } else { String::new() };
         let result = if pcap::looks_like_capture(&bytes) {
             decode_capture(&bytes, &prefix, out)
@@ -40,6 +47,17 @@ pub(crate) fn run(files: &[OsString], out: &mut dyn Write, err: &mut dyn Write) 
         };
         match result {
             Ok(summary) => {
+                if summary.packets == 0 && summary.skipped == 0 {
+                    let _ = writeln!(err, "uroce: {name}: no packets");
+                }
+                if let Some(problem) = &summary.cut_short {
+                    let _ = writeln!(
+                        err,
+                        "uroce: {name}: {problem}, after {} complete frame(s)",
+                        summary.packets + summary.skipped
+                    );
+                    status = UNUSABLE;
+                }
                 if summary.bad > 0 {
                     status = status.max(BAD_PACKET);
                 }
@@ -82,6 +100,8 @@ struct Summary {
     packets: usize,
     bad: usize,
     skipped: usize,
+    /// What ended a capture early (its frames before it were decoded).
+    cut_short: Option<String>,
 }
 
 impl Summary {
@@ -94,7 +114,19 @@ impl Summary {
 }
 
 fn decode_capture(bytes: &[u8], prefix: &str, out: &mut dyn Write) -> Result<Summary, String> {
-    let frames = pcap::read_frames(bytes).map_err(|e| e.to_string())?;
+    let (frames, problem) = pcap::read_frames_partial(bytes);
+    if frames.is_empty()
+        && let Some(p @ (pcap::ReadError::NotPcap | pcap::ReadError::BadBlock(_))) = &problem
+    {
+        return Err(p.to_string());
+    }
+    let mut summary = decode_frames(&frames, prefix, out);
+    summary.cut_short = problem.map(|p| p.to_string());
+    Ok(summary)
+}
+
+/// Decodes the frames of a capture, one line each.
+fn decode_frames(frames: &[pcap::Frame<'_>], prefix: &str, out: &mut dyn Write) -> Summary {
     let mut summary = Summary::default();
     for frame in frames {
         let label = format!("{prefix}#{}", frame.number);
@@ -118,7 +150,85 @@ fn decode_capture(bytes: &[u8], prefix: &str, out: &mut dyn Write) -> Result<Sum
         summary.add(good);
         line(out, &format!("{label} {text}"));
     }
-    Ok(summary)
+    summary
+}
+
+/// `uroce decode -f FILE`: decodes a capture as it is written (by `uroce capture -w` or
+/// `UROCE_PCAP`), printing each frame once it is complete, until `stop` says so or, with
+/// `idle`, the file has not grown for that long.
+pub(crate) fn follow(
+    file: &OsString,
+    idle: Option<core::time::Duration>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let name = file.to_string_lossy();
+    let mut f = match std::fs::File::open(file) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = writeln!(err, "uroce: {name}: {e}");
+            return UNUSABLE;
+        }
+    };
+    let mut bytes = Vec::new();
+    let mut printed = 0;
+    let mut status = OK;
+    #[expect(clippy::disallowed_methods, reason = "a tool's own timing")]
+    let mut grew = std::time::Instant::now();
+    loop {
+        match f.read_to_end(&mut bytes) {
+            Ok(0) => {}
+            Ok(_) => {
+                #[expect(clippy::disallowed_methods, reason = "a tool's own timing")]
+                let now = std::time::Instant::now();
+                grew = now;
+            }
+            Err(e) => {
+                let _ = writeln!(err, "uroce: {name}: {e}");
+                return UNUSABLE;
+            }
+        }
+        // A file still being created may not have its header yet.
+        if bytes.len() >= 24 {
+            let (frames, problem) = pcap::read_frames_partial(&bytes);
+            if let Some(p @ (pcap::ReadError::NotPcap | pcap::ReadError::BadBlock(_))) = &problem {
+                let _ = writeln!(err, "uroce: {name}: {p}");
+                return UNUSABLE;
+            }
+            if frames.len() > printed {
+                let s = decode_frames(&frames[printed..], "", out);
+                if s.bad > 0 {
+                    status = BAD_PACKET;
+                }
+                printed = frames.len();
+                let _ = out.flush();
+            }
+        }
+        if idle.is_some_and(|d| grew.elapsed() >= d) {
+            return status;
+        }
+        #[expect(clippy::disallowed_methods, reason = "waiting for the file to grow")]
+        std::thread::sleep(core::time::Duration::from_millis(50));
+    }
+}
+
+/// The decode line of one RoCEv2 packet given as its datagram's addresses and bytes (what
+/// `uroce capture` prints live).
+pub(crate) fn describe_packet(
+    src: core::net::SocketAddr,
+    dst: core::net::SocketAddr,
+    roce: &[u8],
+) -> String {
+    let mut frame = Vec::new();
+    if let Err(e) = pcap::ethernet_frame(src, dst, roce, &mut frame) {
+        return format!("{src} > {dst} error=\"{e}\"");
+    }
+    let parsed = pcap::ip_packet(pcap::LinkType::ETHERNET, &frame).map(parse_udp_datagram);
+    match parsed {
+        Some(Ok(d)) => describe(&d).0,
+        Some(Err(e)) => format!("{src} > {dst} error=\"{e}\""),
+        None => format!("{src} > {dst} error=\"not IP\""),
+    }
 }
 
 fn decode_hex(bytes: &[u8], prefix: &str, out: &mut dyn Write) -> Result<Summary, String> {

@@ -4,9 +4,13 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
+mod capture;
 mod decode;
 mod exec;
+mod host_view;
 mod perf;
+mod qp;
+mod stat;
 
 const USAGE: &str = "\
 uroce: RoCEv2 RDMA in user space
@@ -16,6 +20,12 @@ Usage:
   uroce decode FILE...           Decode RoCEv2 packets and verify their ICRC
   uroce exec [--addr A,…] -- CMD Run an unmodified program on uroce (drop-in libraries and the
                                  /dev/infiniband and /sys/class/infiniband view)
+  uroce stat [DEVICE…] [-i SECS [-c N]] [--json]
+                                 A device's counters, summed over its processes (rxe's names)
+  uroce qp [DEVICE…] [--json] [--watch [-i SECS] [-D SECS]]
+                                 Every QP on the host with its process, state and counters
+  uroce capture [DEVICE…] [-w FILE] [-c COUNT] [--qp N] [-D SECS]
+                                 Capture a running device's packets (every process, every path)
   uroce list                     List the tests, one line each
   uroce server [OPTIONS]         Wait for clients and answer their tests
   uroce client SERVER TEST... [OPTIONS]
@@ -57,6 +67,18 @@ client options:
   --sockbuf SIZE   TCP/UDP: send and receive buffer size
   --pin C,S        pin the client's test thread to CPU C and the server's to CPU S
 
+stat, qp and capture look at the devices in use on this host from outside the programs using
+them, without restarting anything. DEVICE is an address or a configured name (uroce0, …); none
+means every device. A user sees only their own devices' processes (root sees all).
+  -i SECS   stat: print the rates over each interval; qp --watch: how often to look (0.1)
+  -c N      stat: stop after N intervals; capture: after N packets
+  -D SECS   qp --watch, capture: stop after this long (default: at Ctrl-C)
+  -w FILE   capture: write pcap (for Wireshark) instead of printing decoded lines
+  --qp N    capture: only the packets of QP N (to it, from it)
+
+decode -f FILE follows a capture as it is written (-D SECS: stop once it has not grown for that
+long).
+
 decode reads pcap/pcapng captures (Ethernet, raw IP, Linux cooked, loopback) or text files with
 one packet per line in hex, from the first byte of the IP header through the ICRC, optionally
 preceded by a name; '#' starts a comment and '-' reads standard input. It prints one line per
@@ -92,11 +114,18 @@ fn run(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             let _ = writeln!(io::stderr(), "{message}");
             Ok(ExitCode::from(if help { 0 } else { 127 }))
         }
+        Value(cmd) if cmd == "stat" => inspect_command(parser, Inspect::Stat),
+        Value(cmd) if cmd == "qp" => inspect_command(parser, Inspect::Qp),
+        Value(cmd) if cmd == "capture" => inspect_command(parser, Inspect::Capture),
         Value(cmd) if cmd == "decode" => {
             let mut files = Vec::new();
+            let mut follow = false;
+            let mut idle = None;
             while let Some(arg) = parser.next()? {
                 match arg {
                     Value(v) => files.push(v),
+                    Short('f') | Long("follow") => follow = true,
+                    Short('D') => idle = Some(seconds(&parser.value()?, "-D")?),
                     Short('h') | Long("help") => {
                         print!("{USAGE}");
                         return Ok(ExitCode::SUCCESS);
@@ -106,6 +135,14 @@ fn run(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             }
             if files.is_empty() {
                 return Err("decode needs at least one FILE".into());
+            }
+            if follow {
+                let [file] = &files[..] else {
+                    return Err("decode -f follows exactly one FILE".into());
+                };
+                let stdout = io::stdout();
+                let code = decode::follow(file, idle, &mut stdout.lock(), &mut io::stderr());
+                return Ok(ExitCode::from(code));
             }
             let stdout = io::stdout();
             let code = decode::run(&files, &mut stdout.lock(), &mut io::stderr());
@@ -138,6 +175,100 @@ fn run(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
         Value(cmd) => Err(format!("unknown command '{}'", cmd.to_string_lossy()).into()),
         _ => Err(arg.unexpected()),
     }
+}
+
+/// The three commands that look at running devices.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Inspect {
+    Stat,
+    Qp,
+    Capture,
+}
+
+/// A duration in seconds, checked.
+fn seconds(v: &std::ffi::OsStr, what: &str) -> Result<core::time::Duration, lexopt::Error> {
+    let text = v.to_string_lossy();
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s <= 86_400.0 => Ok(core::time::Duration::from_secs_f64(s)),
+        _ => {
+            Err(format!("{what}: '{text}' is not a number of seconds (above 0, at most a day)")
+                .into())
+        }
+    }
+}
+
+fn inspect_command(parser: &mut lexopt::Parser, which: Inspect) -> Result<ExitCode, lexopt::Error> {
+    use lexopt::prelude::*;
+    let name = match which {
+        Inspect::Stat => "stat",
+        Inspect::Qp => "qp",
+        Inspect::Capture => "capture",
+    };
+    let (mut devices, mut json, mut watch) = (Vec::new(), false, false);
+    let (mut interval, mut count, mut duration, mut write, mut qpn) =
+        (None, None, None, None, None);
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Value(v) => devices.push(
+                host_view::parse_device(&v.to_string_lossy())
+                    .map_err(|e| format!("{name}: {e}"))?,
+            ),
+            Long("json") if which != Inspect::Capture => json = true,
+            Long("watch") if which == Inspect::Qp => watch = true,
+            Short('i') if which != Inspect::Capture => {
+                interval = Some(seconds(&parser.value()?, "-i")?);
+            }
+            Short('c') if which != Inspect::Qp => {
+                let v = parser.value()?;
+                let n: u64 =
+                    v.to_string_lossy().parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                        format!("-c: '{}' is not a count above 0", v.to_string_lossy())
+                    })?;
+                count = Some(n);
+            }
+            Short('D') if which != Inspect::Stat => {
+                duration = Some(seconds(&parser.value()?, "-D")?)
+            }
+            Short('w') if which == Inspect::Capture => write = Some(parser.value()?.into()),
+            Long("qp") if which == Inspect::Capture => {
+                let v = parser.value()?.to_string_lossy().to_string();
+                let parsed = match v.strip_prefix("0x") {
+                    Some(hex) => u32::from_str_radix(hex, 16).ok(),
+                    None => v.parse().ok(),
+                };
+                qpn = Some(
+                    parsed
+                        .filter(|&n| n < 1 << 24)
+                        .ok_or_else(|| format!("--qp: '{v}' is not a QPN (below 2^24)"))?,
+                );
+            }
+            Short('h') | Long("help") => {
+                print!("{USAGE}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    let stdout = io::stdout();
+    let (mut out, mut err) = (stdout.lock(), io::stderr());
+    let code = match which {
+        Inspect::Stat => {
+            let args = stat::StatArgs { devices, interval, count, json };
+            stat::run(&args, &mut out, &mut err)
+        }
+        Inspect::Qp => {
+            let interval = interval.unwrap_or(core::time::Duration::from_millis(100));
+            let args = qp::QpArgs { devices, json, watch, interval, duration };
+            qp::run(&args, &mut out, &mut err)
+        }
+        Inspect::Capture => {
+            drop(out);
+            let args = capture::CaptureArgs { devices, write, count, qp: qpn, duration };
+            let stdout = io::stdout();
+            capture::run(&args, &mut stdout.lock(), &mut err)
+        }
+    };
+    Ok(ExitCode::from(code))
 }
 
 fn parse_addr(v: &std::ffi::OsStr, what: &str) -> Result<std::net::IpAddr, lexopt::Error> {

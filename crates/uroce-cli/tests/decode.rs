@@ -178,6 +178,21 @@ fn unusable_input_is_exit_two_with_a_one_line_error_naming_the_file() {
     let o = uroce(&["decode", file.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("cut.pcap: capture truncated at byte"), "{}", stderr(&o));
+    // As tshark does, every complete packet before the cut is printed first.
+    assert_eq!(stdout(&o).lines().count(), 22, "{}", stdout(&o));
+    assert!(stderr(&o).contains("after 22 complete frame(s)"), "{}", stderr(&o));
+
+    // An empty file says so; a capture with no packet decodes to nothing, and says so.
+    let empty = dir.join("empty.pcap");
+    std::fs::write(&empty, b"").unwrap();
+    let o = uroce(&["decode", empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("empty.pcap: empty file"), "{}", stderr(&o));
+    let header = dir.join("header.pcap");
+    std::fs::write(&header, &std::fs::read(SAMPLE).unwrap()[..24]).unwrap();
+    let o = uroce(&["decode", header.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("header.pcap: no packets"), "{}", stderr(&o));
 
     let o = uroce(&["decode"]);
     assert_eq!(o.status.code(), Some(2));
@@ -253,5 +268,32 @@ fn cm_mads_are_decoded_field_by_field() {
     assert!(lines[2].contains("qpn=0x020022 psn=1193046") && lines[2].contains("private=706f6e67"));
     assert!(lines[6].contains("cm REJ") && lines[6].contains("reason=8"), "{text}");
     assert!(lines[8].contains("cm SIDR_REP") && lines[8].contains("qpn=0x020023"), "{text}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `decode -f` prints the packets of a capture as they are appended to it, each once, and
+/// none before it is complete.
+#[test]
+fn follow_decodes_a_capture_as_it_grows() {
+    let dir = temp_dir("follow");
+    let file = dir.join("live.pcap");
+    let sample = std::fs::read(SAMPLE).unwrap();
+    // The header and about half the packets, cut in the middle of one.
+    let half = sample.len() / 2;
+    std::fs::write(&file, &sample[..half]).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_uroce"))
+        .args(["decode", "-f", file.to_str().unwrap(), "-D", "1"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut f = std::fs::OpenOptions::new().append(true).open(&file).unwrap();
+    std::io::Write::write_all(&mut f, &sample[half..]).unwrap();
+    drop(f);
+    let o = child.wait_with_output().unwrap();
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let whole = stdout(&uroce(&["decode", SAMPLE]));
+    assert_eq!(out, whole);
     std::fs::remove_dir_all(dir).unwrap();
 }

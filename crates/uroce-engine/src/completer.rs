@@ -324,6 +324,7 @@ pub(crate) fn fail_front<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, status:
         };
         ctx.complete(qp.init.send_cq, wc);
     }
+    qp.error_status = Some(status);
     ctx.qp_fatal(qp.qpn);
     enter_error(qp, ctx);
 }

@@ -107,3 +107,64 @@ pub struct QpCounters {
     /// Duplicate requests.
     pub dup_req: u64,
 }
+
+impl Counters {
+    /// Every counter with its name, in declaration order (for tools that print or sum them).
+    pub fn fields(&self) -> [(&'static str, u64); 34] {
+        [
+            ("sent_pkts", self.sent_pkts),
+            ("sent_bytes", self.sent_bytes),
+            ("rcvd_pkts", self.rcvd_pkts),
+            ("rcvd_bytes", self.rcvd_bytes),
+            ("rcv_seq_err", self.rcv_seq_err),
+            ("dup_req", self.dup_req),
+            ("retransmitted_pkts", self.retransmitted_pkts),
+            ("ack_timeouts", self.ack_timeouts),
+            ("seq_naks_rcvd", self.seq_naks_rcvd),
+            ("implied_naks", self.implied_naks),
+            ("rnr_naks_sent", self.rnr_naks_sent),
+            ("rnr_naks_rcvd", self.rnr_naks_rcvd),
+            ("retry_exceeded", self.retry_exceeded),
+            ("rnr_retry_exceeded", self.rnr_retry_exceeded),
+            ("err_naks_sent", self.err_naks_sent),
+            ("cq_overflows", self.cq_overflows),
+            ("icrc_errors", self.icrc_errors),
+            ("drop_malformed", self.drop_malformed),
+            ("drop_unknown_qp", self.drop_unknown_qp),
+            ("drop_bad_dest", self.drop_bad_dest),
+            ("drop_bad_qkey", self.drop_bad_qkey),
+            ("drop_wrong_transport", self.drop_wrong_transport),
+            ("drop_bad_pkey", self.drop_bad_pkey),
+            ("drop_bad_state", self.drop_bad_state),
+            ("drop_wrong_peer", self.drop_wrong_peer),
+            ("drop_out_of_sequence", self.drop_out_of_sequence),
+            ("drop_rnr", self.drop_rnr),
+            ("drop_stale_response", self.drop_stale_response),
+            ("drop_dup_no_resource", self.drop_dup_no_resource),
+            ("gsi_rcvd", self.gsi_rcvd),
+            ("gsi_sent", self.gsi_sent),
+            ("drop_not_gmp", self.drop_not_gmp),
+            ("drop_gsi_overflow", self.drop_gsi_overflow),
+            ("drop_uc_invalid", self.drop_uc_invalid),
+        ]
+    }
+}
+
+impl QpCounters {
+    /// Every counter with its name, in declaration order (for tools that print or sum them).
+    pub fn fields(&self) -> [(&'static str, u64); 11] {
+        [
+            ("sent_pkts", self.sent_pkts),
+            ("sent_bytes", self.sent_bytes),
+            ("rcvd_pkts", self.rcvd_pkts),
+            ("rcvd_bytes", self.rcvd_bytes),
+            ("retransmitted_pkts", self.retransmitted_pkts),
+            ("ack_timeouts", self.ack_timeouts),
+            ("seq_naks_rcvd", self.seq_naks_rcvd),
+            ("rnr_naks_rcvd", self.rnr_naks_rcvd),
+            ("rnr_naks_sent", self.rnr_naks_sent),
+            ("rcv_seq_err", self.rcv_seq_err),
+            ("dup_req", self.dup_req),
+        ]
+    }
+}

@@ -534,7 +534,7 @@ impl<M: MemoryAccess> Ctx<M> {
 /// and the same inputs at the same instants, it produces the same outputs.
 pub struct Device<M> {
     ctx: Ctx<M>,
-    qps: BTreeMap<u32, Qp>,
+    pub(crate) qps: BTreeMap<u32, Qp>,
     /// Multicast groups and the QPs attached to each, in attach order.
     mcast: BTreeMap<IpAddr, Vec<Qpn>>,
     /// ICRC prefixes for datagrams reaching UD QPs, by (source, destination): a UD QP hears

@@ -20,6 +20,7 @@ pub mod counters;
 mod cq;
 pub mod device;
 pub mod gsi;
+pub mod inspect;
 pub mod memory;
 pub mod mr;
 pub mod qp;
@@ -36,6 +37,7 @@ pub use device::{
     McastError, QpnBlock, RxInfo, Transmit,
 };
 pub use gsi::GsiMad;
+pub use inspect::QpInfo;
 pub use memory::{MemoryAccess, VecMemory};
 pub use mr::{AccessError, MemoryRegion};
 pub use qp::{ModifyError, PostError, QpAttr, QpCap, QpInitAttr};

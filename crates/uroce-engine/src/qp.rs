@@ -361,6 +361,9 @@ pub(crate) struct Qp {
     /// The communication-established event was raised.
     pub(crate) comm_established: bool,
     pub(crate) counters: crate::counters::QpCounters,
+    /// The completion status that moved the QP to Error (`None`: not in Error, or moved there
+    /// by `ibv_modify_qp`), for `uroce qp`.
+    pub(crate) error_status: Option<crate::WcStatus>,
 }
 
 /// Largest READ and atomic depth a uroce device supports (`max_qp_rd_atom`).
@@ -393,6 +396,7 @@ impl Qp {
             qkey: QKey(0),
             scheduled: false,
             comm_established: false,
+            error_status: None,
             counters: crate::counters::QpCounters::default(),
         }
     }

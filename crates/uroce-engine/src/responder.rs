@@ -274,6 +274,7 @@ fn fatal<M: MemoryAccess>(
             Some((wqe, status @ (WcStatus::LOC_LEN_ERR | WcStatus::LOC_PROT_ERR))) => {
                 let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
                 ctx.complete(qp.init.recv_cq, wc);
+                qp.error_status = Some(status);
                 ctx.qp_fatal(qp.qpn);
                 completer::enter_error(qp, ctx);
             }
@@ -291,6 +292,13 @@ fn fatal<M: MemoryAccess>(
     ctx.counters.err_naks_sent += 1;
     let msn = qp.resp.msn;
     queue(qp, ctx, Response::Ack { psn, syndrome: nak(code), msn });
+    // The responder's view of why it stopped: the receive's status, or the NAK it sent.
+    qp.error_status = Some(match recv {
+        Some((_, status)) => status,
+        None if code == NakCode::INVALID_REQUEST => WcStatus::REM_INV_REQ_ERR,
+        None if code == NakCode::REMOTE_ACCESS_ERROR => WcStatus::REM_ACCESS_ERR,
+        None => WcStatus::REM_OP_ERR,
+    });
     if let Some((wqe, status)) = recv {
         let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
         ctx.complete(qp.init.recv_cq, wc);

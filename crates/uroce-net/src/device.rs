@@ -24,10 +24,12 @@ use crate::fabric::capture::Capture;
 use crate::fabric::faulty::Faulty;
 use crate::fabric::host::HostFabric;
 use crate::fabric::shm::Shm;
+use crate::fabric::tap::Tap;
 use crate::fabric::udp::Udp;
 use crate::fabric::{Fabric, Outgoing};
 use crate::faults::{Faults, FaultsError};
 use crate::host::{HostDir, SlotId};
+use crate::inspect::{Answering, QpSnapshot, Snapshot};
 use crate::sys::memory::Registry;
 use crate::sys::{self, EventFd, RawRegion};
 
@@ -203,6 +205,36 @@ pub struct NetCounters {
     /// Rounds of progress that left the sockets unread because shared memory was busy and
     /// they had been read less than 20 µs before (a system call saved each).
     pub udp_polls_skipped: u64,
+}
+
+impl NetCounters {
+    /// Every counter with its name, in declaration order.
+    pub fn fields(&self) -> [(&'static str, u64); 22] {
+        [
+            ("tx_datagrams", self.tx_datagrams),
+            ("tx_batches", self.tx_batches),
+            ("tx_errors", self.tx_errors),
+            ("tx_zero_copy", self.tx_zero_copy),
+            ("tx_zero_copy_bytes", self.tx_zero_copy_bytes),
+            ("rx_datagrams", self.rx_datagrams),
+            ("rx_batches", self.rx_batches),
+            ("fault_drops", self.fault_drops),
+            ("fault_dups", self.fault_dups),
+            ("fault_reorders", self.fault_reorders),
+            ("fault_corruptions", self.fault_corruptions),
+            ("progress_wakeups", self.progress_wakeups),
+            ("async_events_unclaimed", self.async_events_unclaimed),
+            ("shm_tx_packets", self.shm_tx_packets),
+            ("shm_tx_ring_full", self.shm_tx_ring_full),
+            ("shm_tx_no_endpoint", self.shm_tx_no_endpoint),
+            ("shm_tx_payload_gone", self.shm_tx_payload_gone),
+            ("shm_rx_packets", self.shm_rx_packets),
+            ("shm_rx_malformed", self.shm_rx_malformed),
+            ("shm_wakeups_sent", self.shm_wakeups_sent),
+            ("udp_rx_forwarded", self.udp_rx_forwarded),
+            ("udp_polls_skipped", self.udp_polls_skipped),
+        ]
+    }
 }
 
 impl core::ops::AddAssign for NetCounters {
@@ -385,6 +417,8 @@ pub struct State {
     /// Where the CM's events go (the RDMA CM above); without one they are dropped (a
     /// process that connects nothing hears of nothing, and requests to it are rejected).
     cm_sink: Option<CmSink>,
+    /// Answers `uroce stat` and `uroce qp` (when the device joined the host directory).
+    answering: Option<Answering>,
 }
 
 /// Takes the CM's events as they happen, under the device lock: it must only queue them.
@@ -610,6 +644,58 @@ impl State {
             self.cm.handle_timeout(now);
         }
         self.flush(now);
+        if let Some(asked) = self.answering.as_ref().and_then(Answering::asked) {
+            let snap = self.snapshot();
+            if let Some(a) = self.answering.as_mut() {
+                a.answer(asked, &snap);
+            }
+        }
+    }
+
+    /// This endpoint's counters and QPs, for a tool looking from outside.
+    pub fn snapshot(&self) -> Snapshot {
+        let engine = self.engine.counters().fields();
+        let net = self.counters.fields();
+        let counters = engine.iter().chain(net.iter()).map(|&(n, v)| (n.to_owned(), v)).collect();
+        let qps = self
+            .engine
+            .qp_infos()
+            .into_iter()
+            .map(|q| QpSnapshot {
+                qpn: q.qpn.get(),
+                qp_type: match q.qp_type {
+                    uroce_engine::QpType::Rc => "RC",
+                    uroce_engine::QpType::Uc => "UC",
+                    uroce_engine::QpType::Ud => "UD",
+                }
+                .to_owned(),
+                state: state_name(q.state).to_owned(),
+                path: match q.dest {
+                    Some(ip) if q.qp_type != uroce_engine::QpType::Ud => {
+                        self.fabric.path_to(ip, q.dest_qpn).to_owned()
+                    }
+                    _ => "-".to_owned(),
+                },
+                mtu: q.mtu.bytes(),
+                dest: q.dest,
+                dest_qpn: q.dest_qpn,
+                send_psn: q.send_psn,
+                unacked_psn: q.unacked_psn,
+                expected_psn: q.expected_psn,
+                send_outstanding: q.send_outstanding as u64,
+                recv_posted: q.recv_posted as u64,
+                window: q.window,
+                error_status: q.error_status.map(|s| format!("IBV_WC_{}", s.name())),
+                counters: q.counters.fields().iter().map(|&(n, v)| (n.to_owned(), v)).collect(),
+            })
+            .collect();
+        Snapshot {
+            pid: std::process::id(),
+            addr: Some(self.engine.addr()),
+            port_mtu: self.engine.port_mtu().bytes(),
+            counters,
+            qps,
+        }
     }
 
     fn pool_buf(&mut self) -> Vec<u8> {
@@ -701,6 +787,20 @@ impl Shared {
     fn busy_polled(&self, now: Instant) -> bool {
         let last = self.last_busy_poll.load(Ordering::Acquire);
         last != 0 && now.as_nanos().saturating_sub(last) < BUSY_POLL_GRACE_NS
+    }
+}
+
+/// rdma-core's short name of a QP state (`ibv_qp_state`, as `rdma resource show qp` prints it).
+fn state_name(s: uroce_engine::QpState) -> &'static str {
+    use uroce_engine::QpState;
+    match s {
+        QpState::Reset => "RESET",
+        QpState::Init => "INIT",
+        QpState::Rtr => "RTR",
+        QpState::Rts => "RTS",
+        QpState::Sqd => "SQD",
+        QpState::Sqe => "SQE",
+        QpState::Error => "ERR",
     }
 }
 
@@ -829,8 +929,12 @@ impl NetDevice {
                 (None, None)
             }
         };
-        let mut fabric: Box<dyn Fabric> =
-            Box::new(HostFabric::new(addr, udp, shm, options.udp_only));
+        let host = HostFabric::new(addr, udp, shm, options.udp_only);
+        let mut fabric: Box<dyn Fabric> = match &endpoint {
+            Some(e) => Box::new(Tap::new(host, Arc::clone(&e.dir), e.slot, addr)),
+            None => Box::new(host),
+        };
+        let answering = endpoint.as_ref().map(|e| Answering::new(Arc::clone(&e.dir), e.slot));
         if let Some(pcap) = pcap {
             fabric = Box::new(Capture::new(fabric, pcap, addr, origin, wall_origin));
         }
@@ -867,6 +971,7 @@ impl NetDevice {
             copy_payloads: options.copy_payloads,
             cm,
             cm_sink: None,
+            answering,
         };
         let wake = EventFd::new().map_err(|e| OpenError::Io(local, e))?;
         let timer = sys::TimerFd::new().map_err(|e| OpenError::Io(local, e))?;

@@ -4,14 +4,15 @@
 //! A [`Fabric`] takes the packets the engine built and hands received ones to the engine. Two
 //! carry packets — [`udp::Udp`], the kernel's UDP path (between hosts), and [`shm::Shm`], rings
 //! in shared memory (between processes of one host) — and [`host::HostFabric`] joins them for a
-//! host-wide device. Two wrap any fabric: [`capture::Capture`] (`UROCE_PCAP`) and
-//! [`faulty::Faulty`] (`UROCE_FAULTS`). Every path carries whole RoCEv2 packets (BTH to ICRC),
+//! host-wide device. Three wrap any fabric: [`capture::Capture`] (`UROCE_PCAP`),
+//! [`faulty::Faulty`] (`UROCE_FAULTS`) and [`tap::Tap`] (`uroce capture`, from outside). Every path carries whole RoCEv2 packets (BTH to ICRC),
 //! so a capture reads the same whichever path a packet took.
 
 pub(crate) mod capture;
 pub(crate) mod faulty;
 pub(crate) mod host;
 pub(crate) mod shm;
+pub(crate) mod tap;
 pub(crate) mod udp;
 
 use core::net::{IpAddr, SocketAddr};
@@ -86,7 +87,7 @@ impl Outgoing {
     }
 
     /// The packet's parts: headers, the payload where it lies in registered memory, trailer.
-    pub(crate) fn parts<'a>(&'a self, mem: &'a Registry) -> impl Iterator<Item = &'a [u8]> {
+    pub(crate) fn parts<'a>(&'a self, mem: &'a Registry) -> impl Iterator<Item = &'a [u8]> + Clone {
         let (head, tail) = match self.payload_at {
             None => (&self.bytes[..], &[][..]),
             Some(h) => self.bytes.split_at(h),
@@ -160,6 +161,11 @@ pub(crate) trait Fabric: Send {
 
     /// Receives the traffic of exactly these multicast groups.
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()>;
+
+    /// The path packets to QP `qpn` at `ip` take now: `"shm"` or `"udp"` (for `uroce qp`).
+    fn path_to(&self, _ip: IpAddr, _qpn: u32) -> &'static str {
+        "udp"
+    }
 }
 
 /// The [`Fabric`] methods a wrapper (capture, faults) hands to the fabric it wraps unchanged.
@@ -183,6 +189,10 @@ macro_rules! delegate_to_inner {
 
         fn sync_multicast(&mut self, groups: &[core::net::IpAddr]) -> std::io::Result<()> {
             self.inner.sync_multicast(groups)
+        }
+
+        fn path_to(&self, ip: core::net::IpAddr, qpn: u32) -> &'static str {
+            self.inner.path_to(ip, qpn)
         }
     };
 }
@@ -215,5 +225,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
 
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {
         (**self).sync_multicast(groups)
+    }
+
+    fn path_to(&self, ip: IpAddr, qpn: u32) -> &'static str {
+        (**self).path_to(ip, qpn)
     }
 }

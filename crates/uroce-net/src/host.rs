@@ -14,6 +14,10 @@
 //! - `ring-S-G-T-H`: the ring on which slot S (generation G) sends to slot T (generation H).
 //! - `wake-T-H`: the FIFO that wakes slot T (generation H) when it sleeps.
 //! - `ports`: the RDMA CM ports bound and listened on ([`crate::ports`]).
+//! - `snap-S-G`: slot S's latest snapshot (counters and QPs), written when `uroce stat` or
+//!   `uroce qp` asks for one ([`crate::inspect`]).
+//! - `cap-S-G-K`: the ring into which slot S copies its packets for capture session K (up to
+//!   four `uroce capture` at once).
 //!
 //! A slot's word is `generation << 32 | pid`: free when the pid is 0, being set up while the
 //! generation is odd, live otherwise. Claiming takes a free slot, or the slot of a process that
@@ -48,6 +52,11 @@ const ADDR: usize = 16; // 16 bytes: the device address, IPv4-mapped for IPv4
 const INBOUND: usize = 64; // 4 × u64: bit s set when slot s has a ring to this slot
 const WAITING: usize = 96; // u32: 1 while the owner sleeps and wants a FIFO wake-up
 const RINGS_EPOCH: usize = 100; // u32: bumped whenever a ring to this slot is created
+const SNAPSHOT_ASKED: usize = 104; // u32: bumped by a tool that wants a snapshot
+const SNAPSHOT_DONE: usize = 108; // u32: the request the owner's latest snapshot answers
+const CAPTURE: usize = 112; // CAPTURES × u32: the capture sessions copying this slot's packets
+/// Capture sessions an endpoint serves at once (as several tcpdumps can run on one interface).
+pub(crate) const CAPTURES: usize = 4;
 
 /// The host directory of this user and network namespace, mapped.
 #[derive(Debug)]
@@ -96,6 +105,23 @@ impl HostDir {
         Ok(Self { path: path.to_path_buf(), slots, ports })
     }
 
+    /// Opens an existing directory for looking at (never creating anything in it: as root,
+    /// a file created in another user's directory would be root's, and lock its owner out).
+    /// It must belong to `uid` with mode 0700.
+    pub(crate) fn open_existing(path: &Path, uid: u32) -> io::Result<Self> {
+        let meta = fs::symlink_metadata(path)?;
+        if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} is not a directory of uid {uid} with mode 0700", path.display()),
+            ));
+        }
+        let file = open_existing_shared(&path.join("slots"), SLOTS * SLOT_SIZE)?;
+        let slots = Mapping::new(&file, SLOTS * SLOT_SIZE)?;
+        let ports = crate::ports::PortTable::open_existing(path)?;
+        Ok(Self { path: path.to_path_buf(), slots, ports })
+    }
+
     fn at(&self, index: u8, field: usize) -> usize {
         usize::from(index) * SLOT_SIZE + field
     }
@@ -128,6 +154,11 @@ impl HostDir {
             self.slots.u64_at(self.at(index, START_TIME)).store(my_start, Ordering::Release);
             self.slots.write(self.at(index, ADDR), &mapped(addr).octets());
             self.slots.u32_at(self.at(index, WAITING)).store(0, Ordering::Release);
+            for field in
+                [SNAPSHOT_ASKED, SNAPSHOT_DONE, CAPTURE, CAPTURE + 4, CAPTURE + 8, CAPTURE + 12]
+            {
+                self.slots.u32_at(self.at(index, field)).store(0, Ordering::Release);
+            }
             for k in 0..4 {
                 self.slots.u64_at(self.at(index, INBOUND + 8 * k)).store(0, Ordering::Release);
             }
@@ -156,7 +187,9 @@ impl HostDir {
                 (Some("ring"), &[s, g, t, h]) => {
                     (s == u32::from(index) && g != live) || (t == u32::from(index) && h != live)
                 }
-                (Some("wake"), &[t, h]) => t == u32::from(index) && h != live,
+                (Some("wake" | "snap"), &[t, h]) | (Some("cap"), &[t, h, _]) => {
+                    t == u32::from(index) && h != live
+                }
                 _ => false,
             };
             if stale {
@@ -234,6 +267,36 @@ impl HostDir {
         self.slots.u64_at(self.at(index, INBOUND + 8 * (k % 4)))
     }
 
+    /// The process that holds slot `index` (0: none).
+    pub(crate) fn pid(&self, index: u8) -> u32 {
+        split(self.word(index).load(Ordering::Acquire)).1
+    }
+
+    /// Slot `index`'s snapshot request counter (bumped by tools).
+    pub(crate) fn snapshot_asked(&self, index: u8) -> &AtomicU32 {
+        self.slots.u32_at(self.at(index, SNAPSHOT_ASKED))
+    }
+
+    /// The request slot `index`'s latest snapshot answers.
+    pub(crate) fn snapshot_done(&self, index: u8) -> &AtomicU32 {
+        self.slots.u32_at(self.at(index, SNAPSHOT_DONE))
+    }
+
+    /// Capture session `k` (0..[`CAPTURES`]) of slot `index` (0: none).
+    pub(crate) fn capture(&self, index: u8, k: usize) -> &AtomicU32 {
+        self.slots.u32_at(self.at(index, CAPTURE + 4 * (k % CAPTURES)))
+    }
+
+    /// The path of slot `s`'s snapshot.
+    pub(crate) fn snapshot_path(&self, s: SlotId) -> PathBuf {
+        self.path.join(format!("snap-{}-{}", s.index, s.generation))
+    }
+
+    /// The path of slot `s`'s ring for capture session `k`.
+    pub(crate) fn capture_path(&self, s: SlotId, k: usize) -> PathBuf {
+        self.path.join(format!("cap-{}-{}-{k}", s.index, s.generation))
+    }
+
     /// The path of the ring from `from` to `to`.
     pub(crate) fn ring_path(&self, from: SlotId, to: SlotId) -> PathBuf {
         self.path
@@ -260,6 +323,22 @@ pub(crate) fn open_shared(path: &Path, len: usize) -> io::Result<File> {
     let want = len as u64;
     if file.metadata()?.len() < want {
         file.set_len(want)?;
+    }
+    Ok(file)
+}
+
+/// Opens an existing shared file of at least `len` bytes, read-write, without creating it.
+pub(crate) fn open_existing_shared(path: &Path, len: usize) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    if file.metadata()?.len() < len as u64 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is shorter than {len} bytes", path.display()),
+        ));
     }
     Ok(file)
 }

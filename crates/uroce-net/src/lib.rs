@@ -118,6 +118,7 @@ mod device;
 mod fabric;
 mod faults;
 mod host;
+pub mod inspect;
 mod ports;
 #[allow(unsafe_code, reason = "all system calls and raw memory access live in this module")]
 mod sys;

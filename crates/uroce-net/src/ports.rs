@@ -102,6 +102,12 @@ impl PortTable {
         Ok(Self { map: Mapping::new(&file, LEN)? })
     }
 
+    /// Maps an existing table (for looking, never creating it).
+    pub(crate) fn open_existing(dir: &Path) -> io::Result<Self> {
+        let file = crate::host::open_existing_shared(&dir.join("ports"), LEN)?;
+        Ok(Self { map: Mapping::new(&file, LEN)? })
+    }
+
     fn at(i: usize, field: usize) -> usize {
         HEADER + i * ENTRY + field
     }

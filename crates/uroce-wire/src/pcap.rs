@@ -220,11 +220,27 @@ pub fn looks_like_capture(bytes: &[u8]) -> bool {
 
 /// Reads every frame of a pcap or pcapng file held in memory.
 pub fn read_frames(bytes: &[u8]) -> Result<Vec<Frame<'_>>, ReadError> {
+    match read_frames_partial(bytes) {
+        (frames, None) => Ok(frames),
+        (_, Some(e)) => Err(e),
+    }
+}
+
+/// As [`read_frames`], but keeps the frames before a problem: every complete frame, and what
+/// stopped the reading, if anything did (a capture cut short, as one still being written is,
+/// gives its complete frames and [`ReadError::Truncated`]).
+pub fn read_frames_partial(bytes: &[u8]) -> (Vec<Frame<'_>>, Option<ReadError>) {
     if bytes.len() < 4 {
-        return Err(ReadError::NotPcap);
+        return (Vec::new(), Some(ReadError::NotPcap));
     }
     let magic = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-    if magic == PCAPNG_SHB { read_pcapng(bytes) } else { read_pcap(bytes) }
+    let mut frames = Vec::new();
+    let result = if magic == PCAPNG_SHB {
+        read_pcapng(bytes, &mut frames)
+    } else {
+        read_pcap(bytes, &mut frames)
+    };
+    (frames, result.err())
 }
 
 /// A cursor that reads integers in the file's byte order.
@@ -249,7 +265,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn read_pcap(bytes: &[u8]) -> Result<Vec<Frame<'_>>, ReadError> {
+fn read_pcap<'a>(bytes: &'a [u8], frames: &mut Vec<Frame<'a>>) -> Result<(), ReadError> {
     let head = bytes.get(..4).ok_or(ReadError::NotPcap)?;
     let le = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
     let (big_endian, nanos) = match le {
@@ -262,7 +278,6 @@ fn read_pcap(bytes: &[u8]) -> Result<Vec<Frame<'_>>, ReadError> {
     let r = Reader { bytes, big_endian };
     // The link type's low 16 bits; the upper bits may carry FCS information.
     let link = LinkType(r.u32(20)? & 0xFFFF);
-    let mut frames = Vec::new();
     let mut at = 24;
     while at < bytes.len() {
         let secs = r.u32(at)?;
@@ -279,7 +294,7 @@ fn read_pcap(bytes: &[u8]) -> Result<Vec<Frame<'_>>, ReadError> {
         frames.push(Frame { number: frames.len() + 1, ts, link, data, orig_len });
         at += 16 + caplen;
     }
-    Ok(frames)
+    Ok(())
 }
 
 /// An interface declared in a pcapng section.
@@ -291,8 +306,7 @@ struct Interface {
     units_per_sec: u64,
 }
 
-fn read_pcapng(bytes: &[u8]) -> Result<Vec<Frame<'_>>, ReadError> {
-    let mut frames = Vec::new();
+fn read_pcapng<'a>(bytes: &'a [u8], frames: &mut Vec<Frame<'a>>) -> Result<(), ReadError> {
     let mut interfaces: Vec<Interface> = Vec::new();
     let mut r = Reader { bytes, big_endian: false };
     let mut at = 0;
@@ -368,7 +382,7 @@ fn read_pcapng(bytes: &[u8]) -> Result<Vec<Frame<'_>>, ReadError> {
         }
         at += len;
     }
-    Ok(frames)
+    Ok(())
 }
 
 /// Reads the `if_tsresol` option (code 9) from an IDB's options; the default is microseconds.

@@ -278,6 +278,13 @@ impl Fabric for HostFabric {
         }
     }
 
+    fn path_to(&self, ip: IpAddr, qpn: u32) -> &'static str {
+        match &self.shm {
+            Some(shm) if !self.udp_only && shm.owner_of(ip, qpn).is_some() => "shm",
+            _ => "udp",
+        }
+    }
+
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {
         self.udp.sync_multicast(groups)
     }

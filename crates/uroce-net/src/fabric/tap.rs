@@ -1,0 +1,144 @@
+//! The tap `uroce capture` opens on a running endpoint: while the endpoint's slot names a
+//! capture session, every packet it sends, and every packet it receives from another device,
+//! is copied into that session's ring ([`crate::inspect::ring`]), whichever path it took.
+//! Packets from the endpoint's own device are left out on receipt: the process of the device
+//! that sent them has copied them already, so each packet is captured once.
+//!
+//! With nobody capturing it costs one load of a word of the endpoint's own slot per batch.
+
+use core::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use uroce_engine::{Instant, RxInfo};
+use uroce_wire::ROCE_V2_PORT;
+
+use super::{Fabric, Outgoing, Sink, with_icrc};
+use crate::device::NetCounters;
+use crate::host::{CAPTURES, HostDir, SlotId};
+use crate::inspect::ring::{Direction, RingWriter};
+use crate::sys::memory::Registry;
+
+/// A fabric whose packets a capture session may be copying.
+pub(crate) struct Tap<F> {
+    inner: F,
+    dir: Arc<HostDir>,
+    slot: SlotId,
+    addr: IpAddr,
+    /// Per capture session word: the session its ring belongs to (0: none), and the ring.
+    sessions: [u32; CAPTURES],
+    rings: [Option<RingWriter>; CAPTURES],
+    /// Whether any ring is open.
+    any: bool,
+}
+
+/// Every this many records lost to a full ring, the tap checks that its capturer still runs
+/// (one killed without ending its session would otherwise be copied to for ever).
+const CAPTURER_CHECK_EVERY: u64 = 1024;
+
+impl<F: Fabric> Tap<F> {
+    pub(crate) fn new(inner: F, dir: Arc<HostDir>, slot: SlotId, addr: IpAddr) -> Self {
+        Self {
+            inner,
+            dir,
+            slot,
+            addr,
+            sessions: [0; CAPTURES],
+            rings: Default::default(),
+            any: false,
+        }
+    }
+
+    /// Follows the slot's capture words: whether there is a ring to copy to now.
+    fn refresh(&mut self) -> bool {
+        let mut any = false;
+        for k in 0..CAPTURES {
+            let word = self.dir.capture(self.slot.index, k);
+            let session = word.load(Ordering::Relaxed);
+            if session != self.sessions[k] {
+                self.sessions[k] = session;
+                self.rings[k] = None;
+                if session != 0 {
+                    let path = self.dir.capture_path(self.slot, k);
+                    // A ring that cannot be opened (or is not this session's) is not
+                    // followed; the next session is tried afresh.
+                    self.rings[k] = RingWriter::open(&path, session).ok().flatten();
+                }
+            }
+            let dropped = self.rings[k].as_ref().map_or(0, RingWriter::dropped);
+            if dropped > 0
+                && dropped.is_multiple_of(CAPTURER_CHECK_EVERY)
+                && let Some(r) = &self.rings[k]
+                && !crate::sys::shm::process_exists(r.capturer())
+            {
+                let _ = word.compare_exchange(session, 0, Ordering::AcqRel, Ordering::Acquire);
+                self.rings[k] = None;
+            }
+            any |= self.rings[k].is_some();
+        }
+        self.any = any;
+        any
+    }
+}
+
+/// Wall-clock time in nanoseconds, for a captured batch.
+fn wall_ns() -> u64 {
+    #[expect(clippy::disallowed_methods, reason = "a capture's timestamps are wall-clock time")]
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+impl<F: Fabric> Fabric for Tap<F> {
+    fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
+        let addr = self.addr;
+        if !out.is_empty() && self.refresh() {
+            let ts = wall_ns();
+            for o in out.iter_mut() {
+                let src = SocketAddr::new(addr, o.port);
+                // The capture shows the ICRC the wire would carry.
+                o.fill_icrc(mem, src);
+                for ring in self.rings.iter_mut().flatten() {
+                    ring.push(Direction::Sent, ts, src, o.dst, o.parts(mem));
+                }
+            }
+            for ring in self.rings.iter().flatten() {
+                ring.publish();
+            }
+        }
+        self.inner.transmit(out, mem, c);
+    }
+
+    fn receive(&mut self, now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
+        let addr = self.addr;
+        if !self.refresh() {
+            return self.inner.receive(now, c, sink);
+        }
+        let Self { inner, rings, .. } = self;
+        let ts = wall_ns();
+        let mut full = Vec::new();
+        let n = inner.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8], intact| {
+            if rx.src.ip() != addr {
+                let dst = SocketAddr::new(rx.dst, ROCE_V2_PORT);
+                let packet = if intact {
+                    full = with_icrc(rx, bytes);
+                    &full[..]
+                } else {
+                    bytes
+                };
+                for ring in rings.iter_mut().flatten() {
+                    ring.push(Direction::Received, ts, rx.src, dst, core::iter::once(packet));
+                }
+            }
+            sink(rx, bytes, intact);
+        });
+        if n > 0 {
+            for ring in rings.iter().flatten() {
+                ring.publish();
+            }
+        }
+        n
+    }
+
+    super::delegate_to_inner!();
+}
