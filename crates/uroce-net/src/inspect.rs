@@ -1,7 +1,7 @@
 //! Looking at a host's devices from outside the processes that run them: what `uroce stat`,
 //! `uroce qp` and `uroce capture` read.
 //!
-//! Everything goes through the host directory ([`crate::host`]), so a user sees exactly the
+//! Everything goes through the host directory (`/dev/shm/uroce-UID-NETNS`), so a user sees exactly the
 //! endpoints they could open themselves (root sees every user's).
 //!
 //! - **Snapshots.** A tool bumps a slot's `snapshot_asked` word and pokes the owner's wake-up
@@ -10,8 +10,8 @@
 //!   sets `snapshot_done`. A process that makes no progress (one with no progress thread that
 //!   is not calling its device) does not answer, and is reported as such.
 //! - **Captures.** A tool creates a ring per endpoint ([`ring`]) and stores its session number
-//!   in the slot's `capture` word; the endpoint's tap ([`crate::fabric`]) copies packets into
-//!   the ring from its next batch on, until the word is cleared.
+//!   in one of the slot's four `capture` words; the endpoint's tap copies packets into the
+//!   ring from its next batch on, until the word is cleared.
 
 pub mod ring;
 pub mod snapshot;

@@ -4,7 +4,7 @@
 //!
 //! Layout: a 4 KiB header (magic, session, the capturer's pid, the data size, the producer's
 //! count of records it had no room for; the consumer's head and the producer's tail on their
-//! own cache lines), then [`DATA_BYTES`] of records. A record is a 56-byte header (length,
+//! own cache lines), then 4 MiB of records. A record is a 56-byte header (length,
 //! direction, wall-clock time in nanoseconds, source and destination address and port, packet
 //! length) and the RoCEv2 packet, padded to 8 bytes; one that would cross the end is preceded
 //! by a pad record to it.
