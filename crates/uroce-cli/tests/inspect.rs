@@ -504,3 +504,56 @@ fn another_user_is_refused_by_all_three() {
     let v = json(&uroce(&["stat", a, "--json"]));
     assert_eq!(v["devices"].as_array().map(Vec::len), Some(1));
 }
+
+#[test]
+fn watch_prints_a_qp_going_to_error_with_its_status() {
+    let (a, b) = ("127.0.28.21", "127.0.28.22");
+    let mut s = setup(a, b, false);
+    let bad = s.b2.ask("qpn bad");
+    let watch = Command::new(env!("CARGO_BIN_EXE_uroce"))
+        .args(["qp", a, b, "--watch", "-i", "0.05", "-D", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(s.b2.ask("badwrite bad"), "true");
+    let o = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", describe(&o));
+    // First every QP as it is, then the change.
+    assert_eq!(text.lines().filter(|l| l.starts_with("qp ")).count(), 6, "{text}");
+    let bad_hex = format!("qp {:#x} RC", bad.parse::<u32>().unwrap());
+    let change = text
+        .lines()
+        .find(|l| l.starts_with("state") && l.contains(&bad_hex))
+        .unwrap_or_else(|| panic!("no state change of {bad_hex}:\n{text}"));
+    assert!(change.contains("RTS -> ERR (IBV_WC_REM_ACCESS_ERR)"), "{change}");
+    assert!(change.contains(&format!("pid {}", s.b2.pid)), "{change}");
+}
+
+/// Two captures at once (as two tcpdumps on one interface): both get every packet.
+#[test]
+fn two_captures_at_once_each_see_the_traffic() {
+    let (a, b) = ("127.0.28.25", "127.0.28.26");
+    let mut s = setup(a, b, false);
+    s.b1.tell("stream rc 3000");
+    std::thread::sleep(Duration::from_millis(100));
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_uroce"))
+            .args(["capture", a, b, "-c", "300", "-D", "20"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (one, two) = (run(), run());
+    let (one, two) = (one.wait_with_output().unwrap(), two.wait_with_output().unwrap());
+    s.b1.answer();
+    for o in [one, two] {
+        assert!(o.status.success(), "{}", describe(&o));
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(text.lines().count(), 300, "{}", describe(&o));
+        assert!(text.lines().all(|l| l.ends_with("icrc=ok")), "{text}");
+    }
+}
