@@ -72,12 +72,17 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
     // Whether every endpoint could be tapped.
     let attach = |tapped: &mut BTreeMap<(u32, u8, u32), Tapped>, eps: Vec<EndpointRef>| {
         let mut all = true;
+        // The devices this session captures, as far as known now.
+        let mut devices: Vec<IpAddr> =
+            tapped.values().map(|t| t.ep.addr).chain(eps.iter().map(|e| e.addr)).collect();
+        devices.sort_unstable();
+        devices.dedup();
         for ep in eps {
             let k = (ep.uid, ep.slot, ep.generation);
             if tapped.contains_key(&k) {
                 continue;
             }
-            match host.start_capture(&ep, session) {
+            match host.start_capture(&ep, session, &devices) {
                 Ok(cap) => {
                     let peers = args.qp.map_or_else(Vec::new, |n| peers_of(&host, &ep, n));
                     tapped.insert(k, Tapped { ep, cap, peers });
@@ -115,6 +120,8 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
     let (mut captured, mut number) = (0u64, 0u64);
     let mut batch: Vec<Record> = Vec::new();
     let mut first_ts: Option<u64> = None;
+    // How long after the capture began its first packet came (for the summary).
+    let mut first_after: Option<Duration> = None;
     'outer: loop {
         batch.clear();
         for t in tapped.values_mut() {
@@ -133,6 +140,10 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
             });
         }
         batch.sort_by_key(|r| r.ts_ns);
+        let idle = batch.is_empty();
+        if !idle && first_after.is_none() {
+            first_after = Some(start.elapsed());
+        }
         for r in batch.drain(..) {
             number += 1;
             let ts = Duration::from_nanos(r.ts_ns);
@@ -176,8 +187,13 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
             let _ = attach(&mut tapped, live);
             devices = captured_devices(&tapped);
         }
-        #[expect(clippy::disallowed_methods, reason = "polling the rings while they are empty")]
-        std::thread::sleep(Duration::from_micros(500));
+        if idle {
+            #[expect(
+                clippy::disallowed_methods,
+                reason = "polling the rings while they are empty"
+            )]
+            std::thread::sleep(Duration::from_micros(500));
+        }
     }
     let dropped: u64 = tapped.values().map(|t| t.cap.ring.dropped()).sum();
     let malformed: u64 = tapped.values().map(|t| t.cap.ring.malformed).sum();
@@ -187,15 +203,18 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
     if let Some(w) = pcap.take() {
         let _ = w.into_inner();
     }
+    let garbage = if malformed > 0 {
+        format!(", {malformed} ring(s) with garbage skipped")
+    } else {
+        String::new()
+    };
+    let first = first_after.map_or_else(String::new, |d| {
+        format!("; the first came {:.1} ms after the start", d.as_secs_f64() * 1e3)
+    });
     let _ = writeln!(
         err,
         "uroce capture: {captured} packet(s) captured, {dropped} dropped (a process found its \
-         capture ring full){}",
-        if malformed > 0 {
-            format!(", {malformed} ring(s) with garbage skipped")
-        } else {
-            String::new()
-        }
+         capture ring full){garbage}{first}"
     );
     status
 }

@@ -230,8 +230,15 @@ impl Host {
 
     /// Starts capturing `ep` in session `session` (non-zero): takes one of the endpoint's
     /// capture words (a free one, or one whose tool is gone), creates its ring and names the
-    /// session in it. The endpoint copies packets from its next batch on.
-    pub fn start_capture(&self, ep: &EndpointRef, session: u32) -> Result<Capture, InspectError> {
+    /// session in it. The endpoint copies packets from its next batch on. `devices`: the
+    /// devices the session captures; packets from them are copied by their senders, so the
+    /// endpoint does not copy them again when it receives them.
+    pub fn start_capture(
+        &self,
+        ep: &EndpointRef,
+        session: u32,
+        devices: &[IpAddr],
+    ) -> Result<Capture, InspectError> {
         let dir = self.dir(ep)?;
         let mut holders = Vec::new();
         for k in 0..CAPTURES {
@@ -245,7 +252,7 @@ impl Host {
                     continue;
                 }
             }
-            let reader = RingReader::create(&path, session, ep.uid)?;
+            let reader = RingReader::create(&path, session, ep.uid, devices)?;
             if word.compare_exchange(current, session, Ordering::AcqRel, Ordering::Acquire).is_ok()
             {
                 self.poke(ep);

@@ -1,8 +1,9 @@
 //! The tap `uroce capture` opens on a running endpoint: while the endpoint's slot names a
 //! capture session, every packet it sends, and every packet it receives from another device,
 //! is copied into that session's ring ([`crate::inspect::ring`]), whichever path it took.
-//! Packets from the endpoint's own device are left out on receipt: the process of the device
-//! that sent them has copied them already, so each packet is captured once.
+//! Packets from the endpoint's own device, and from the other devices the session captures
+//! (the ring names them), are left out on receipt: the process that sent them has copied them
+//! already, so each packet is captured once, and copied once.
 //!
 //! With nobody capturing it costs one load of a word of the endpoint's own slot per batch.
 
@@ -13,7 +14,7 @@ use std::sync::atomic::Ordering;
 use uroce_engine::{Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
 
-use super::{Fabric, Outgoing, Sink, with_icrc};
+use super::{Fabric, Outgoing, Sink};
 use crate::device::NetCounters;
 use crate::host::{CAPTURES, HostDir, SlotId};
 use crate::inspect::ring::{Direction, RingWriter};
@@ -94,12 +95,12 @@ impl<F: Fabric> Fabric for Tap<F> {
         let addr = self.addr;
         if !out.is_empty() && self.refresh() {
             let ts = wall_ns();
-            for o in out.iter_mut() {
+            for o in out.iter() {
                 let src = SocketAddr::new(addr, o.port);
-                // The capture shows the ICRC the wire would carry.
-                o.fill_icrc(mem, src);
+                // An ICRC the engine left zero is computed by the capture's reader: the
+                // capture shows what the wire would carry, at no CRC's cost here.
                 for ring in self.rings.iter_mut().flatten() {
-                    ring.push(Direction::Sent, ts, src, o.dst, o.parts(mem));
+                    ring.push(Direction::Sent, o.icrc_deferred, ts, src, o.dst, o.parts(mem));
                 }
             }
             for ring in self.rings.iter().flatten() {
@@ -115,19 +116,20 @@ impl<F: Fabric> Fabric for Tap<F> {
             return self.inner.receive(now, c, sink);
         }
         let Self { inner, rings, .. } = self;
-        let ts = wall_ns();
-        let mut full = Vec::new();
+        // Read once per batch, and only for a batch that brings packets.
+        let mut ts = None;
         let n = inner.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8], intact| {
-            if rx.src.ip() != addr {
+            let src = rx.src.ip();
+            // From this device, or one the session captures too: its sender copied it.
+            if src != addr && rings.iter().flatten().any(|r| !r.skips(src)) {
                 let dst = SocketAddr::new(rx.dst, ROCE_V2_PORT);
-                let packet = if intact {
-                    full = with_icrc(rx, bytes);
-                    &full[..]
-                } else {
-                    bytes
-                };
-                for ring in rings.iter_mut().flatten() {
-                    ring.push(Direction::Received, ts, rx.src, dst, core::iter::once(packet));
+                let at = *ts.get_or_insert_with(wall_ns);
+                // A packet that came through shared memory may carry a zero ICRC: the reader
+                // computes it (on a path that could corrupt it, the ICRC is kept as it came).
+                let fill =
+                    intact && bytes.get(bytes.len().saturating_sub(4)..) == Some(&[0; 4][..]);
+                for ring in rings.iter_mut().flatten().filter(|r| !r.skips(src)) {
+                    ring.push(Direction::Received, fill, at, rx.src, dst, core::iter::once(bytes));
                 }
             }
             sink(rx, bytes, intact);

@@ -26,6 +26,11 @@ const MAGIC_AT: usize = 0;
 const SESSION_AT: usize = 8; // u32
 const CAPTURER_AT: usize = 12; // u32: the capturing tool's pid
 const DROPPED_AT: usize = 24; // u64: records the producer had no room for
+const SKIP_COUNT_AT: usize = 32; // u32: how many addresses follow at SKIP_AT
+const SKIP_AT: usize = 256; // MAX_SKIP × 16 bytes: devices whose packets a receiver leaves out
+/// Devices a ring names as captured by the same session (their packets are copied where they
+/// are sent, so the receiving endpoint leaves them out).
+pub(crate) const MAX_SKIP: usize = 64;
 const HEAD_AT: usize = 64; // u64: consumer position
 const TAIL_AT: usize = 128; // u64: producer position
 const DATA_AT: usize = 4096;
@@ -48,6 +53,10 @@ pub enum Direction {
 const KIND_SENT: u32 = 1;
 const KIND_RECEIVED: u32 = 2;
 const KIND_PAD: u32 = 3;
+/// Or'ed into a record's kind: the packet's ICRC field is zero (it crossed, or was built for,
+/// a path that cannot corrupt it) and the reader computes it, so that the capture shows what
+/// the wire would carry without the captured process spending a CRC on it.
+const FILL_ICRC: u32 = 0x100;
 
 /// One captured packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +98,17 @@ pub(crate) fn capturer_of(path: &Path) -> Option<u32> {
     (magic == MAGIC).then(|| u32::from_le_bytes([h[12], h[13], h[14], h[15]]))
 }
 
+/// Computes the ICRC of `packet` (IBA Annex A17.3.3) into its last four bytes.
+fn fill_icrc(src: SocketAddr, dst: SocketAddr, packet: &mut [u8]) {
+    use uroce_wire::icrc::{self, PseudoHeader};
+    let Some(end) = packet.len().checked_sub(4) else { return };
+    if let Ok(pseudo) = PseudoHeader::for_endpoints(src, dst)
+        && let Ok(crc) = icrc::compute(&pseudo, &packet[..end])
+    {
+        packet[end..].copy_from_slice(&icrc::to_wire(crc));
+    }
+}
+
 /// The producer side, in the captured endpoint.
 #[derive(Debug)]
 pub(crate) struct RingWriter {
@@ -97,6 +117,7 @@ pub(crate) struct RingWriter {
     head: u64,
     capturer: u32,
     dropped: u64,
+    skip: Vec<IpAddr>,
 }
 
 impl RingWriter {
@@ -112,7 +133,20 @@ impl RingWriter {
         let tail = map.u64_at(TAIL_AT).load(Ordering::Acquire);
         let head = map.u64_at(HEAD_AT).load(Ordering::Acquire);
         let capturer = map.u32_at(CAPTURER_AT).load(Ordering::Acquire);
-        Ok(Some(Self { map, tail, head, capturer, dropped: 0 }))
+        let n = (map.u32_at(SKIP_COUNT_AT).load(Ordering::Acquire) as usize).min(MAX_SKIP);
+        let skip = (0..n)
+            .map(|i| {
+                let mut b = [0u8; 16];
+                map.read(SKIP_AT + 16 * i, &mut b);
+                addr_of(b)
+            })
+            .collect();
+        Ok(Some(Self { map, tail, head, capturer, dropped: 0, skip }))
+    }
+
+    /// Whether a packet received from `src` is left out: its sender is captured too.
+    pub(crate) fn skips(&self, src: IpAddr) -> bool {
+        self.skip.contains(&src)
     }
 
     /// The capturing tool's pid.
@@ -163,6 +197,7 @@ impl RingWriter {
     pub(crate) fn push<'a>(
         &mut self,
         direction: Direction,
+        fill_icrc: bool,
         ts_ns: u64,
         src: SocketAddr,
         dst: SocketAddr,
@@ -179,7 +214,7 @@ impl RingWriter {
         let kind = match direction {
             Direction::Sent => KIND_SENT,
             Direction::Received => KIND_RECEIVED,
-        };
+        } | if fill_icrc && len == total { FILL_ICRC } else { 0 };
         let mut h = [0u8; RECORD_HEADER];
         h[..4].copy_from_slice(&u32::try_from(need).unwrap_or(u32::MAX).to_le_bytes());
         h[4..8].copy_from_slice(&kind.to_le_bytes());
@@ -219,8 +254,14 @@ pub struct RingReader {
 impl RingReader {
     /// Creates the ring at `path` (mode 0600, replacing any old one) for `session`, captured by
     /// this process; as root in another user's directory it is given to `owner_uid`, so the
-    /// captured endpoint can open it.
-    pub(crate) fn create(path: &Path, session: u32, owner_uid: u32) -> io::Result<Self> {
+    /// captured endpoint can open it. `skip`: the devices the session captures (the first
+    /// [`MAX_SKIP`]), whose packets the endpoint need not copy on receipt.
+    pub(crate) fn create(
+        path: &Path,
+        session: u32,
+        owner_uid: u32,
+        skip: &[IpAddr],
+    ) -> io::Result<Self> {
         let _ = std::fs::remove_file(path);
         let file: File = OpenOptions::new()
             .read(true)
@@ -236,6 +277,11 @@ impl RingReader {
         let map = Mapping::new(&file, FILE_BYTES)?;
         map.u32_at(SESSION_AT).store(session, Ordering::Release);
         map.u32_at(CAPTURER_AT).store(std::process::id(), Ordering::Release);
+        let skip = &skip[..skip.len().min(MAX_SKIP)];
+        for (i, a) in skip.iter().enumerate() {
+            map.write(SKIP_AT + 16 * i, &addr_bytes(*a));
+        }
+        map.u32_at(SKIP_COUNT_AT).store(u32::try_from(skip.len()).unwrap_or(0), Ordering::Release);
         map.u64_at(MAGIC_AT).store(MAGIC, Ordering::Release);
         Ok(Self { map, head: 0, malformed: 0 })
     }
@@ -268,7 +314,7 @@ impl RingReader {
                 self.head += len as u64;
                 continue;
             }
-            let direction = match kind {
+            let direction = match kind & !FILL_ICRC {
                 KIND_SENT => Direction::Sent,
                 KIND_RECEIVED => Direction::Received,
                 _ => {
@@ -299,13 +345,12 @@ impl RingReader {
             }
             self.head += len as u64;
             n += 1;
-            f(Record {
-                direction,
-                ts_ns: u64::from_le_bytes(ts),
-                src: SocketAddr::new(addr_of(src), sport),
-                dst: SocketAddr::new(addr_of(dst), dport),
-                bytes,
-            });
+            let (src, dst) =
+                (SocketAddr::new(addr_of(src), sport), SocketAddr::new(addr_of(dst), dport));
+            if kind & FILL_ICRC != 0 {
+                fill_icrc(src, dst, &mut bytes);
+            }
+            f(Record { direction, ts_ns: u64::from_le_bytes(ts), src, dst, bytes });
         }
         self.map.u64_at(HEAD_AT).store(self.head, Ordering::Release);
         n
@@ -334,7 +379,7 @@ mod tests {
     fn records_cross_the_ring_in_order_and_wrap() {
         let p = temp("wrap");
         let uid = crate::sys::shm::effective_uid();
-        let mut r = RingReader::create(&p, 7, uid).expect("create");
+        let mut r = RingReader::create(&p, 7, uid, &[]).expect("create");
         let mut w = RingWriter::open(&p, 7).expect("open").expect("session");
         assert!(RingWriter::open(&p, 8).expect("open").is_none(), "another session's ring");
         let mut seen = 0u32;
@@ -344,6 +389,7 @@ mod tests {
             let (a, b) = body.split_at(10);
             w.push(
                 Direction::Sent,
+                false,
                 u64::from(i),
                 addr("127.0.0.1:49152"),
                 addr("[::1]:4791"),
@@ -368,15 +414,40 @@ mod tests {
     }
 
     #[test]
+    fn the_reader_computes_an_icrc_left_zero() {
+        use uroce_wire::icrc::{self, PseudoHeader};
+        let p = temp("icrc");
+        let uid = crate::sys::shm::effective_uid();
+        let mut r = RingReader::create(&p, 3, uid, &[]).expect("create");
+        let mut w = RingWriter::open(&p, 3).expect("open").expect("session");
+        let (src, dst) = (addr("127.0.0.2:49152"), addr("127.0.0.3:4791"));
+        let mut packet: Vec<u8> = (0u8..60).collect();
+        packet.extend_from_slice(&[0; 4]);
+        w.push(Direction::Sent, true, 1, src, dst, [&packet[..]].into_iter());
+        w.push(Direction::Sent, false, 2, src, dst, [&packet[..]].into_iter());
+        w.publish();
+        let mut got = Vec::new();
+        r.drain(&mut |rec| got.push(rec.bytes));
+        let pseudo = PseudoHeader::for_endpoints(src, dst).expect("pseudo");
+        assert!(icrc::verify(&pseudo, &got[0]).is_ok(), "filled by the reader");
+        assert_eq!(got[1], packet, "left as it came");
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
     fn a_full_ring_counts_drops_and_garbage_is_abandoned() {
         let p = temp("full");
         let uid = crate::sys::shm::effective_uid();
-        let mut r = RingReader::create(&p, 1, uid).expect("create");
+        let mut r =
+            RingReader::create(&p, 1, uid, &["127.0.0.9".parse().expect("addr")]).expect("create");
         let mut w = RingWriter::open(&p, 1).expect("open").expect("session");
+        assert!(w.skips("127.0.0.9".parse().expect("addr")));
+        assert!(!w.skips("127.0.0.1".parse().expect("addr")));
         let body = [0u8; 4096];
         for _ in 0..2000 {
             w.push(
                 Direction::Received,
+                false,
                 0,
                 addr("127.0.0.1:1"),
                 addr("127.0.0.1:2"),
