@@ -5,7 +5,7 @@
 //! 0700: only its owner (and root) can enter it, so another user can neither read nor write
 //! the segments, nor wake anyone. It holds:
 //!
-//! - `slots`: [`SLOTS`] endpoint slots of [`SLOT_SIZE`] bytes. An endpoint is one process's
+//! - `slots-2`: [`SLOTS`] endpoint slots of [`SLOT_SIZE`] bytes. An endpoint is one process's
 //!   instance of one device (one `NetDevice`). Slot `s` owns the QPNs `s << 16 ..= s << 16 |
 //!   0xFFFF` on its device, so QPNs are unique per device (and host) without any coordination
 //!   after the claim, and the destination QPN of a packet names the process that owns it.
@@ -39,22 +39,26 @@ pub(crate) const SLOTS: usize = 256;
 /// The first and last slot a process may claim (0 is the port's, 255 the multicast QPN's).
 pub(crate) const FIRST_SLOT: u8 = 1;
 pub(crate) const LAST_SLOT: u8 = 254;
-/// Bytes per slot (two cache lines).
-pub(crate) const SLOT_SIZE: usize = 128;
+/// Bytes per slot (three cache lines).
+pub(crate) const SLOT_SIZE: usize = 192;
+/// The slots file's name (its version: the layout below).
+const SLOTS_FILE: &str = "slots-2";
 
 // Slot layout. The first cache line is read by every sender on every packet (is the slot
 // live, at which address?) and written only on claim and release; what changes while the
 // slot lives (the sleep flag above all) is on the second, so a receiver going to sleep does
-// not take that line away from its senders.
+// not take that line away from its senders. The third is the tools' (`uroce stat`, `qp`,
+// `capture`): the owner reads it on every round of progress, and only a tool writes it, so
+// nobody looking costs the owner a load from its own cache.
 const WORD: usize = 0; // u64: generation << 32 | pid
 const START_TIME: usize = 8; // u64: the owner's start time (clock ticks after boot)
 const ADDR: usize = 16; // 16 bytes: the device address, IPv4-mapped for IPv4
 const INBOUND: usize = 64; // 4 × u64: bit s set when slot s has a ring to this slot
 const WAITING: usize = 96; // u32: 1 while the owner sleeps and wants a FIFO wake-up
 const RINGS_EPOCH: usize = 100; // u32: bumped whenever a ring to this slot is created
-const SNAPSHOT_ASKED: usize = 104; // u32: bumped by a tool that wants a snapshot
-const SNAPSHOT_DONE: usize = 108; // u32: the request the owner's latest snapshot answers
-const CAPTURE: usize = 112; // CAPTURES × u32: the capture sessions copying this slot's packets
+const SNAPSHOT_ASKED: usize = 128; // u32: bumped by a tool that wants a snapshot
+const SNAPSHOT_DONE: usize = 132; // u32: the request the owner's latest snapshot answers
+const CAPTURE: usize = 136; // CAPTURES × u32: the capture sessions copying this slot's packets
 /// Capture sessions an endpoint serves at once (as several tcpdumps can run on one interface).
 pub(crate) const CAPTURES: usize = 4;
 
@@ -99,7 +103,7 @@ impl HostDir {
                 format!("{} is not a directory of uid {uid} with mode 0700", path.display()),
             ));
         }
-        let file = open_shared(&path.join("slots"), SLOTS * SLOT_SIZE)?;
+        let file = open_shared(&path.join(SLOTS_FILE), SLOTS * SLOT_SIZE)?;
         let slots = Mapping::new(&file, SLOTS * SLOT_SIZE)?;
         let ports = crate::ports::PortTable::open(path)?;
         Ok(Self { path: path.to_path_buf(), slots, ports })
@@ -116,7 +120,7 @@ impl HostDir {
                 format!("{} is not a directory of uid {uid} with mode 0700", path.display()),
             ));
         }
-        let file = open_existing_shared(&path.join("slots"), SLOTS * SLOT_SIZE)?;
+        let file = open_existing_shared(&path.join(SLOTS_FILE), SLOTS * SLOT_SIZE)?;
         let slots = Mapping::new(&file, SLOTS * SLOT_SIZE)?;
         let ports = crate::ports::PortTable::open_existing(path)?;
         Ok(Self { path: path.to_path_buf(), slots, ports })
@@ -280,6 +284,13 @@ impl HostDir {
     /// The request slot `index`'s latest snapshot answers.
     pub(crate) fn snapshot_done(&self, index: u8) -> &AtomicU32 {
         self.slots.u32_at(self.at(index, SNAPSHOT_DONE))
+    }
+
+    /// Whether no capture session names slot `index` (two loads: the data path's check).
+    pub(crate) fn uncaptured(&self, index: u8) -> bool {
+        let a = self.slots.u64_at(self.at(index, CAPTURE)).load(Ordering::Relaxed);
+        let b = self.slots.u64_at(self.at(index, CAPTURE + 8)).load(Ordering::Relaxed);
+        a | b == 0
     }
 
     /// Capture session `k` (0..[`CAPTURES`]) of slot `index` (0: none).

@@ -110,6 +110,14 @@
 //! `uroce decode` and Wireshark read it), whichever path it took;
 //! `UROCE_FAULTS=loss=0.01,dup=0.001,reorder=0.01,corrupt=0.0001` injects faults on send and on
 //! receive, on every path. [`Options`] sets both from code.
+//!
+//! # Looking from outside
+//!
+//! A running endpoint can be inspected by another process of its user (or root) without
+//! restarting it: [`inspect`] asks it for a snapshot of its counters and QPs (`uroce stat`,
+//! `uroce qp`) and opens capture sessions on it (`uroce capture`), through words of its slot in
+//! the host directory. Nobody looking costs one load per round of progress and one per batch
+//! of packets.
 #![deny(unsafe_code)]
 
 mod cm;

@@ -32,7 +32,7 @@ fn intruder_role() {
     let dir = std::path::PathBuf::from(std::env::var("UROCE_TEST_DIR").unwrap());
     let e = std::fs::read_dir(&dir).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "listing {}", dir.display());
-    let e = std::fs::OpenOptions::new().read(true).open(dir.join("slots")).unwrap_err();
+    let e = std::fs::OpenOptions::new().read(true).open(dir.join("slots-2")).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "opening the slots");
     let addr = std::env::var("UROCE_TEST_ADDR").unwrap().parse().unwrap();
     match Context::open(addr) {

@@ -52,6 +52,9 @@ impl<F: Fabric> Tap<F> {
 
     /// Follows the slot's capture words: whether there is a ring to copy to now.
     fn refresh(&mut self) -> bool {
+        if !self.any && self.dir.uncaptured(self.slot.index) {
+            return false;
+        }
         let mut any = false;
         for k in 0..CAPTURES {
             let word = self.dir.capture(self.slot.index, k);
