@@ -29,8 +29,10 @@ use crate::{completer, requester, responder};
 pub struct DeviceConfig {
     /// The address the device sends from and receives at (its RoCEv2 GID).
     pub addr: IpAddr,
-    /// Seed for every random choice the device makes (keys, QPNs).
-    pub seed: u64,
+    /// The 256-bit seed of every random choice the device makes (memory keys, the first QPN,
+    /// initial PSNs through [`Device::random_psn`]): secret on a real device
+    /// ([`DeviceConfig::secret`]), a test's number in the simulator ([`DeviceConfig::new`]).
+    pub seed: [u8; 32],
     /// Packets a QP may have sent and not had acknowledged.
     pub max_inflight_pkts: u32,
     /// The requester asks for an ACK at least every this many packets of a long message.
@@ -46,8 +48,16 @@ pub struct DeviceConfig {
 }
 
 impl DeviceConfig {
-    /// Defaults for a device at `addr`.
+    /// Defaults for a device at `addr` whose every choice is reproducible from `seed` (for the
+    /// simulator and tests: anyone who knows the seed can derive the keys).
     pub const fn new(addr: IpAddr, seed: u64) -> Self {
+        Self::secret(addr, crate::rng::expand(seed))
+    }
+
+    /// Defaults for a real device at `addr`, seeded with 256 bits from the operating system's
+    /// randomness: its keys, QPNs and PSNs cannot be derived from the ones a peer sees (IBA
+    /// 10.6.3.3 leaves key choice to the CA; 9.7.2 wants initial PSNs hard to predict).
+    pub const fn secret(addr: IpAddr, seed: [u8; 32]) -> Self {
         Self {
             addr,
             seed,
@@ -552,7 +562,7 @@ pub struct Device<M> {
 impl<M: MemoryAccess> Device<M> {
     /// A device at `config.addr` whose application memory is `mem`.
     pub fn new(config: DeviceConfig, mem: M) -> Self {
-        let mut rng = Rng::new(config.seed);
+        let mut rng = Rng::from_seed(config.seed);
         // QPNs start at a seeded point of the block (rxe starts at 17, above QPs 0 and 1).
         let block = config.qpns;
         let next_qpn = block.first + rng.next_u32() % block.len.clamp(1, 0x1_0000);
@@ -973,6 +983,12 @@ impl<M: MemoryAccess> Device<M> {
             q.resp.epsn,
             q.resp.out.len()
         ))
+    }
+
+    /// A PSN for a QP to start from, from the device's generator (IBA 9.7.2: hard for anyone
+    /// to predict, so a stale or forged packet does not fall in the window by chance).
+    pub fn random_psn(&mut self) -> Psn {
+        Psn::from_masked(self.ctx.rng.next_u32())
     }
 
     /// A QP's counters.

@@ -36,7 +36,9 @@ use crate::sys::{self, EventFd, RawRegion};
 /// How a device is opened. [`Options::from_env`] reads `UROCE_PCAP` and `UROCE_FAULTS`.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// Seed for keys, QPNs and fault draws; by default from the address and the process id.
+    /// Seed for keys, QPNs, PSNs and fault draws, for runs that must be reproducible (anyone
+    /// who knows it can derive the device's keys). By default the device takes 256 bits from
+    /// the operating system's randomness.
     pub seed: Option<u64>,
     /// Write every packet sent and received to this pcap file.
     pub pcap: Option<PathBuf>,
@@ -898,15 +900,24 @@ impl NetDevice {
             std::time::Instant::now(),
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default(),
         );
-        let seed = options.seed.unwrap_or_else(|| {
-            let a = match addr {
-                IpAddr::V4(a) => u64::from(a.to_bits()),
-                IpAddr::V6(a) => u64::from_le_bytes(a.octets()[8..].try_into().unwrap_or([0; 8])),
-            };
-            let nanos = u64::try_from(wall_origin.as_nanos() & u128::from(u64::MAX)).unwrap_or(0);
-            a ^ (u64::from(std::process::id()) << 32) ^ nanos
-        });
-        let mut config = DeviceConfig::new(addr, seed);
+        // A seed given (tests, benchmarks) makes every choice reproducible; otherwise keys,
+        // QPNs and PSNs come from 256 bits of the operating system's randomness, and nothing a
+        // peer sees (keys, PSNs, comm IDs) lets it derive the rest.
+        let (mut config, seed) = match options.seed {
+            Some(seed) => (DeviceConfig::new(addr, seed), seed),
+            None => {
+                let mut secret = [0u8; 40];
+                getrandom::fill(&mut secret).map_err(|e| {
+                    OpenError::Io(
+                        local,
+                        io::Error::other(format!("no randomness from the OS: {e}")),
+                    )
+                })?;
+                let (key, rest) = secret.split_at(32);
+                let seed = u64::from_le_bytes(rest.try_into().unwrap_or([0; 8]));
+                (DeviceConfig::secret(addr, key.try_into().unwrap_or([0; 32])), seed)
+            }
+        };
         config.port_mtu = options
             .port_mtu
             .unwrap_or_else(|| udp.interface_mtu().map_or(Mtu::Mtu4096, port_mtu_for));

@@ -584,9 +584,8 @@ impl<'a> QpBuilder<'a> {
         let (qpn, psn) = ctx.dev.with(|s| -> Result<(Qpn, Psn)> {
             let e = s.engine();
             let qpn = e.create_qp(init)?;
-            // A starting PSN that differs per QP and per process (IBA leaves it to the consumer).
-            let psn =
-                Psn::from_masked((qpn.get() ^ std::process::id()).wrapping_mul(2_654_435_761));
+            // A starting PSN nobody can predict (IBA 9.7.2), from the device's generator.
+            let psn = e.random_psn();
             let attr = QpAttr {
                 state: Some(QpState::Init),
                 pkey_index: Some(0),

@@ -406,10 +406,7 @@ pub(crate) fn default_pd(dev: usize) -> *mut IbvPd {
 
 /// A random 24-bit PSN (IBA 9.7.2: the first PSN should be hard to predict).
 pub(crate) fn random_psn() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(u64::from(std::process::id()));
-    u32::try_from(h.finish() & 0xFF_FFFF).unwrap_or(1)
+    uroce_net::random_u32() & 0xFF_FFFF
 }
 
 /// How a call failed: an errno for the application.
