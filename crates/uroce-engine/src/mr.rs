@@ -1,8 +1,9 @@
 //! Memory regions: registration, keys, and the checks every local and remote access passes.
 //!
-//! Keys are 32-bit values drawn from the device's seeded generator, so a peer cannot guess the
-//! key of a region it was not given (IBA 10.6 leaves key values to the implementation; rxe
-//! uses an index plus an 8-bit tag). Deregistration removes both keys at once: a request that
+//! Keys are 32-bit values drawn from the device's ChaCha20 generator (secretly seeded on a real
+//! device), so a peer cannot guess or derive the key of a region it was not given, however
+//! many keys it has seen (IBA 10.6 leaves key values to the implementation; rxe uses an index
+//! plus an 8-bit tag, which a peer can step through). Deregistration removes both keys at once: a request that
 //! arrives a nanosecond later is refused.
 
 use core::hash::{BuildHasherDefault, Hasher};
