@@ -186,7 +186,21 @@ struct Worker {
 
 impl Worker {
     fn start(addr: &str, udp: bool) -> Self {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        Self::start_with(addr, udp, None)
+    }
+
+    /// A worker run as uid and gid `user` (needs root).
+    fn start_with(addr: &str, udp: bool, user: Option<u32>) -> Self {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = match user {
+            None => Command::new(exe),
+            Some(u) => {
+                let mut c = Command::new("setpriv");
+                c.args([format!("--reuid={u}"), format!("--regid={u}"), "--clear-groups".into()])
+                    .arg(exe);
+                c
+            }
+        };
         cmd.args(["--exact", "worker_role", "--nocapture", "--test-threads=1", "-q"])
             .env(ROLE, addr)
             .stdin(Stdio::piped())
@@ -503,6 +517,36 @@ fn another_user_is_refused_by_all_three() {
     // Root sees it.
     let v = json(&uroce(&["stat", a, "--json"]));
     assert_eq!(v["devices"].as_array().map(Vec::len), Some(1));
+}
+
+/// Root sees and captures another user's processes (its rings, created in that user's
+/// directory, are given to that user, so the captured process can open them).
+#[test]
+fn root_sees_and_captures_another_users_device() {
+    if !installed(&["setpriv"], "util-linux") {
+        return;
+    }
+    if !Command::new("id").arg("-u").output().unwrap().stdout.starts_with(b"0\n") {
+        eprintln!("skipped: needs root to become another user");
+        return;
+    }
+    let (a, b) = ("127.0.28.35", "127.0.28.36");
+    let mut x = Worker::start_with(a, false, Some(65534));
+    let mut y = Worker::start_with(b, false, Some(65534));
+    connect(&mut x, "rc", &mut y, "rc");
+    let v = json(&uroce(&["qp", a, b, "--json"]));
+    let pids: Vec<u64> =
+        v["qps"].as_array().unwrap().iter().filter_map(|q| q["pid"].as_u64()).collect();
+    assert_eq!(pids.len(), 2, "{v}");
+    assert!(pids.contains(&u64::from(x.pid)) && pids.contains(&u64::from(y.pid)), "{v}");
+    y.tell("stream rc 2000");
+    std::thread::sleep(Duration::from_millis(100));
+    let cap = uroce(&["capture", a, b, "-c", "100", "-D", "20"]);
+    y.answer();
+    assert!(cap.status.success(), "{}", describe(&cap));
+    let text = String::from_utf8_lossy(&cap.stdout);
+    assert_eq!(text.lines().count(), 100, "{}", describe(&cap));
+    assert!(text.lines().all(|l| l.ends_with("icrc=ok")), "{text}");
 }
 
 #[test]
