@@ -489,13 +489,21 @@ fn a_live_capture_prints_decoded_packets_and_follows_one_qp() {
     }
 }
 
-#[test]
-fn another_user_is_refused_by_all_three() {
+/// Whether this test can run programs as another user (root and `setpriv`); says why not.
+fn can_become_another_user() -> bool {
     if !installed(&["setpriv"], "util-linux") {
-        return;
+        return false;
     }
     if !Command::new("id").arg("-u").output().unwrap().stdout.starts_with(b"0\n") {
         eprintln!("skipped: needs root to become another user");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn another_user_is_refused_by_all_three() {
+    if !can_become_another_user() {
         return;
     }
     let a = "127.0.28.17";
@@ -523,11 +531,7 @@ fn another_user_is_refused_by_all_three() {
 /// directory, are given to that user, so the captured process can open them).
 #[test]
 fn root_sees_and_captures_another_users_device() {
-    if !installed(&["setpriv"], "util-linux") {
-        return;
-    }
-    if !Command::new("id").arg("-u").output().unwrap().stdout.starts_with(b"0\n") {
-        eprintln!("skipped: needs root to become another user");
+    if !can_become_another_user() {
         return;
     }
     let (a, b) = ("127.0.28.35", "127.0.28.36");

@@ -96,13 +96,7 @@ impl HostDir {
             Err(e) => return Err(e),
         }
         // Someone else's directory, or one others may enter, could be a trap: refuse it.
-        let meta = fs::symlink_metadata(path)?;
-        if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{} is not a directory of uid {uid} with mode 0700", path.display()),
-            ));
-        }
+        check_private(path, uid)?;
         let file = open_shared(&path.join(SLOTS_FILE), SLOTS * SLOT_SIZE)?;
         let slots = Mapping::new(&file, SLOTS * SLOT_SIZE)?;
         let ports = crate::ports::PortTable::open(path)?;
@@ -113,13 +107,7 @@ impl HostDir {
     /// a file created in another user's directory would be root's, and lock its owner out).
     /// It must belong to `uid` with mode 0700.
     pub(crate) fn open_existing(path: &Path, uid: u32) -> io::Result<Self> {
-        let meta = fs::symlink_metadata(path)?;
-        if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{} is not a directory of uid {uid} with mode 0700", path.display()),
-            ));
-        }
+        check_private(path, uid)?;
         let file = open_existing_shared(&path.join(SLOTS_FILE), SLOTS * SLOT_SIZE)?;
         let slots = Mapping::new(&file, SLOTS * SLOT_SIZE)?;
         let ports = crate::ports::PortTable::open_existing(path)?;
@@ -156,7 +144,7 @@ impl HostDir {
                 continue;
             }
             self.slots.u64_at(self.at(index, START_TIME)).store(my_start, Ordering::Release);
-            self.slots.write(self.at(index, ADDR), &mapped(addr).octets());
+            self.slots.write(self.at(index, ADDR), &mapped(addr));
             self.slots.u32_at(self.at(index, WAITING)).store(0, Ordering::Release);
             for field in
                 [SNAPSHOT_ASKED, SNAPSHOT_DONE, CAPTURE, CAPTURE + 4, CAPTURE + 8, CAPTURE + 12]
@@ -234,8 +222,7 @@ impl HostDir {
         if word.load(Ordering::Acquire) != w {
             return None;
         }
-        let v6 = Ipv6Addr::from(a);
-        Some((generation, v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)))
+        Some((generation, unmapped(a)))
     }
 
     /// Whether the process that holds slot `index` still runs (a system call and a read of
@@ -338,6 +325,18 @@ pub(crate) fn open_shared(path: &Path, len: usize) -> io::Result<File> {
     Ok(file)
 }
 
+/// Whether `path` is a directory of `uid` that nobody else may enter.
+fn check_private(path: &Path, uid: u32) -> io::Result<()> {
+    let meta = fs::symlink_metadata(path)?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} is not a directory of uid {uid} with mode 0700", path.display()),
+        ));
+    }
+    Ok(())
+}
+
 /// Opens an existing shared file of at least `len` bytes, read-write, without creating it.
 pub(crate) fn open_existing_shared(path: &Path, len: usize) -> io::Result<File> {
     let file = OpenOptions::new()
@@ -364,11 +363,18 @@ fn join(generation: u32, pid: u32) -> u64 {
     u64::from(generation) << 32 | u64::from(pid)
 }
 
-fn mapped(addr: IpAddr) -> Ipv6Addr {
+/// An address as the 16 bytes shared memory stores it (IPv4 mapped into IPv6).
+pub(crate) fn mapped(addr: IpAddr) -> [u8; 16] {
     match addr {
-        IpAddr::V4(a) => a.to_ipv6_mapped(),
-        IpAddr::V6(a) => a,
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
     }
+}
+
+/// The address [`mapped`] stored.
+pub(crate) fn unmapped(b: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(b);
+    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }
 
 /// Whether the process that claimed a slot still runs: its pid exists and (where it could be

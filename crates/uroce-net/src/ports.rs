@@ -9,12 +9,12 @@
 //! entry whose endpoint is no longer live in the same generation is free. Binding takes the
 //! table's lock word (a pid; a dead holder's lock is taken over); lookups read without it.
 
-use core::net::{IpAddr, Ipv6Addr};
+use core::net::IpAddr;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use crate::host::{SlotId, open_shared};
+use crate::host::{SlotId, mapped, open_shared, unmapped};
 use crate::sys::shm::{self, Mapping};
 
 /// Entries in the table: bound ports of every process of the user, on every device.
@@ -59,18 +59,6 @@ impl std::error::Error for BindError {}
 #[derive(Debug)]
 pub(crate) struct PortTable {
     map: Mapping,
-}
-
-fn mapped(addr: IpAddr) -> [u8; 16] {
-    match addr {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    }
-}
-
-fn unmapped(b: [u8; 16]) -> IpAddr {
-    let v6 = Ipv6Addr::from(b);
-    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }
 
 /// Whether a bind on `a` conflicts with one on `b` (the same address, or either a wildcard of

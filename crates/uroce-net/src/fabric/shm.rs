@@ -21,7 +21,7 @@
 //! can open, and at worst that is a forged packet, which the engine judges as it judges
 //! packets from the wire (ICRC, QPN, PSN, keys).
 
-use core::net::{IpAddr, Ipv6Addr, SocketAddr};
+use core::net::{IpAddr, SocketAddr};
 use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -33,7 +33,7 @@ use uroce_engine::RxInfo;
 
 use super::{Outgoing, Sink};
 use crate::device::NetCounters;
-use crate::host::{HostDir, LAST_SLOT, SLOTS, SlotId, open_shared};
+use crate::host::{HostDir, LAST_SLOT, SLOTS, SlotId, mapped, open_shared, unmapped};
 use crate::sys::memory::Registry;
 use crate::sys::shm::{self, Mapping};
 
@@ -459,18 +459,6 @@ impl Drop for Shm {
         }
         let _ = std::fs::remove_file(self.dir.wake_path(self.me));
     }
-}
-
-fn mapped(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    }
-}
-
-fn unmapped(b: [u8; 16]) -> IpAddr {
-    let v6 = Ipv6Addr::from(b);
-    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }
 
 /// A record header: total length, kind, packet length, source port, TOS, TTL, source

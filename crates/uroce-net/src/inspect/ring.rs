@@ -12,7 +12,7 @@
 //! Both sides treat the other's bytes as untrusted: every length is checked before use, and a
 //! ring that makes no sense is abandoned, not followed.
 
-use core::net::{IpAddr, Ipv6Addr, SocketAddr};
+use core::net::{IpAddr, SocketAddr};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
@@ -77,17 +77,7 @@ fn align8(n: usize) -> usize {
     n.div_ceil(8) * 8
 }
 
-fn addr_bytes(a: IpAddr) -> [u8; 16] {
-    match a {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
-}
-
-fn addr_of(b: [u8; 16]) -> IpAddr {
-    let v6 = Ipv6Addr::from(b);
-    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
-}
+use crate::host::{mapped as addr_bytes, unmapped as addr_of};
 
 /// The pid of the tool that created the ring at `path`, if it is a capture ring.
 pub(crate) fn capturer_of(path: &Path) -> Option<u32> {
