@@ -127,6 +127,7 @@ mod fabric;
 mod faults;
 mod host;
 pub mod inspect;
+pub mod mappings;
 mod ports;
 #[allow(unsafe_code, reason = "all system calls and raw memory access live in this module")]
 mod sys;

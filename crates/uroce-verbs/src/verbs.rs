@@ -367,7 +367,7 @@ unsafe extern "C" fn uroce_verbs_query_device(
         fw_ver: c_string(concat!("uroce ", env!("CARGO_PKG_VERSION"))),
         node_guid: ctx.dev.guid_be,
         sys_image_guid: ctx.dev.guid_be,
-        max_mr_size: u64::MAX,
+        max_mr_size: uroce_net::mappings::MAX_REGION,
         page_size_cap: 4096,
         // Vendor 0xFFFFFF (none assigned) and part 0: tools that pick fast paths by vendor
         // (perftest) use the standard verbs.
@@ -701,6 +701,17 @@ unsafe extern "C" fn uroce_verbs_reg_mr(
     };
     if length == 0 {
         return fail(refuse("ibv_reg_mr", "length 0", libc::EINVAL));
+    }
+    // A device pins the pages: a range that wraps is EINVAL, one not mapped (or not writable
+    // when the registration writes to it) EFAULT, as Linux's ib_umem_get answers.
+    let write = access.contains(Access::LOCAL_WRITE);
+    if let Err(e) = uroce_net::mappings::check_range(addr as u64, length as u64, write) {
+        let errno = match e {
+            uroce_net::mappings::RangeError::Wraps => libc::EINVAL,
+            _ => libc::EFAULT,
+        };
+        let why = format_args!("{length} bytes at {addr:p}: {e}");
+        return fail(refuse("ibv_reg_mr", why, errno));
     }
     // SAFETY: ibv_reg_mr(3): the memory stays valid until ibv_dereg_mr, which removes the
     // region from the engine before returning; the engine reaches it only for work requests

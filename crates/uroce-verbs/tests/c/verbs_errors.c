@@ -606,6 +606,50 @@ static void scenario_sync_failures(struct dev *d0)
 	} else if (errno != EINVAL) {
 		fail("%s: ibv_reg_mr: errno %d, expected EINVAL (%d)", s, errno, EINVAL);
 	}
+	/*
+	 * A device pins the pages it registers: memory that is not there is EFAULT (a range
+	 * that wraps, EINVAL), and read-only memory cannot be registered for writing. The
+	 * device reports a max_mr_size it can honour.
+	 */
+	{
+		const struct {
+			const char *what;
+			void *addr;
+			size_t len;
+			int access;
+			int errno_wanted;
+		} bad[] = {
+			{ "4 KiB buffer, 1 TiB", buf, (size_t)1 << 40, IBV_ACCESS_LOCAL_WRITE, EFAULT },
+			{ "buffer, SIZE_MAX", buf, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE, EINVAL },
+			{ "(void *)0x1000, 4096", (void *)0x1000, 4096, 0, EFAULT },
+			{ "code, LOCAL_WRITE", (void *)scenario_sync_failures, 64,
+			  IBV_ACCESS_LOCAL_WRITE, EFAULT },
+		};
+		for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+			errno = 0;
+			mr = ibv_reg_mr(d0->pd, bad[k].addr, bad[k].len, bad[k].access);
+			printf("%s: ibv_reg_mr(%s) -> %s, errno %s (%d)\n", s, bad[k].what,
+			       mr ? "MR" : "NULL", strerror(errno), errno);
+			if (mr) {
+				fail("%s: ibv_reg_mr(%s) was accepted", s, bad[k].what);
+				ibv_dereg_mr(mr);
+			} else if (errno != bad[k].errno_wanted) {
+				fail("%s: ibv_reg_mr(%s): errno %d, expected %d", s, bad[k].what,
+				     errno, bad[k].errno_wanted);
+			}
+		}
+		/* Read-only memory registered for reading only is fine. */
+		mr = ibv_reg_mr(d0->pd, (void *)scenario_sync_failures, 64, 0);
+		if (!mr)
+			fail("%s: ibv_reg_mr(code, read only): %s", s, strerror(errno));
+		else
+			ibv_dereg_mr(mr);
+		if (ibv_query_device(d0->ctx, &dattr))
+			die("ibv_query_device(%s)", d0->name);
+		printf("%s: max_mr_size %#" PRIx64 "\n", s, (uint64_t)dattr.max_mr_size);
+		if (dattr.max_mr_size == UINT64_MAX && strncmp(d0->name, "uroce", 5) == 0)
+			fail("%s: max_mr_size 2^64-1 is more than any address space", s);
+	}
 	free(buf);
 
 	/* ibv_post_send(3) on a QP still in RESET: refused, EINVAL. */
