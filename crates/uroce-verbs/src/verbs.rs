@@ -1748,9 +1748,11 @@ unsafe fn read_send_wr(wr: *const IbvSendWr, qp_type: QpType) -> Result<SendWr, 
     if w.send_flags & IBV_SEND_INLINE != 0 && !opcode.is_read_or_atomic() {
         let total: usize = out.sg_list.iter().map(|s| s.length as usize).sum();
         let mut data = Vec::with_capacity(total);
-        for s in &out.sg_list {
+        // An empty element adds nothing (MPICH posts them with a null address; a slice from
+        // a null pointer is undefined even when empty).
+        for s in out.sg_list.iter().filter(|s| s.length > 0) {
             let from = s.addr as *const u8;
-            if from.is_null() && s.length > 0 {
+            if from.is_null() {
                 return Err(libc::EINVAL);
             }
             // SAFETY: the application's buffer of `length` bytes (the verbs contract for
