@@ -254,11 +254,25 @@ fn listeners_in_two_processes_each_get_their_requests_and_a_port_nobody_listens_
     };
     let a = spawn(srv.addr, &["-s", "-a", SERVER, "-p", "7201", "-C", "3", "-v"]);
     let b = spawn(srv.addr, &["-s", "-a", SERVER, "-p", "7202", "-C", "5", "-v"]);
+    // A client that comes before its server listens is rejected (REJ 8), as on Linux; on a
+    // loaded machine a server can take longer than any fixed pause to get there, so such a
+    // client tries again.
+    let client = |port: &str, count: &str| {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let c = common::finish(
+                spawn(cli.addr, &["-c", "-a", SERVER, "-p", port, "-C", count, "-v"]),
+                Duration::from_secs(30),
+            );
+            if tries == 20 || !c.stderr.contains("RDMA_CM_EVENT_REJECTED, error 8") {
+                return c;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
     std::thread::sleep(Duration::from_millis(500));
-    let ca = common::finish(
-        spawn(cli.addr, &["-c", "-a", SERVER, "-p", "7201", "-C", "3", "-v"]),
-        Duration::from_secs(30),
-    );
+    let ca = client("7201", "3");
     // Nobody listens on 7203 while the second server keeps the device open: the REQ is
     // rejected by the server's host, "invalid service ID" (IBA table 112: 8), at once.
     let t = std::time::Instant::now();
@@ -267,10 +281,7 @@ fn listeners_in_two_processes_each_get_their_requests_and_a_port_nobody_listens_
         Duration::from_secs(30),
     );
     let rejected_in = t.elapsed();
-    let cb = common::finish(
-        spawn(cli.addr, &["-c", "-a", SERVER, "-p", "7202", "-C", "5", "-v"]),
-        Duration::from_secs(30),
-    );
+    let cb = client("7202", "5");
     let (sa, sb) =
         (common::finish(a, Duration::from_secs(10)), common::finish(b, Duration::from_secs(10)));
     assert!(sa.ok() && ca.ok(), "port 7201:\n{sa}\n{ca}");
