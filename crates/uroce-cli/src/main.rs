@@ -150,6 +150,10 @@ fn run(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
         }
         Value(cmd) if cmd == "list" => {
             if let Some(arg) = parser.next()? {
+                if matches!(arg, Short('h') | Long("help")) {
+                    print!("{USAGE}");
+                    return Ok(ExitCode::SUCCESS);
+                }
                 return Err(arg.unexpected());
             }
             for t in &perf::TESTS {
@@ -285,6 +289,10 @@ fn server(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
         match arg {
             Long("addr") => addr = parse_addr(&parser.value()?, "--addr")?,
             Long("port") => port = parser.value()?.parse()?,
+            Short('h') | Long("help") => {
+                print!("{USAGE}");
+                return Ok(ExitCode::SUCCESS);
+            }
             _ => return Err(arg.unexpected()),
         }
     }
@@ -363,6 +371,10 @@ fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
                 };
                 params.pin = Some((cpu(c)?, cpu(s)?));
             }
+            Short('h') | Long("help") => {
+                print!("{USAGE}");
+                return Ok(ExitCode::SUCCESS);
+            }
             _ => return Err(arg.unexpected()),
         }
     }
@@ -414,6 +426,10 @@ fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             Long("with-peers") => args.with_peers = true,
             Long("local") => args.local = parse_addr(&parser.value()?, "--local")?,
             Long("server") => args.server = parse_addr(&parser.value()?, "--server")?,
+            Short('h') | Long("help") => {
+                print!("{USAGE}");
+                return Ok(ExitCode::SUCCESS);
+            }
             _ => return Err(arg.unexpected()),
         }
     }

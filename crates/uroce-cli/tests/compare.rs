@@ -37,6 +37,8 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    // Standard error is a pipe here, not a terminal: no progress line rewritten in place.
+    assert!(!out.stderr.contains(&b'\r'), "{}", String::from_utf8_lossy(&out.stderr));
     // The summary states the crossovers from the data.
     assert!(stdout.contains("setup: TCP connect"), "{stdout}");
     assert!(stdout.contains("RDMA CM connect (RC QP, REQ/REP/RTU)"), "{stdout}");

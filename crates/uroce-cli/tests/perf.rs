@@ -148,6 +148,17 @@ fn fails_with(args: &[&str], needle: &str) {
 }
 
 #[test]
+fn every_subcommand_has_help() {
+    for cmd in ["server", "client", "compare", "decode", "stat", "qp", "capture", "list", "exec"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_uroce")).args([cmd, "--help"]).output().unwrap();
+        // `exec` prints its own usage on standard error (its standard output is the command's).
+        let text = String::from_utf8_lossy(if cmd == "exec" { &o.stderr } else { &o.stdout });
+        let usage = if cmd == "exec" { "uroce exec [--addr" } else { "Usage:" };
+        assert!(o.status.success() && text.contains(usage), "uroce {cmd} --help:\n{text}");
+    }
+}
+
+#[test]
 fn bad_input_is_one_line_and_status_2() {
     fails_with(&["client", "127.0.0.33", "rc_lat", "nosuch_test"], "unknown test 'nosuch_test'");
     fails_with(

@@ -176,16 +176,21 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         runs.extend(ok.into_iter().map(|size| (s, test, params.clone(), size)));
     }
     let total = runs.len();
+    // A progress line rewritten in place, only where a person watches (a log would fill with
+    // carriage returns).
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     for (step, (s, test, params, size)) in runs.into_iter().enumerate() {
         let step = step + 1;
         {
-            eprint!(
-                "\r[{step:>3}/{total}] {:<24}{:<28}{:>8}   ",
-                s.test,
-                s.label,
-                super::human_size(size)
-            );
-            let _ = std::io::stderr().flush();
+            if progress {
+                eprint!(
+                    "\r[{step:>3}/{total}] {:<24}{:<28}{:>8}   ",
+                    s.test,
+                    s.label,
+                    super::human_size(size)
+                );
+                let _ = std::io::stderr().flush();
+            }
             let plan = Plan {
                 server: server_addr,
                 port,
@@ -201,7 +206,10 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
             }
         }
     }
-    eprintln!("\r{:<80}", "measuring setup costs…");
+    if progress {
+        eprint!("\r{:<80}\r", "");
+    }
+    eprintln!("measuring setup costs…");
     let setup = setup_costs(server_addr, local, args.quick)?;
     let crossovers = crossovers(&rows, &setup);
     let mut notes = Vec::new();
