@@ -16,8 +16,8 @@
 //! - `ports`: the RDMA CM ports bound and listened on ([`crate::ports`]).
 //! - `snap-S-G`: slot S's latest snapshot (counters and QPs), written when `uroce stat` or
 //!   `uroce qp` asks for one ([`crate::inspect`]).
-//! - `cap-S-G-K`: the ring into which slot S copies its packets for capture session K (up to
-//!   four `uroce capture` at once).
+//! - `cap-S-G-K-N`: the ring into which slot S copies its packets for capture session N, named
+//!   in its capture word K (up to four `uroce capture` at once).
 //!
 //! A slot's word is `generation << 32 | pid`: free when the pid is 0, being set up while the
 //! generation is odd, live otherwise. Claiming takes a free slot, or the slot of a process that
@@ -56,7 +56,8 @@ const ADDR: usize = 16; // 16 bytes: the device address, IPv4-mapped for IPv4
 const INBOUND: usize = 64; // 4 × u64: bit s set when slot s has a ring to this slot
 const WAITING: usize = 96; // u32: 1 while the owner sleeps and wants a FIFO wake-up
 const RINGS_EPOCH: usize = 100; // u32: bumped whenever a ring to this slot is created
-const SNAPSHOT_ASKED: usize = 128; // u32: bumped by a tool that wants a snapshot
+const TOOLS_LINE: usize = 128; // the tools' cache line: the words below
+const SNAPSHOT_ASKED: usize = TOOLS_LINE; // u32: bumped by a tool that wants a snapshot
 const SNAPSHOT_DONE: usize = 132; // u32: the request the owner's latest snapshot answers
 const CAPTURE: usize = 136; // CAPTURES × u32: the capture sessions copying this slot's packets
 /// Capture sessions an endpoint serves at once (as several tcpdumps can run on one interface).
@@ -81,11 +82,8 @@ pub(crate) struct SlotId {
 impl HostDir {
     /// Opens (creating if needed) this user's directory for the current network namespace.
     pub(crate) fn open() -> io::Result<Self> {
-        let base =
-            std::env::var_os("UROCE_SHM_DIR").map_or_else(|| "/dev/shm".into(), PathBuf::from);
-        let netns = fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
         let uid = shm::effective_uid();
-        Self::open_at(&base.join(format!("uroce-{uid}-{netns}")), uid)
+        Self::open_at(&base().join(dir_name(uid, netns())), uid)
     }
 
     /// Opens the directory at `path` for user `uid`.
@@ -95,22 +93,32 @@ impl HostDir {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
-        // Someone else's directory, or one others may enter, could be a trap: refuse it.
-        check_private(path, uid)?;
-        let file = open_shared(&path.join(SLOTS_FILE), SLOTS * SLOT_SIZE)?;
-        let slots = Mapping::new(&file, SLOTS * SLOT_SIZE)?;
-        let ports = crate::ports::PortTable::open(path)?;
-        Ok(Self { path: path.to_path_buf(), slots, ports })
+        Self::map(path, uid, true)
     }
 
     /// Opens an existing directory for looking at (never creating anything in it: as root,
     /// a file created in another user's directory would be root's, and lock its owner out).
     /// It must belong to `uid` with mode 0700.
     pub(crate) fn open_existing(path: &Path, uid: u32) -> io::Result<Self> {
+        Self::map(path, uid, false)
+    }
+
+    /// Maps the slots and ports of the directory at `path`, creating them if `create`.
+    fn map(path: &Path, uid: u32, create: bool) -> io::Result<Self> {
+        // Someone else's directory, or one others may enter, could be a trap: refuse it.
         check_private(path, uid)?;
-        let file = open_existing_shared(&path.join(SLOTS_FILE), SLOTS * SLOT_SIZE)?;
+        let slots_path = path.join(SLOTS_FILE);
+        let file = if create {
+            open_shared(&slots_path, SLOTS * SLOT_SIZE)?
+        } else {
+            open_existing_shared(&slots_path, SLOTS * SLOT_SIZE)?
+        };
         let slots = Mapping::new(&file, SLOTS * SLOT_SIZE)?;
-        let ports = crate::ports::PortTable::open_existing(path)?;
+        let ports = if create {
+            crate::ports::PortTable::open(path)?
+        } else {
+            crate::ports::PortTable::open_existing(path)?
+        };
         Ok(Self { path: path.to_path_buf(), slots, ports })
     }
 
@@ -146,10 +154,8 @@ impl HostDir {
             self.slots.u64_at(self.at(index, START_TIME)).store(my_start, Ordering::Release);
             self.slots.write(self.at(index, ADDR), &mapped(addr));
             self.slots.u32_at(self.at(index, WAITING)).store(0, Ordering::Release);
-            for field in
-                [SNAPSHOT_ASKED, SNAPSHOT_DONE, CAPTURE, CAPTURE + 4, CAPTURE + 8, CAPTURE + 12]
-            {
-                self.slots.u32_at(self.at(index, field)).store(0, Ordering::Release);
+            for at in (TOOLS_LINE..SLOT_SIZE).step_by(8) {
+                self.slots.u64_at(self.at(index, at)).store(0, Ordering::Release);
             }
             for k in 0..4 {
                 self.slots.u64_at(self.at(index, INBOUND + 8 * k)).store(0, Ordering::Release);
@@ -179,7 +185,7 @@ impl HostDir {
                 (Some("ring"), &[s, g, t, h]) => {
                     (s == u32::from(index) && g != live) || (t == u32::from(index) && h != live)
                 }
-                (Some("wake" | "snap"), &[t, h]) | (Some("cap"), &[t, h, _]) => {
+                (Some("wake" | "snap"), &[t, h]) | (Some("cap"), &[t, h, _, _]) => {
                     t == u32::from(index) && h != live
                 }
                 _ => false,
@@ -290,9 +296,10 @@ impl HostDir {
         self.path.join(format!("snap-{}-{}", s.index, s.generation))
     }
 
-    /// The path of slot `s`'s ring for capture session `k`.
-    pub(crate) fn capture_path(&self, s: SlotId, k: usize) -> PathBuf {
-        self.path.join(format!("cap-{}-{}-{k}", s.index, s.generation))
+    /// The path of slot `s`'s ring for session `session` in its capture word `k`: named by
+    /// the session too, so two tools that start at once never replace each other's ring.
+    pub(crate) fn capture_path(&self, s: SlotId, k: usize, session: u32) -> PathBuf {
+        self.path.join(format!("cap-{}-{}-{k}-{session}", s.index, s.generation))
     }
 
     /// The path of the ring from `from` to `to`.
@@ -323,6 +330,27 @@ pub(crate) fn open_shared(path: &Path, len: usize) -> io::Result<File> {
         file.set_len(want)?;
     }
     Ok(file)
+}
+
+/// Where the host directories are: `UROCE_SHM_DIR`, or `/dev/shm`.
+pub(crate) fn base() -> PathBuf {
+    std::env::var_os("UROCE_SHM_DIR").map_or_else(|| "/dev/shm".into(), PathBuf::from)
+}
+
+/// The current network namespace (its inode number; 0 if it cannot be read).
+pub(crate) fn netns() -> u64 {
+    fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0)
+}
+
+/// The host directory's name for user `uid` in network namespace `netns`.
+fn dir_name(uid: u32, netns: u64) -> String {
+    format!("uroce-{uid}-{netns}")
+}
+
+/// The user and network namespace of a host directory's name.
+pub(crate) fn parse_dir_name(name: &str) -> Option<(u32, u64)> {
+    let (uid, ns) = name.strip_prefix("uroce-")?.split_once('-')?;
+    Some((uid.parse().ok()?, ns.parse().ok()?))
 }
 
 /// Whether `path` is a directory of `uid` that nobody else may enter.

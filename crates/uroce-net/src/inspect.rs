@@ -20,7 +20,6 @@ use core::net::IpAddr;
 use core::time::Duration;
 use std::fs;
 use std::io::{self, Write as _};
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -28,7 +27,7 @@ use std::sync::atomic::Ordering;
 pub use ring::{Direction, Record, RingReader};
 pub use snapshot::{QpSnapshot, Snapshot, SnapshotError};
 
-use crate::host::{CAPTURES, FIRST_SLOT, HostDir, LAST_SLOT, SlotId};
+use crate::host::{self, CAPTURES, FIRST_SLOT, HostDir, LAST_SLOT, SlotId};
 use crate::sys::shm;
 
 /// Why looking at an endpoint failed.
@@ -112,18 +111,14 @@ impl Host {
     /// Opens this user's host directory (as root, every user's) in the current network
     /// namespace; directories of other users are listed in [`Host::others`].
     pub fn open() -> io::Result<Self> {
-        let base =
-            std::env::var_os("UROCE_SHM_DIR").map_or_else(|| "/dev/shm".into(), PathBuf::from);
-        let netns = fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
+        let netns = host::netns();
         let me = shm::effective_uid();
         let mut host = Self { dirs: Vec::new(), others: Vec::new() };
-        let mut entries: Vec<(u32, PathBuf)> = fs::read_dir(&base)?
+        let mut entries: Vec<(u32, PathBuf)> = fs::read_dir(host::base())?
             .flatten()
             .filter_map(|e| {
-                let name = e.file_name();
-                let rest = name.to_str()?.strip_prefix("uroce-")?;
-                let (uid, ns) = rest.split_once('-')?;
-                (ns.parse::<u64>().ok()? == netns).then_some((uid.parse().ok()?, e.path()))
+                let (uid, ns) = host::parse_dir_name(e.file_name().to_str()?)?;
+                (ns == netns).then_some((uid, e.path()))
             })
             .collect();
         entries.sort();
@@ -244,20 +239,28 @@ impl Host {
         for k in 0..CAPTURES {
             let word = dir.capture(ep.slot, k);
             let current = word.load(Ordering::Acquire);
-            let path = dir.capture_path(ep.id(), k);
             if current != 0 {
                 // A session whose tool is gone (killed) is taken over; a live one is not.
-                if let Some(pid) = ring::capturer_of(&path).filter(|&p| shm::process_exists(p)) {
+                let held = dir.capture_path(ep.id(), k, current);
+                if let Some(pid) = ring::capturer_of(&held).filter(|&p| shm::process_exists(p)) {
                     holders.push(pid);
                     continue;
                 }
             }
+            // The ring first, then the word that names it: the endpoint opens the ring as
+            // soon as it sees the word.
+            let path = dir.capture_path(ep.id(), k, session);
             let reader = RingReader::create(&path, session, ep.uid, devices)?;
             if word.compare_exchange(current, session, Ordering::AcqRel, Ordering::Acquire).is_ok()
             {
+                if current != 0 {
+                    let _ = fs::remove_file(dir.capture_path(ep.id(), k, current));
+                }
                 self.poke(ep);
                 return Ok(Capture { ring: reader, word: k, session });
             }
+            // Another tool took this word meanwhile.
+            let _ = fs::remove_file(&path);
         }
         Err(InspectError::CaptureBusy { pids: holders })
     }
@@ -266,9 +269,8 @@ impl Host {
     pub fn stop_capture(&self, ep: &EndpointRef, c: &Capture) {
         let Ok(dir) = self.dir(ep) else { return };
         let word = dir.capture(ep.slot, c.word);
-        if word.compare_exchange(c.session, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            let _ = fs::remove_file(dir.capture_path(ep.id(), c.word));
-        }
+        let _ = word.compare_exchange(c.session, 0, Ordering::AcqRel, Ordering::Acquire);
+        let _ = fs::remove_file(dir.capture_path(ep.id(), c.word, c.session));
     }
 }
 
@@ -313,10 +315,11 @@ impl Answering {
     /// then renamed over the last one, so a reader never sees half of it.
     pub(crate) fn answer(&mut self, asked: u32, snap: &Snapshot) {
         let path = self.dir.snapshot_path(self.slot);
-        // Named so that a successor in the slot removes it if this process dies mid-write.
-        let tmp =
-            path.with_file_name(format!("snap-{}-{}-tmp", self.slot.index, self.slot.generation));
-        let written = crate::host::open_shared(&tmp, 0)
+        // `snap-S-G-tmp`: a successor in the slot removes it if this process dies mid-write.
+        let mut tmp = path.clone().into_os_string();
+        tmp.push("-tmp");
+        let tmp = PathBuf::from(tmp);
+        let written = host::open_shared(&tmp, 0)
             .and_then(|mut f| {
                 f.set_len(0)?;
                 f.write_all(snap.encode().as_bytes())

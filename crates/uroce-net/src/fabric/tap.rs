@@ -5,7 +5,7 @@
 //! (the ring names them), are left out on receipt: the process that sent them has copied them
 //! already, so each packet is captured once, and copied once.
 //!
-//! With nobody capturing it costs one load of a word of the endpoint's own slot per batch.
+//! With nobody capturing it costs two loads from the endpoint's own slot per batch.
 
 use core::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -63,7 +63,7 @@ impl<F: Fabric> Tap<F> {
                 self.sessions[k] = session;
                 self.rings[k] = None;
                 if session != 0 {
-                    let path = self.dir.capture_path(self.slot, k);
+                    let path = self.dir.capture_path(self.slot, k, session);
                     // A ring that cannot be opened (or is not this session's) is not
                     // followed; the next session is tried afresh.
                     self.rings[k] = RingWriter::open(&path, session).ok().flatten();
