@@ -5,8 +5,9 @@
 //! carry packets — [`udp::Udp`], the kernel's UDP path (between hosts), and [`shm::Shm`], rings
 //! in shared memory (between processes of one host) — and [`host::HostFabric`] joins them for a
 //! host-wide device. Three wrap any fabric: [`capture::Capture`] (`UROCE_PCAP`),
-//! [`faulty::Faulty`] (`UROCE_FAULTS`) and [`tap::Tap`] (`uroce capture`, from outside). Every path carries whole RoCEv2 packets (BTH to ICRC),
-//! so a capture reads the same whichever path a packet took.
+//! [`faulty::Faulty`] (`UROCE_FAULTS`) and [`tap::Tap`] (`uroce capture`, from outside).
+//! Every path carries whole RoCEv2 packets (BTH to ICRC), so a capture reads the same
+//! whichever path a packet took.
 
 pub(crate) mod capture;
 pub(crate) mod faulty;
@@ -121,14 +122,19 @@ const ICRC_LEN: usize = 4;
 /// `bytes` with its ICRC computed (for a packet that crossed an intact path with it zero).
 pub(crate) fn with_icrc(rx: &RxInfo, bytes: &[u8]) -> Vec<u8> {
     let mut copy = bytes.to_vec();
-    let dst = SocketAddr::new(rx.dst, uroce_wire::ROCE_V2_PORT);
-    if let (Ok(pseudo), Some(end)) =
-        (PseudoHeader::for_endpoints(rx.src, dst), copy.len().checked_sub(ICRC_LEN))
-        && let Ok(crc) = icrc::compute(&pseudo, &copy[..end])
-    {
-        copy[end..].copy_from_slice(&icrc::to_wire(crc));
-    }
+    seal(rx.src, SocketAddr::new(rx.dst, uroce_wire::ROCE_V2_PORT), &mut copy);
     copy
+}
+
+/// Computes the ICRC of `packet`, sent from `src` to `dst`, into its last four bytes (IBA
+/// Annex A17.3.3).
+pub(crate) fn seal(src: SocketAddr, dst: SocketAddr, packet: &mut [u8]) {
+    if let (Ok(pseudo), Some(end)) =
+        (PseudoHeader::for_endpoints(src, dst), packet.len().checked_sub(ICRC_LEN))
+        && let Ok(crc) = icrc::compute(&pseudo, &packet[..end])
+    {
+        packet[end..].copy_from_slice(&icrc::to_wire(crc));
+    }
 }
 
 /// A way packets move. Implementations count what they do in [`NetCounters`]; a packet they

@@ -1,6 +1,6 @@
 //! The capture ring: one endpoint copies the packets it sends and receives into it while a
-//! `uroce capture` reads them out. A file `cap-S-G` of the host directory that the capturing
-//! tool creates; single producer (the endpoint), single consumer (the tool).
+//! `uroce capture` reads them out. A file `cap-S-G-K-N` of the host directory that the
+//! capturing tool creates; single producer (the endpoint), single consumer (the tool).
 //!
 //! Layout: a 4 KiB header (magic, session, the capturer's pid, the data size, the producer's
 //! count of records it had no room for; the consumer's head and the producer's tail on their
@@ -19,6 +19,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
+use crate::host::{mapped as addr_bytes, unmapped as addr_of};
 use crate::sys::shm::Mapping;
 
 const MAGIC: u64 = 0x7572_6f63_6563_6170; // "urocecap"
@@ -77,8 +78,6 @@ fn align8(n: usize) -> usize {
     n.div_ceil(8) * 8
 }
 
-use crate::host::{mapped as addr_bytes, unmapped as addr_of};
-
 /// The pid of the tool that created the ring at `path`, if it is a capture ring.
 pub(crate) fn capturer_of(path: &Path) -> Option<u32> {
     use std::io::Read as _;
@@ -86,17 +85,6 @@ pub(crate) fn capturer_of(path: &Path) -> Option<u32> {
     File::open(path).ok()?.read_exact(&mut h).ok()?;
     let magic = u64::from_le_bytes(h[..8].try_into().ok()?);
     (magic == MAGIC).then(|| u32::from_le_bytes([h[12], h[13], h[14], h[15]]))
-}
-
-/// Computes the ICRC of `packet` (IBA Annex A17.3.3) into its last four bytes.
-fn fill_icrc(src: SocketAddr, dst: SocketAddr, packet: &mut [u8]) {
-    use uroce_wire::icrc::{self, PseudoHeader};
-    let Some(end) = packet.len().checked_sub(4) else { return };
-    if let Ok(pseudo) = PseudoHeader::for_endpoints(src, dst)
-        && let Ok(crc) = icrc::compute(&pseudo, &packet[..end])
-    {
-        packet[end..].copy_from_slice(&icrc::to_wire(crc));
-    }
 }
 
 /// The producer side, in the captured endpoint.
@@ -284,66 +272,68 @@ impl RingReader {
     /// Takes every published record, handing each to `f`; returns how many.
     pub fn drain(&mut self, f: &mut dyn FnMut(Record)) -> usize {
         let tail = self.map.u64_at(TAIL_AT).load(Ordering::Acquire);
-        let cap = DATA_BYTES as u64;
         let mut n = 0;
         while self.head < tail {
-            let Some(at) = usize::try_from(self.head % cap).ok() else { break };
-            let mut h = [0u8; RECORD_HEADER];
-            let room = DATA_BYTES - at;
-            if tail - self.head > cap || room < 8 || !self.map.read(DATA_AT + at, &mut h[..8]) {
-                self.abandon(tail);
-                break;
-            }
-            let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
-            let kind = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-            if len < 8 || !len.is_multiple_of(8) || len > room || self.head + len as u64 > tail {
-                self.abandon(tail);
-                break;
-            }
-            if kind == KIND_PAD {
-                self.head += len as u64;
-                continue;
-            }
-            let direction = match kind & !FILL_ICRC {
-                KIND_SENT => Direction::Sent,
-                KIND_RECEIVED => Direction::Received,
-                _ => {
+            match self.record_at(tail) {
+                Some((len, record)) => {
+                    self.head += len as u64;
+                    if let Some(r) = record {
+                        n += 1;
+                        f(r);
+                    }
+                }
+                None => {
                     self.abandon(tail);
                     break;
                 }
-            };
-            if len < RECORD_HEADER || !self.map.read(DATA_AT + at, &mut h) {
-                self.abandon(tail);
-                break;
             }
-            let mut ts = [0u8; 8];
-            ts.copy_from_slice(&h[8..16]);
-            let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
-            src.copy_from_slice(&h[16..32]);
-            dst.copy_from_slice(&h[32..48]);
-            let sport = u16::from_le_bytes([h[48], h[49]]);
-            let dport = u16::from_le_bytes([h[50], h[51]]);
-            let plen = u32::from_le_bytes([h[52], h[53], h[54], h[55]]) as usize;
-            if RECORD_HEADER + plen > len {
-                self.abandon(tail);
-                break;
-            }
-            let mut bytes = vec![0u8; plen];
-            if !self.map.read(DATA_AT + at + RECORD_HEADER, &mut bytes) {
-                self.abandon(tail);
-                break;
-            }
-            self.head += len as u64;
-            n += 1;
-            let (src, dst) =
-                (SocketAddr::new(addr_of(src), sport), SocketAddr::new(addr_of(dst), dport));
-            if kind & FILL_ICRC != 0 {
-                fill_icrc(src, dst, &mut bytes);
-            }
-            f(Record { direction, ts_ns: u64::from_le_bytes(ts), src, dst, bytes });
         }
         self.map.u64_at(HEAD_AT).store(self.head, Ordering::Release);
         n
+    }
+
+    /// The entry at the head, published up to `tail`: its length and its record (`None` for a
+    /// pad); `None` if it makes no sense.
+    fn record_at(&self, tail: u64) -> Option<(usize, Option<Record>)> {
+        let cap = DATA_BYTES as u64;
+        let at = usize::try_from(self.head % cap).ok()?;
+        let room = DATA_BYTES - at;
+        let mut h = [0u8; RECORD_HEADER];
+        if tail - self.head > cap || room < 8 || !self.map.read(DATA_AT + at, &mut h[..8]) {
+            return None;
+        }
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        let kind = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+        if len < 8 || !len.is_multiple_of(8) || len > room || self.head + len as u64 > tail {
+            return None;
+        }
+        if kind == KIND_PAD {
+            return Some((len, None));
+        }
+        let direction = match kind & !FILL_ICRC {
+            KIND_SENT => Direction::Sent,
+            KIND_RECEIVED => Direction::Received,
+            _ => return None,
+        };
+        if len < RECORD_HEADER || !self.map.read(DATA_AT + at, &mut h) {
+            return None;
+        }
+        let word16 = |from: usize| -> [u8; 16] { h[from..from + 16].try_into().unwrap_or([0; 16]) };
+        let ts_ns = u64::from_le_bytes(h[8..16].try_into().unwrap_or([0; 8]));
+        let src = SocketAddr::new(addr_of(word16(16)), u16::from_le_bytes([h[48], h[49]]));
+        let dst = SocketAddr::new(addr_of(word16(32)), u16::from_le_bytes([h[50], h[51]]));
+        let plen = u32::from_le_bytes([h[52], h[53], h[54], h[55]]) as usize;
+        if RECORD_HEADER + plen > len {
+            return None;
+        }
+        let mut bytes = vec![0u8; plen];
+        if !self.map.read(DATA_AT + at + RECORD_HEADER, &mut bytes) {
+            return None;
+        }
+        if kind & FILL_ICRC != 0 {
+            crate::fabric::seal(src, dst, &mut bytes);
+        }
+        Some((len, Some(Record { direction, ts_ns, src, dst, bytes })))
     }
 
     /// Skips to `tail` after a record that made no sense.
@@ -365,12 +355,22 @@ mod tests {
         s.parse().expect("addr")
     }
 
+    /// A ring for `session` at a fresh path, with its reader and writer.
+    fn ring(
+        name: &str,
+        session: u32,
+        skip: &[IpAddr],
+    ) -> (std::path::PathBuf, RingReader, RingWriter) {
+        let p = temp(name);
+        let uid = crate::sys::shm::effective_uid();
+        let r = RingReader::create(&p, session, uid, skip).expect("create");
+        let w = RingWriter::open(&p, session).expect("open").expect("session");
+        (p, r, w)
+    }
+
     #[test]
     fn records_cross_the_ring_in_order_and_wrap() {
-        let p = temp("wrap");
-        let uid = crate::sys::shm::effective_uid();
-        let mut r = RingReader::create(&p, 7, uid, &[]).expect("create");
-        let mut w = RingWriter::open(&p, 7).expect("open").expect("session");
+        let (p, mut r, mut w) = ring("wrap", 7, &[]);
         assert!(RingWriter::open(&p, 8).expect("open").is_none(), "another session's ring");
         let mut seen = 0u32;
         // Several times round the ring, with sizes that do not divide it.
@@ -406,10 +406,7 @@ mod tests {
     #[test]
     fn the_reader_computes_an_icrc_left_zero() {
         use uroce_wire::icrc::{self, PseudoHeader};
-        let p = temp("icrc");
-        let uid = crate::sys::shm::effective_uid();
-        let mut r = RingReader::create(&p, 3, uid, &[]).expect("create");
-        let mut w = RingWriter::open(&p, 3).expect("open").expect("session");
+        let (p, mut r, mut w) = ring("icrc", 3, &[]);
         let (src, dst) = (addr("127.0.0.2:49152"), addr("127.0.0.3:4791"));
         let mut packet: Vec<u8> = (0u8..60).collect();
         packet.extend_from_slice(&[0; 4]);
@@ -426,11 +423,7 @@ mod tests {
 
     #[test]
     fn a_full_ring_counts_drops_and_garbage_is_abandoned() {
-        let p = temp("full");
-        let uid = crate::sys::shm::effective_uid();
-        let mut r =
-            RingReader::create(&p, 1, uid, &["127.0.0.9".parse().expect("addr")]).expect("create");
-        let mut w = RingWriter::open(&p, 1).expect("open").expect("session");
+        let (p, mut r, mut w) = ring("full", 1, &["127.0.0.9".parse().expect("addr")]);
         assert!(w.skips("127.0.0.9".parse().expect("addr")));
         assert!(!w.skips("127.0.0.1".parse().expect("addr")));
         let body = [0u8; 4096];
