@@ -109,8 +109,12 @@ pub struct QpCounters {
 }
 
 impl Counters {
+    /// How many counters there are: every field is one `u64`, so a field added without its
+    /// line in [`Counters::fields`] fails to compile there.
+    pub const COUNT: usize = size_of::<Self>() / 8;
+
     /// Every counter with its name, in declaration order (for tools that print or sum them).
-    pub fn fields(&self) -> [(&'static str, u64); 34] {
+    pub fn fields(&self) -> [(&'static str, u64); Self::COUNT] {
         [
             ("sent_pkts", self.sent_pkts),
             ("sent_bytes", self.sent_bytes),
@@ -151,8 +155,12 @@ impl Counters {
 }
 
 impl QpCounters {
+    /// How many counters there are: every field is one `u64`, so a field added without its
+    /// line in [`QpCounters::fields`] fails to compile there.
+    pub const COUNT: usize = size_of::<Self>() / 8;
+
     /// Every counter with its name, in declaration order (for tools that print or sum them).
-    pub fn fields(&self) -> [(&'static str, u64); 11] {
+    pub fn fields(&self) -> [(&'static str, u64); Self::COUNT] {
         [
             ("sent_pkts", self.sent_pkts),
             ("sent_bytes", self.sent_bytes),

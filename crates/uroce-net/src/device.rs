@@ -210,8 +210,12 @@ pub struct NetCounters {
 }
 
 impl NetCounters {
+    /// How many counters there are: every field is one `u64`, so a field added without its
+    /// line in [`NetCounters::fields`] fails to compile there.
+    pub const COUNT: usize = size_of::<Self>() / 8;
+
     /// Every counter with its name, in declaration order.
-    pub fn fields(&self) -> [(&'static str, u64); 22] {
+    pub fn fields(&self) -> [(&'static str, u64); Self::COUNT] {
         [
             ("tx_datagrams", self.tx_datagrams),
             ("tx_batches", self.tx_batches),
@@ -665,12 +669,7 @@ impl State {
             .into_iter()
             .map(|q| QpSnapshot {
                 qpn: q.qpn.get(),
-                qp_type: match q.qp_type {
-                    uroce_engine::QpType::Rc => "RC",
-                    uroce_engine::QpType::Uc => "UC",
-                    uroce_engine::QpType::Ud => "UD",
-                }
-                .to_owned(),
+                qp_type: q.qp_type.transport().name().to_owned(),
                 state: state_name(q.state).to_owned(),
                 path: match q.dest {
                     Some(ip) if q.qp_type != uroce_engine::QpType::Ud => {
@@ -906,16 +905,16 @@ impl NetDevice {
         let (mut config, seed) = match options.seed {
             Some(seed) => (DeviceConfig::new(addr, seed), seed),
             None => {
-                let mut secret = [0u8; 40];
-                getrandom::fill(&mut secret).map_err(|e| {
+                let no_randomness = |e: getrandom::Error| {
                     OpenError::Io(
                         local,
                         io::Error::other(format!("no randomness from the OS: {e}")),
                     )
-                })?;
-                let (key, rest) = secret.split_at(32);
-                let seed = u64::from_le_bytes(rest.try_into().unwrap_or([0; 8]));
-                (DeviceConfig::secret(addr, key.try_into().unwrap_or([0; 32])), seed)
+                };
+                let mut key = [0u8; 32];
+                getrandom::fill(&mut key).map_err(no_randomness)?;
+                let seed = getrandom::u64().map_err(no_randomness)?;
+                (DeviceConfig::secret(addr, key), seed)
             }
         };
         config.port_mtu = options

@@ -141,11 +141,7 @@ pub use faults::{Faults, FaultsError};
 /// 32 bits of the operating system's randomness (for choices a peer must not predict, such as
 /// an RDMA CM connection's first PSN), or 0 if the OS has none to give.
 pub fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    match getrandom::fill(&mut b) {
-        Ok(()) => u32::from_le_bytes(b),
-        Err(_) => 0,
-    }
+    getrandom::u32().unwrap_or(0)
 }
 pub use ports::BindError;
 pub use sys::memory::Registry;
