@@ -44,18 +44,10 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
         let _ = writeln!(err, "uroce capture: cannot handle signals: {e}");
         return REFUSED;
     }
-    let host = match Host::open() {
-        Ok(h) => h,
-        Err(e) => {
-            let _ = writeln!(err, "uroce capture: cannot read the host directories: {e}");
-            return REFUSED;
-        }
+    let (host, eps) = match host_view::select("capture", &args.devices, err) {
+        Ok(x) => x,
+        Err(status) => return status,
     };
-    let eps = host_view::endpoints_of(&host, &args.devices);
-    if eps.is_empty() {
-        let _ = writeln!(err, "uroce capture: {}", host_view::nothing_to_see(&host, &args.devices));
-        return REFUSED;
-    }
     let mut pcap = match &args.write {
         Some(path) => match File::create(path).and_then(|f| PcapWriter::new(BufWriter::new(f))) {
             Ok(w) => Some(w),
@@ -68,45 +60,13 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
     };
     // A session number of this run: non-zero, and not the last run's.
     let session = session_number();
-    let mut tapped: BTreeMap<(u32, u8, u32), Tapped> = BTreeMap::new();
-    // Whether every endpoint could be tapped.
-    let attach = |tapped: &mut BTreeMap<(u32, u8, u32), Tapped>, eps: Vec<EndpointRef>| {
-        let mut all = true;
-        // The devices this session captures, as far as known now.
-        let mut devices: Vec<IpAddr> =
-            tapped.values().map(|t| t.ep.addr).chain(eps.iter().map(|e| e.addr)).collect();
-        devices.sort_unstable();
-        devices.dedup();
-        for ep in eps {
-            let k = (ep.uid, ep.slot, ep.generation);
-            if tapped.contains_key(&k) {
-                continue;
-            }
-            match host.start_capture(&ep, session, &devices) {
-                Ok(cap) => {
-                    let peers = args.qp.map_or_else(Vec::new, |n| peers_of(&host, &ep, n));
-                    tapped.insert(k, Tapped { ep, cap, peers });
-                }
-                Err(e) => {
-                    eprintln!("uroce capture: process {} on {}: {e}", ep.pid, ep.addr);
-                    all = false;
-                }
-            }
-        }
-        all
-    };
-    let status = if attach(&mut tapped, eps) { 0 } else { REFUSED };
+    let mut tapped: BTreeMap<Key, Tapped> = BTreeMap::new();
+    let status = if attach(&host, args, session, &mut tapped, eps, err) { 0 } else { REFUSED };
     if tapped.is_empty() {
         return status;
     }
     // The devices captured (for the duplicate rule below): those asked for, or all.
-    let captured_devices = |tapped: &BTreeMap<(u32, u8, u32), Tapped>| {
-        let mut d: Vec<IpAddr> = tapped.values().map(|t| t.ep.addr).collect();
-        d.sort_unstable();
-        d.dedup();
-        d
-    };
-    let mut devices = captured_devices(&tapped);
+    let mut devices = host_view::devices_of(tapped.values().map(|t| &t.ep));
     let _ = writeln!(
         err,
         "uroce capture: capturing {} on {} process(es){}",
@@ -117,7 +77,7 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
     #[expect(clippy::disallowed_methods, reason = "a tool's own timing")]
     let start = std::time::Instant::now();
     let mut last_scan = start;
-    let (mut captured, mut number) = (0u64, 0u64);
+    let mut captured = 0u64;
     let mut batch: Vec<Record> = Vec::new();
     let mut first_ts: Option<u64> = None;
     // How long after the capture began its first packet came (for the summary).
@@ -145,7 +105,7 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
             first_after = Some(start.elapsed());
         }
         for r in batch.drain(..) {
-            number += 1;
+            captured += 1;
             let ts = Duration::from_nanos(r.ts_ns);
             match pcap.as_mut() {
                 Some(w) => {
@@ -155,10 +115,9 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
                     let t0 = *first_ts.get_or_insert(r.ts_ns);
                     let rel = Duration::from_nanos(r.ts_ns.saturating_sub(t0)).as_secs_f64();
                     let text = crate::decode::describe_packet(r.src, r.dst, &r.bytes);
-                    let _ = writeln!(out, "#{number} {rel:.6} {text}");
+                    let _ = writeln!(out, "#{captured} {rel:.6} {text}");
                 }
             }
-            captured += 1;
             if args.count.is_some_and(|c| captured >= c) {
                 break 'outer;
             }
@@ -178,14 +137,14 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
             let live = host_view::endpoints_of(&host, &args.devices);
             // Processes that left: their rings go.
             tapped.retain(|k, t| {
-                let keep = live.iter().any(|e| (e.uid, e.slot, e.generation) == *k);
+                let keep = live.iter().any(|e| key(e) == *k);
                 if !keep {
                     host.stop_capture(&t.ep, &t.cap);
                 }
                 keep
             });
-            let _ = attach(&mut tapped, live);
-            devices = captured_devices(&tapped);
+            let _ = attach(&host, args, session, &mut tapped, live, err);
+            devices = host_view::devices_of(tapped.values().map(|t| &t.ep));
         }
         if idle {
             #[expect(
@@ -217,6 +176,44 @@ pub(crate) fn run(args: &CaptureArgs, out: &mut dyn Write, err: &mut dyn Write) 
          capture ring full){garbage}{first}"
     );
     status
+}
+
+/// An endpoint's identity across rescans: its user, slot and the slot's generation.
+type Key = (u32, u8, u32);
+
+fn key(ep: &EndpointRef) -> Key {
+    (ep.uid, ep.slot, ep.generation)
+}
+
+/// Starts capturing every endpoint of `eps` not yet in `tapped`; says on `err` which could
+/// not be. Returns whether every one could.
+fn attach(
+    host: &Host,
+    args: &CaptureArgs,
+    session: u32,
+    tapped: &mut BTreeMap<Key, Tapped>,
+    eps: Vec<EndpointRef>,
+    err: &mut dyn Write,
+) -> bool {
+    let mut all = true;
+    // The devices this session captures, as far as known now.
+    let devices = host_view::devices_of(tapped.values().map(|t| &t.ep).chain(&eps));
+    for ep in eps {
+        if tapped.contains_key(&key(&ep)) {
+            continue;
+        }
+        match host.start_capture(&ep, session, &devices) {
+            Ok(cap) => {
+                let peers = args.qp.map_or_else(Vec::new, |n| peers_of(host, &ep, n));
+                tapped.insert(key(&ep), Tapped { ep, cap, peers });
+            }
+            Err(e) => {
+                let _ = writeln!(err, "uroce capture: process {} on {}: {e}", ep.pid, ep.addr);
+                all = false;
+            }
+        }
+    }
+    all
 }
 
 /// The QPs packets of QP `qpn` go to, from its owner's snapshot (RC and UC: the peer).

@@ -2,6 +2,7 @@
 //! and a clear refusal when they belong to someone else.
 
 use core::net::IpAddr;
+use std::io::Write;
 
 use uroce_net::inspect::{EndpointRef, Host};
 
@@ -44,15 +45,31 @@ pub(crate) fn process_name(pid: u32) -> String {
         .map_or_else(|_| "?".to_owned(), |s| s.trim_end().to_owned())
 }
 
-/// The host view and the endpoints of `devices` (every device when empty), or the message
-/// that says why there is nothing to look at.
-pub(crate) fn select(devices: &[IpAddr]) -> Result<(Host, Vec<EndpointRef>), String> {
-    let host = Host::open().map_err(|e| format!("cannot read the host directories: {e}"))?;
+/// The host view and the endpoints of `devices` (every device when empty); or, when there is
+/// nothing to look at, the line that says why, on `err` for command `cmd`, and the exit status.
+pub(crate) fn select(
+    cmd: &str,
+    devices: &[IpAddr],
+    err: &mut dyn Write,
+) -> Result<(Host, Vec<EndpointRef>), u8> {
+    let host = Host::open().map_err(|e| {
+        let _ = writeln!(err, "uroce {cmd}: cannot read the host directories: {e}");
+        REFUSED
+    })?;
     let eps = endpoints_of(&host, devices);
     if eps.is_empty() {
-        return Err(nothing_to_see(&host, devices));
+        let _ = writeln!(err, "uroce {cmd}: {}", nothing_to_see(&host, devices));
+        return Err(REFUSED);
     }
     Ok((host, eps))
+}
+
+/// The devices of `eps`, each once, in order.
+pub(crate) fn devices_of<'a>(eps: impl Iterator<Item = &'a EndpointRef>) -> Vec<IpAddr> {
+    let mut d: Vec<IpAddr> = eps.map(|e| e.addr).collect();
+    d.sort_unstable();
+    d.dedup();
+    d
 }
 
 /// The endpoints of `devices` (all when empty).
@@ -64,7 +81,7 @@ pub(crate) fn endpoints_of(host: &Host, devices: &[IpAddr]) -> Vec<EndpointRef> 
 }
 
 /// Why there is nothing: no such device of this user, and whose devices there are.
-pub(crate) fn nothing_to_see(host: &Host, devices: &[IpAddr]) -> String {
+fn nothing_to_see(host: &Host, devices: &[IpAddr]) -> String {
     let me = nix::unistd::geteuid().as_raw();
     let what = if devices.is_empty() {
         "no uroce device".to_owned()

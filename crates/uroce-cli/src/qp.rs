@@ -9,7 +9,7 @@ use std::io::Write;
 use serde::Serialize;
 use uroce_net::inspect::{EndpointRef, Host, QpSnapshot};
 
-use crate::host_view::{self, REFUSED};
+use crate::host_view;
 use crate::stat::ANSWER_TIMEOUT;
 
 /// One QP with its owner.
@@ -37,7 +37,7 @@ struct QpRow {
     counters: BTreeMap<String, u64>,
 }
 
-fn row(ep: &EndpointRef, process: &str, q: &QpSnapshot) -> QpRow {
+fn row(ep: &EndpointRef, process: &str, q: QpSnapshot) -> QpRow {
     let connected = q.qp_type != "UD" && q.dest.is_some();
     QpRow {
         device: ep.addr,
@@ -45,9 +45,9 @@ fn row(ep: &EndpointRef, process: &str, q: &QpSnapshot) -> QpRow {
         pid: ep.pid,
         process: process.to_owned(),
         qpn: q.qpn,
-        qp_type: q.qp_type.clone(),
-        state: q.state.clone(),
-        path: q.path.clone(),
+        qp_type: q.qp_type,
+        state: q.state,
+        path: q.path,
         mtu: q.mtu,
         remote: q.dest.filter(|_| connected),
         remote_qpn: connected.then_some(q.dest_qpn),
@@ -57,8 +57,8 @@ fn row(ep: &EndpointRef, process: &str, q: &QpSnapshot) -> QpRow {
         send_outstanding: q.send_outstanding,
         recv_posted: q.recv_posted,
         window: q.window,
-        error_status: q.error_status.clone(),
-        counters: q.counters.iter().cloned().collect(),
+        error_status: q.error_status,
+        counters: q.counters.into_iter().collect(),
     }
 }
 
@@ -69,7 +69,7 @@ fn gather(host: &Host, eps: &[EndpointRef]) -> (Vec<QpRow>, Vec<(u32, String)>) 
     for (ep, snap) in eps.iter().zip(host.snapshots(eps, ANSWER_TIMEOUT)) {
         let name = host_view::process_name(ep.pid);
         match snap {
-            Ok(s) => rows.extend(s.qps.iter().map(|q| row(ep, &name, q))),
+            Ok(s) => rows.extend(s.qps.into_iter().map(|q| row(ep, &name, q))),
             Err(e) => silent.push((ep.pid, format!("{name}: {e}"))),
         }
     }
@@ -89,12 +89,9 @@ pub(crate) struct QpArgs {
 
 /// Runs `uroce qp`; returns the exit status.
 pub(crate) fn run(args: &QpArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
-    let (host, eps) = match host_view::select(&args.devices) {
+    let (host, eps) = match host_view::select("qp", &args.devices, err) {
         Ok(x) => x,
-        Err(msg) => {
-            let _ = writeln!(err, "uroce qp: {msg}");
-            return REFUSED;
-        }
+        Err(status) => return status,
     };
     let (rows, silent) = gather(&host, &eps);
     for (pid, why) in &silent {

@@ -9,7 +9,7 @@ use std::io::Write;
 use serde::Serialize;
 use uroce_net::inspect::{EndpointRef, Host, Snapshot};
 
-use crate::host_view::{self, REFUSED};
+use crate::host_view;
 
 /// How long a process may take to answer.
 pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -109,12 +109,9 @@ pub(crate) struct StatArgs {
 
 /// Runs `uroce stat`; returns the exit status.
 pub(crate) fn run(args: &StatArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
-    let (host, eps) = match host_view::select(&args.devices) {
+    let (host, eps) = match host_view::select("stat", &args.devices, err) {
         Ok(x) => x,
-        Err(msg) => {
-            let _ = writeln!(err, "uroce stat: {msg}");
-            return REFUSED;
-        }
+        Err(status) => return status,
     };
     let Some(interval) = args.interval else {
         let stats = gather(&host, &eps);
