@@ -3,6 +3,7 @@
 
 use core::net::IpAddr;
 use std::io::Write;
+use std::sync::OnceLock;
 
 use uroce_net::inspect::{EndpointRef, Host};
 
@@ -30,7 +31,9 @@ fn list(addrs: &[IpAddr]) -> String {
 
 /// The name a device has in this configuration, if it has one.
 pub(crate) fn device_name(addr: IpAddr) -> Option<String> {
-    let addrs = uroce_net::config::addresses().ok()?;
+    // Read once: every QP and every line of a report names its device.
+    static CONFIGURED: OnceLock<Vec<IpAddr>> = OnceLock::new();
+    let addrs = CONFIGURED.get_or_init(|| uroce_net::config::addresses().unwrap_or_default());
     addrs.iter().position(|&a| a == addr).map(|i| format!("uroce{i}"))
 }
 
