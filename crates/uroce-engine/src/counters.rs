@@ -40,6 +40,10 @@ pub struct Counters {
     pub cq_overflows: u64,
     /// Packets whose ICRC did not match (`ICRC_ERROR`-style).
     pub icrc_errors: u64,
+    /// Dropped: the ICRC is right only for an IPv4 identification the device's policy refuses
+    /// ([`crate::DeviceConfig::ipv4_id_policy`]): corruption, or a peer that numbers its
+    /// datagrams otherwise (Linux rxe, an RNIC).
+    pub drop_unexpected_ip_id: u64,
     /// Dropped: the packet could not be parsed (truncated, bad TVer, pad, unknown opcode…).
     pub drop_malformed: u64,
     /// Dropped: no QP with the destination QPN.
@@ -133,6 +137,7 @@ impl Counters {
             ("err_naks_sent", self.err_naks_sent),
             ("cq_overflows", self.cq_overflows),
             ("icrc_errors", self.icrc_errors),
+            ("drop_unexpected_ip_id", self.drop_unexpected_ip_id),
             ("drop_malformed", self.drop_malformed),
             ("drop_unknown_qp", self.drop_unknown_qp),
             ("drop_bad_dest", self.drop_bad_dest),

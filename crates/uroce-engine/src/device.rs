@@ -5,7 +5,7 @@
 use core::net::{IpAddr, SocketAddr};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use uroce_wire::icrc::{self, PseudoHeader};
+use uroce_wire::icrc::{IdRecovery, Ipv4IdPolicy, PseudoHeader};
 use uroce_wire::ip::{IpRepr, Ipv4Repr, Ipv6Repr};
 use uroce_wire::opcode::OpFlags;
 use uroce_wire::{PacketRepr, Psn, Qpn, ROCE_V2_PORT, bth};
@@ -45,6 +45,10 @@ pub struct DeviceConfig {
     /// per process) each take a disjoint block, so QPNs stay unique per device (IBA 10.2.4:
     /// a QPN names one QP of the channel adapter).
     pub qpns: QpnBlock,
+    /// The IPv4 identifications a received packet's ICRC may have been computed with (the
+    /// receiver cannot see the IP header; IBA Annex A17.3.3 covers the field). By default what
+    /// a Linux sender using GSO produces, as uroce does.
+    pub ipv4_id_policy: Ipv4IdPolicy,
 }
 
 impl DeviceConfig {
@@ -65,6 +69,7 @@ impl DeviceConfig {
             ack_req_interval: 32,
             port_mtu: Mtu::Mtu4096,
             qpns: QpnBlock::ALL,
+            ipv4_id_policy: Ipv4IdPolicy::LinuxGso,
         }
     }
 }
@@ -550,6 +555,8 @@ pub struct Device<M> {
     /// ICRC prefixes for datagrams reaching UD QPs, by (source, destination): a UD QP hears
     /// from many peers, so the per-QP cache of connected QPs would thrash.
     ud_rx_pseudo: HashMap<(SocketAddr, IpAddr), PseudoHeader>,
+    /// Verifies received ICRCs, finding the IPv4 identification each was computed with.
+    icrc: IdRecovery,
     /// QP1.
     gsi: crate::gsi::Gsi,
     next_ah: u32,
@@ -592,6 +599,7 @@ impl<M: MemoryAccess> Device<M> {
             qps: BTreeMap::new(),
             mcast: BTreeMap::new(),
             ud_rx_pseudo: HashMap::new(),
+            icrc: IdRecovery::new(config.ipv4_id_policy),
             gsi: crate::gsi::Gsi::new(gsi_port),
             next_ah: 1,
             next_qpn,
@@ -1140,7 +1148,9 @@ impl<M: MemoryAccess> Device<M> {
             return;
         }
         if dest_qp.get() == uroce_wire::mad::GSI_QPN {
-            if let Some(packet) = verify_datagram(&mut self.ud_rx_pseudo, c, rx, payload, intact) {
+            if let Some(packet) =
+                verify_datagram(&mut self.ud_rx_pseudo, &mut self.icrc, c, rx, payload, intact)
+            {
                 self.gsi.receive(rx.src.ip(), &packet, c);
                 count_rcvd(&mut self.ctx.counters, payload.len());
             }
@@ -1151,7 +1161,8 @@ impl<M: MemoryAccess> Device<M> {
             return;
         };
         if qp.init.qp_type == QpType::Ud {
-            let Some(packet) = verify_datagram(&mut self.ud_rx_pseudo, c, rx, payload, intact)
+            let Some(packet) =
+                verify_datagram(&mut self.ud_rx_pseudo, &mut self.icrc, c, rx, payload, intact)
             else {
                 return;
             };
@@ -1173,7 +1184,9 @@ impl<M: MemoryAccess> Device<M> {
                 p
             }
         };
-        let Some(packet) = verify_and_parse(&pseudo, c, payload, intact) else { return };
+        let Some(packet) = verify_and_parse(&pseudo, &mut self.icrc, c, payload, intact) else {
+            return;
+        };
         // Header checks (IBA 9.6: transport, partition, source; rxe_recv.c hdr_check).
         if !headers_fit(qp, &packet, c) {
             return;
@@ -1219,7 +1232,9 @@ impl<M: MemoryAccess> Device<M> {
             return;
         };
         let intact = self.ctx.intact;
-        if let Some(packet) = verify_datagram(&mut self.ud_rx_pseudo, c, rx, payload, intact) {
+        if let Some(packet) =
+            verify_datagram(&mut self.ud_rx_pseudo, &mut self.icrc, c, rx, payload, intact)
+        {
             let mut taken = false;
             for qpn in &members {
                 if let Some(qp) = self.qps.get_mut(&qpn.get()) {
@@ -1314,6 +1329,7 @@ impl<M: MemoryAccess> Device<M> {
 /// Verifies the ICRC of a datagram for a UD QP and parses it, counting a failure.
 fn verify_datagram<'a>(
     cache: &mut HashMap<(SocketAddr, IpAddr), PseudoHeader>,
+    icrc: &mut IdRecovery,
     c: &mut Counters,
     rx: &RxInfo,
     payload: &'a [u8],
@@ -1336,19 +1352,29 @@ fn verify_datagram<'a>(
             p
         }
     };
-    verify_and_parse(&pseudo, c, payload, intact)
+    verify_and_parse(&pseudo, icrc, c, payload, intact)
 }
 
 /// Verifies the ICRC (IBA Annex A17.3.3) and parses the packet, counting a failure.
 fn verify_and_parse<'a>(
     pseudo: &PseudoHeader,
+    icrc: &mut IdRecovery,
     c: &mut Counters,
     payload: &'a [u8],
     intact: bool,
 ) -> Option<PacketRepr<'a>> {
-    if !intact && icrc::verify(pseudo, payload).is_err() {
-        c.icrc_errors += 1;
-        return None;
+    if !intact {
+        match icrc.verify(pseudo, payload) {
+            Ok(_) => {}
+            Err(uroce_wire::Error::IcrcUnexpectedIpId(_)) => {
+                c.drop_unexpected_ip_id += 1;
+                return None;
+            }
+            Err(_) => {
+                c.icrc_errors += 1;
+                return None;
+            }
+        }
     }
     match PacketRepr::parse_ignoring_icrc(payload) {
         Ok(parsed) => Some(parsed.repr),

@@ -635,6 +635,38 @@ fn corrupted_packets_fail_the_icrc_and_are_counted() {
     assert_eq!((c.icrc_errors, c.drop_malformed, c.rcvd_pkts), (1, 1, 0));
 }
 
+/// A receiver does not see the IPv4 identification its packets' ICRC covers. It accepts the
+/// ones a Linux sender produces (0, and k for segment k of a GSO send, k < 128) and refuses
+/// others by name, so a GSO segment verifies and a forged or corrupted identity does not.
+#[test]
+fn icrcs_for_linux_gso_identifications_pass_and_others_are_refused() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.post_recv(B, 1, 0, 64);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    let mut buf = Vec::new();
+    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
+    let src = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
+    let dst = SocketAddr::new(p.hosts[B].dev.addr(), ROCE_V2_PORT);
+    let sealed = |id: u16| {
+        let mut b = buf.clone();
+        let pseudo = uroce_wire::icrc::PseudoHeader::for_endpoints(src, dst).unwrap();
+        let end = b.len() - 4;
+        let crc = uroce_wire::icrc::compute(&pseudo.with_ipv4_id(id), &b[..end]).unwrap();
+        b[end..].copy_from_slice(&uroce_wire::icrc::to_wire(crc));
+        b
+    };
+    let rx = RxInfo::new(src, p.hosts[B].dev.addr());
+    for id in [128, 200, 0x69c5] {
+        p.hosts[B].dev.handle_datagram(p.now, &rx, &sealed(id));
+    }
+    let c = *p.hosts[B].dev.counters();
+    assert_eq!((c.drop_unexpected_ip_id, c.icrc_errors, c.rcvd_pkts), (3, 0, 0));
+    p.hosts[B].dev.handle_datagram(p.now, &rx, &sealed(5));
+    let c = *p.hosts[B].dev.counters();
+    assert_eq!((c.drop_unexpected_ip_id, c.icrc_errors, c.rcvd_pkts), (3, 0, 1));
+    assert_eq!(statuses(&p.cq(B)), [(1, WcStatus::SUCCESS)]);
+}
+
 #[test]
 fn inline_data_is_copied_at_post_time() {
     let mut p = Pair::new(Mtu::Mtu1024);

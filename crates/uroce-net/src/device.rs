@@ -25,13 +25,14 @@ use crate::fabric::faulty::Faulty;
 use crate::fabric::host::HostFabric;
 use crate::fabric::shm::Shm;
 use crate::fabric::tap::Tap;
-use crate::fabric::udp::Udp;
+use crate::fabric::udp::{Offloads, Udp};
 use crate::fabric::{Fabric, Outgoing};
-use crate::faults::{Faults, FaultsError};
+use crate::faults::Faults;
 use crate::host::{HostDir, SlotId};
 use crate::inspect::{Answering, QpSnapshot, Snapshot};
 use crate::sys::memory::Registry;
 use crate::sys::{self, EventFd, RawRegion};
+use uroce_wire::icrc::Ipv4IdPolicy;
 
 /// How a device is opened. [`Options::from_env`] reads `UROCE_PCAP` and `UROCE_FAULTS`.
 #[derive(Debug, Clone, Default)]
@@ -77,18 +78,45 @@ pub struct Options {
     /// Send every packet through the kernel's UDP path, even to endpoints of this host
     /// (`UROCE_FABRIC=udp`): for measurement, and for debugging with tcpdump.
     pub udp_only: bool,
+    /// Send every packet of the UDP path in a datagram of its own (`UROCE_GSO=0`), instead of
+    /// runs of a QP's packets in one segmented send (UDP GSO): for measuring what it buys, and
+    /// for paths that mishandle it.
+    pub no_gso: bool,
+    /// Receive every datagram alone (`UROCE_GRO=0`), instead of asking the kernel for
+    /// coalesced runs (UDP GRO).
+    pub no_gro: bool,
+    /// The IPv4 identifications a received ICRC may have been computed with
+    /// (`UROCE_ICRC_IP_ID=zero|linux|any`); by default what a Linux sender produces. `any`
+    /// interoperates with Linux rxe and RNICs, which number their datagrams otherwise.
+    pub ipv4_id_policy: Option<Ipv4IdPolicy>,
 }
 
 impl Options {
     /// Defaults, with `UROCE_PCAP=FILE` and `UROCE_FAULTS=loss=…,dup=…,reorder=…,corrupt=…`
     /// applied when set.
-    pub fn from_env() -> Result<Self, FaultsError> {
-        let mut o = Self::default();
+    pub fn from_env() -> Result<Self, EnvError> {
+        let mut o = Self {
+            no_gso: std::env::var("UROCE_GSO").is_ok_and(|v| v == "0"),
+            no_gro: std::env::var("UROCE_GRO").is_ok_and(|v| v == "0"),
+            ..Self::default()
+        };
+        if let Ok(v) = std::env::var("UROCE_ICRC_IP_ID") {
+            o.ipv4_id_policy = match v.as_str() {
+                "zero" => Some(Ipv4IdPolicy::Zero),
+                "linux" => Some(Ipv4IdPolicy::LinuxGso),
+                "any" => Some(Ipv4IdPolicy::Any),
+                _ => {
+                    return Err(EnvError(format!(
+                        "UROCE_ICRC_IP_ID={v:?}: expected zero, linux or any"
+                    )));
+                }
+            };
+        }
         if let Some(p) = std::env::var_os("UROCE_PCAP").filter(|p| !p.is_empty()) {
             o.pcap = Some(PathBuf::from(p));
         }
         if let Ok(f) = std::env::var("UROCE_FAULTS") {
-            o.faults = Faults::parse(&f)?;
+            o.faults = Faults::parse(&f).map_err(|e| EnvError(format!("UROCE_FAULTS: {e}")))?;
         }
         o.realtime_progress = std::env::var("UROCE_PROGRESS_RT").is_ok_and(|v| v == "1");
         o.udp_only = std::env::var("UROCE_FABRIC").is_ok_and(|v| v == "udp");
@@ -106,6 +134,18 @@ impl Options {
         Ok(o)
     }
 }
+
+/// A `UROCE_*` environment setting [`Options::from_env`] cannot use: the message names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvError(pub String);
+
+impl core::fmt::Display for EnvError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for EnvError {}
 
 /// [`Options::event_spin`] by default: above an event-driven round trip between two processes
 /// of this host (about 10 µs busy-polling), well below a scheduler tick.
@@ -127,7 +167,8 @@ pub enum OpenError {
     /// The address is not one of this host's.
     AddressNotAvailable(IpAddr),
     /// `UROCE_FAULTS` is malformed.
-    Faults(FaultsError),
+    /// A `UROCE_*` setting that cannot be used.
+    Environment(EnvError),
     /// The capture file could not be created.
     Capture(PathBuf, io::Error),
     /// The host directory (the device's shared state in `/dev/shm`) could not be used.
@@ -143,7 +184,7 @@ impl core::fmt::Display for OpenError {
                 write!(f, "{a} is already in use (another device on {})", a.ip())
             }
             Self::AddressNotAvailable(a) => write!(f, "{a} is not an address of this host"),
-            Self::Faults(e) => write!(f, "{e}"),
+            Self::Environment(e) => write!(f, "{e}"),
             Self::Capture(p, e) => write!(f, "cannot write capture {}: {e}", p.display()),
             Self::Io(a, e) => write!(f, "cannot open a device on {a}: {e}"),
             Self::HostDirectory(a, e) => {
@@ -158,7 +199,7 @@ impl std::error::Error for OpenError {}
 /// Counters of the runtime (the engine's own are [`Device::counters`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NetCounters {
-    /// Datagrams handed to the kernel.
+    /// Packets handed to the kernel (each a datagram on the wire).
     pub tx_datagrams: u64,
     /// `sendmmsg` calls.
     pub tx_batches: u64,
@@ -168,8 +209,19 @@ pub struct NetCounters {
     pub tx_zero_copy: u64,
     /// Their payload bytes.
     pub tx_zero_copy_bytes: u64,
-    /// Datagrams read from the sockets.
+    /// Segmented sends (UDP GSO): datagrams the kernel cut into several packets.
+    pub tx_gso_sends: u64,
+    /// The packets those carried (counted in `tx_datagrams` too).
+    pub tx_gso_segments: u64,
+    /// Segmented sends the kernel refused (no checksum offload on the route, an old kernel):
+    /// the first turns segmentation off for the device's process.
+    pub tx_gso_refused: u64,
+    /// Packets read from the sockets.
     pub rx_datagrams: u64,
+    /// Coalesced runs received (UDP GRO): one receive for several packets of one flow.
+    pub rx_gro_datagrams: u64,
+    /// The packets those carried (counted in `rx_datagrams` too).
+    pub rx_gro_segments: u64,
     /// `recvmmsg` calls that returned data.
     pub rx_batches: u64,
     /// Injected faults: dropped, duplicated, reordered, corrupted (both directions).
@@ -222,7 +274,12 @@ impl NetCounters {
             ("tx_errors", self.tx_errors),
             ("tx_zero_copy", self.tx_zero_copy),
             ("tx_zero_copy_bytes", self.tx_zero_copy_bytes),
+            ("tx_gso_sends", self.tx_gso_sends),
+            ("tx_gso_segments", self.tx_gso_segments),
+            ("tx_gso_refused", self.tx_gso_refused),
             ("rx_datagrams", self.rx_datagrams),
+            ("rx_gro_datagrams", self.rx_gro_datagrams),
+            ("rx_gro_segments", self.rx_gro_segments),
             ("rx_batches", self.rx_batches),
             ("fault_drops", self.fault_drops),
             ("fault_dups", self.fault_dups),
@@ -729,6 +786,7 @@ impl State {
                 payload_at: tx.payload_at,
                 pieces,
                 icrc_deferred: tx.icrc_deferred,
+                ip_id: 0,
             });
             if self.out.len() >= 64 {
                 self.send_out();
@@ -879,7 +937,8 @@ impl NetDevice {
     /// UDP port 4791, shared with the device's other processes.
     pub fn open(addr: IpAddr, options: Options) -> Result<Self, OpenError> {
         let local = SocketAddr::new(addr, ROCE_V2_PORT);
-        let udp = Udp::bind(addr).map_err(|e| match e.raw_os_error() {
+        let offloads = Offloads { gso: !options.no_gso, gro: !options.no_gro };
+        let udp = Udp::bind(addr, offloads).map_err(|e| match e.raw_os_error() {
             Some(libc::EADDRINUSE) => OpenError::AddressInUse(local),
             Some(libc::EADDRNOTAVAIL) => OpenError::AddressNotAvailable(addr),
             _ => OpenError::Io(local, e),
@@ -917,6 +976,9 @@ impl NetDevice {
                 (DeviceConfig::secret(addr, key), seed)
             }
         };
+        if let Some(policy) = options.ipv4_id_policy {
+            config.ipv4_id_policy = policy;
+        }
         config.port_mtu = options
             .port_mtu
             .unwrap_or_else(|| udp.interface_mtu().map_or(Mtu::Mtu4096, port_mtu_for));
@@ -959,9 +1021,10 @@ impl NetDevice {
             crate::cm::node_guid(addr),
         ));
         let mut engine = Device::new(config, Registry::default());
-        // Packets between endpoints of this host skip the ICRC; the runtime computes it for
-        // the wire and for captures.
-        engine.set_defer_icrc(endpoint.is_some() && !options.udp_only);
+        // The ICRC of a packet that carries registered memory is left to the path it takes:
+        // none between endpoints of this host, the UDP path's (which knows the IPv4
+        // identification each GSO segment will carry), a capture's.
+        engine.set_defer_icrc(true);
         let state = State {
             engine,
             origin,

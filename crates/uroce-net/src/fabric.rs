@@ -37,6 +37,9 @@ pub(crate) struct Outgoing {
     pub(crate) pieces: Vec<Piece>,
     /// The ICRC field is still zero ([`uroce_engine::Transmit::icrc_deferred`]).
     pub(crate) icrc_deferred: bool,
+    /// The IPv4 identification the ICRC was computed for, once computed (0 from the engine; k
+    /// for segment k of a GSO send).
+    pub(crate) ip_id: u16,
 }
 
 impl Outgoing {
@@ -50,16 +53,30 @@ impl Outgoing {
             payload_at: None,
             pieces: Vec::new(),
             icrc_deferred: false,
+            ip_id: 0,
         }
     }
 
     /// Computes the ICRC the engine left zero (IBA Annex A17.3.3), for a path that needs it:
-    /// the wire, a capture, a fault that corrupts. `src` is the sending address and port.
+    /// a capture, a fault that corrupts. `src` is the sending address and port.
     pub(crate) fn fill_icrc(&mut self, mem: &Registry, src: SocketAddr) {
-        if !core::mem::take(&mut self.icrc_deferred) || self.bytes.len() < ICRC_LEN {
+        if !self.icrc_deferred {
             return;
         }
-        let Ok(pseudo) = PseudoHeader::for_endpoints(src, self.dst) else { return };
+        if let Ok(pseudo) = PseudoHeader::for_endpoints(src, self.dst) {
+            self.seal(mem, &pseudo, 0);
+        }
+    }
+
+    /// Makes the ICRC right for the headers `pseudo` gives with IPv4 identification `ip_id`
+    /// (the wire: segment k of a GSO send carries k), computing it only if it is not already.
+    pub(crate) fn seal(&mut self, mem: &Registry, pseudo: &PseudoHeader, ip_id: u16) {
+        if (!self.icrc_deferred && self.ip_id == ip_id) || self.bytes.len() < ICRC_LEN {
+            return;
+        }
+        self.icrc_deferred = false;
+        self.ip_id = ip_id;
+        let pseudo = pseudo.with_ipv4_id(ip_id);
         let end = self.bytes.len() - ICRC_LEN;
         let h = self.payload_at.unwrap_or(end).min(end);
         let mut parts: Vec<&[u8]> = Vec::with_capacity(self.pieces.len() + 2);

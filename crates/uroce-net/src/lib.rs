@@ -134,7 +134,7 @@ mod sys;
 
 pub use cm::{PortBinding, node_guid};
 pub use device::{
-    Channel, CmSink, NetCounters, NetDevice, OpenError, Options, State, SubscriberId,
+    Channel, CmSink, EnvError, NetCounters, NetDevice, OpenError, Options, State, SubscriberId,
 };
 pub use faults::{Faults, FaultsError};
 

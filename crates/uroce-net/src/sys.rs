@@ -21,6 +21,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 /// Largest datagram the receive path takes (a 4096-byte MTU packet is 4,140 bytes).
 pub(crate) const MAX_DATAGRAM: usize = 9216;
 
+/// Largest datagram a socket with `UDP_GRO` may return: the kernel coalesces segments up to the
+/// largest UDP payload.
+pub(crate) const MAX_GRO_DATAGRAM: usize = 65_535;
+
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
 }
@@ -90,6 +94,18 @@ pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool, share: bool) -> io::Resu
     // SAFETY: `storage` holds a sockaddr of `len` bytes for the socket's family.
     check(unsafe { libc::bind(fd, (&raw const storage).cast(), len) })?;
     Ok(UdpSocket::from(owned))
+}
+
+/// Asks the kernel to hand this socket runs of datagrams of one flow coalesced into one buffer
+/// with their segment size (`UDP_GRO`, udp(7), Linux 5.0): one receive for up to 64 KiB.
+pub(crate) fn enable_gro(sock: &UdpSocket) -> io::Result<()> {
+    setsockopt_int(sock.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1)
+}
+
+/// Whether the kernel segments UDP sends (`UDP_SEGMENT`, udp(7), Linux 4.18): setting the
+/// option to 0 (off) is refused with `ENOPROTOOPT` by kernels that do not.
+pub(crate) fn gso_supported(sock: &UdpSocket) -> bool {
+    setsockopt_int(sock.as_raw_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok()
 }
 
 /// Joins multicast `group` on the interface that has `local` (IPv4), or on every interface
@@ -193,10 +209,14 @@ pub(crate) struct RecvMeta {
     pub(crate) tclass: u8,
     pub(crate) hop_limit: u8,
     pub(crate) len: usize,
+    /// The size of the segments the kernel coalesced into this datagram (`UDP_GRO`), the last
+    /// of which may be shorter; 0 for a datagram as it was sent.
+    pub(crate) segment: u16,
 }
 
-/// Room for the control messages asked for: pktinfo, TOS and TTL (or their IPv6 twins).
-const CMSG_SPACE: usize = 128;
+/// Room for the control messages asked for: pktinfo, TOS, TTL (or their IPv6 twins) and the
+/// GRO segment size.
+const CMSG_SPACE: usize = 160;
 
 /// Receive buffers for one `recvmmsg` call of up to `n` datagrams, with the headers that point
 /// at them kept from call to call (no allocation per call).
@@ -214,12 +234,13 @@ pub(crate) struct RecvBatch {
 unsafe impl Send for RecvBatch {}
 
 impl RecvBatch {
-    pub(crate) fn new(n: usize) -> Self {
+    /// Room for `n` datagrams of up to `len` bytes each.
+    pub(crate) fn new(n: usize, len: usize) -> Self {
         // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
         let zero: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
         let iov = libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 };
         Self {
-            bufs: (0..n).map(|_| vec![0; MAX_DATAGRAM]).collect(),
+            bufs: (0..n).map(|_| vec![0; len]).collect(),
             names: vec![zero; n],
             controls: vec![[0; CMSG_SPACE / 8]; n],
             iovs: vec![iov; n],
@@ -277,7 +298,7 @@ impl RecvBatch {
             let whole = m.msg_hdr.msg_flags & libc::MSG_TRUNC == 0 && src.is_some();
             let len = if whole { m.msg_len as usize } else { 0 };
             let src = src.unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
-            let mut meta = RecvMeta { src, dst: None, tclass: 0, hop_limit: 64, len };
+            let mut meta = RecvMeta { src, dst: None, tclass: 0, hop_limit: 64, len, segment: 0 };
             parse_cmsgs(&m.msg_hdr, &mut meta);
             self.meta.push(meta);
         }
@@ -325,6 +346,11 @@ fn parse_cmsgs(hdr: &libc::msghdr, meta: &mut RecvMeta) {
                 let h: libc::c_int = unsafe { core::ptr::read_unaligned(data.cast()) };
                 meta.hop_limit = u8::try_from(h).unwrap_or(u8::MAX);
             }
+            (libc::SOL_UDP, libc::UDP_GRO) => {
+                // SAFETY: a UDP_GRO cmsg carries the segment size as a c_int (udp_cmsg_recv).
+                let size: libc::c_int = unsafe { core::ptr::read_unaligned(data.cast()) };
+                meta.segment = u16::try_from(size).unwrap_or(0);
+            }
             _ => {}
         }
         // SAFETY: as above: walking the same control buffer.
@@ -332,23 +358,44 @@ fn parse_cmsgs(hdr: &libc::msghdr, meta: &mut RecvMeta) {
     }
 }
 
-/// Sends `packets` (destination, bytes) from `sock` with as few `sendmmsg` calls as possible.
-/// Returns how many the kernel took; a full socket buffer (`EAGAIN`) ends the batch early.
-/// Each packet is a list of parts the kernel gathers (headers, payload straight from registered
-/// memory, trailer: no copy in user space).
+/// One datagram to send: its destination and the parts the kernel gathers into it (headers,
+/// payload straight from registered memory, trailer: no copy in user space). With `segment`
+/// set, the kernel cuts it into datagrams of that many bytes, the last possibly shorter
+/// (`UDP_SEGMENT`, udp(7)): one send for up to 64 packets.
+pub(crate) struct Datagram<'a> {
+    pub(crate) dst: SocketAddr,
+    pub(crate) parts: Vec<&'a [u8]>,
+    pub(crate) segment: Option<u16>,
+}
+
+/// Room for the `UDP_SEGMENT` control message (a u16), padded as CMSG_SPACE pads it.
+const GSO_CMSG_SPACE: usize = 24;
+
+/// Why a batch stopped short.
+#[derive(Debug)]
+pub(crate) enum SendStop {
+    /// The socket buffer is full (`EAGAIN`): what is left is lost, as on a full link.
+    Full,
+    /// The kernel refused the datagram at the stopping point: `EIO`/`EINVAL` for a segmented one
+    /// means this path cannot segment (no checksum offload, an old kernel).
+    Refused(io::Error),
+}
+
+/// Sends `datagrams` from `sock` with as few `sendmmsg` calls as possible. Returns how many the
+/// kernel took and, if that is not all, why it stopped.
 pub(crate) fn send_batch(
     sock: &UdpSocket,
-    packets: &[(SocketAddr, Vec<&[u8]>)],
-) -> io::Result<usize> {
+    datagrams: &[Datagram<'_>],
+) -> (usize, Option<SendStop>) {
     let mut sent = 0;
-    while sent < packets.len() {
-        let chunk = &packets[sent..packets.len().min(sent + 64)];
+    while sent < datagrams.len() {
+        let chunk = &datagrams[sent..datagrams.len().min(sent + 64)];
         let names: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
-            chunk.iter().map(|(d, _)| sockaddr_of(*d)).collect();
+            chunk.iter().map(|d| sockaddr_of(d.dst)).collect();
         let mut iovs: Vec<Vec<libc::iovec>> = chunk
             .iter()
-            .map(|(_, parts)| {
-                parts
+            .map(|d| {
+                d.parts
                     .iter()
                     .map(|b| libc::iovec {
                         iov_base: b.as_ptr().cast_mut().cast(),
@@ -357,6 +404,7 @@ pub(crate) fn send_batch(
                     .collect()
             })
             .collect();
+        let mut controls = vec![[0u64; GSO_CMSG_SPACE / 8]; chunk.len()];
         // SAFETY: mmsghdr is plain old data; all zeroes is a valid value.
         let mut msgs: Vec<libc::mmsghdr> =
             (0..chunk.len()).map(|_| unsafe { core::mem::zeroed() }).collect();
@@ -365,9 +413,30 @@ pub(crate) fn send_batch(
             m.msg_hdr.msg_namelen = names[i].1;
             m.msg_hdr.msg_iov = iovs[i].as_mut_ptr();
             m.msg_hdr.msg_iovlen = iovs[i].len();
+            if let Some(size) = chunk[i].segment {
+                m.msg_hdr.msg_control = controls[i].as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE only computes a length.
+                m.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+                // SAFETY: the control buffer is GSO_CMSG_SPACE bytes, at least CMSG_SPACE(2),
+                // so the first header fits; CMSG_FIRSTHDR returns a pointer into it.
+                let c = unsafe { libc::CMSG_FIRSTHDR(&raw const m.msg_hdr) };
+                let header = libc::cmsghdr {
+                    // SAFETY: CMSG_LEN only computes a length.
+                    cmsg_len: unsafe { libc::CMSG_LEN(2) } as usize,
+                    cmsg_level: libc::SOL_UDP,
+                    cmsg_type: libc::UDP_SEGMENT,
+                };
+                // SAFETY: `c` points at the start of the (8-byte aligned) control buffer.
+                unsafe { core::ptr::write(c, header) };
+                // SAFETY: `c` is the header just written inside the control buffer.
+                let data = unsafe { libc::CMSG_DATA(c) };
+                // SAFETY: CMSG_DATA of that header points inside the buffer, with room for a
+                // u16 (CMSG_LEN(2) bytes were counted); it may be unaligned for a u16.
+                unsafe { core::ptr::write_unaligned(data.cast::<u16>(), size) };
+            }
         }
-        // SAFETY: every header points at a live sockaddr of its stated length and at its
-        // iovecs, each into a live buffer the kernel only reads.
+        // SAFETY: every header points at a live sockaddr of its stated length, at its iovecs,
+        // each into a live buffer the kernel only reads, and at a control buffer of its length.
         let ret = unsafe {
             libc::sendmmsg(
                 sock.as_raw_fd(),
@@ -378,17 +447,20 @@ pub(crate) fn send_batch(
         };
         if ret < 0 {
             let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::WouldBlock {
-                return Ok(sent);
-            }
-            return Err(e);
+            let stop = if e.kind() == io::ErrorKind::WouldBlock {
+                SendStop::Full
+            } else {
+                SendStop::Refused(e)
+            };
+            return (sent, Some(stop));
         }
         sent += ret as usize;
         if (ret as usize) < chunk.len() {
-            return Ok(sent);
+            // The kernel stopped at the next one; sending it again says why.
+            continue;
         }
     }
-    Ok(sent)
+    (sent, None)
 }
 
 /// A Linux eventfd: a counter that wakes `poll` when non-zero (completion channels and the

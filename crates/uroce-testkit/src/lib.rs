@@ -150,6 +150,10 @@ pub struct Namespaces {
     pub a: String,
     /// The second host's.
     pub b: String,
+    /// The first host's end of the veth pair.
+    pub link_a: String,
+    /// The second host's end.
+    pub link_b: String,
 }
 
 impl Namespaces {
@@ -161,7 +165,7 @@ impl Namespaces {
         let (a, b) = (format!("uroce-{tag}a-{id}"), format!("uroce-{tag}b-{id}"));
         let (va, vb) = (format!("u{tag}a{}", id % 100_000), format!("u{tag}b{}", id % 100_000));
         run("ip", &["netns", "add", &a]);
-        let ns = Self { a, b };
+        let ns = Self { a, b, link_a: va.clone(), link_b: vb.clone() };
         run("ip", &["netns", "add", &ns.b]);
         let link = ["link", "add", &va, "netns", &ns.a, "type", "veth", "peer", "name", &vb];
         let mut args = link.to_vec();

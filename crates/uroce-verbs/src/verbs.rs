@@ -159,7 +159,7 @@ fn open_net(addr: IpAddr) -> Result<Arc<NetDevice>, c_int> {
         return Ok(net);
     }
     let options = Options::from_env().map_err(|e| {
-        eprintln!("uroce: UROCE_FAULTS: {e}");
+        eprintln!("uroce: {e}");
         libc::EINVAL
     })?;
     let net = NetDevice::open(addr, options).map_err(|e| {

@@ -28,6 +28,9 @@ pub enum Error {
         /// What the bytes hash to.
         computed: u32,
     },
+    /// The ICRC is right only for an IPv4 identification the receiver's policy says no sender of
+    /// its peers uses ([`crate::icrc::Ipv4IdPolicy`]): more likely corruption than such a peer.
+    IcrcUnexpectedIpId(u16),
     /// Building: the extension headers given do not match those the opcode requires.
     HeaderMismatch(Opcode),
     /// Building: the output buffer is shorter than the packet.
@@ -73,6 +76,7 @@ impl Error {
             Self::BadPadCount(_) => "bad_pad_count",
             Self::UnexpectedPayload => "unexpected_payload",
             Self::IcrcMismatch { .. } => "icrc_mismatch",
+            Self::IcrcUnexpectedIpId(_) => "icrc_unexpected_ip_id",
             Self::HeaderMismatch(_) => "header_mismatch",
             Self::BufferTooSmall => "buffer_too_small",
             Self::FieldOutOfRange => "field_out_of_range",
@@ -99,6 +103,10 @@ impl fmt::Display for Error {
             Self::IcrcMismatch { found, computed } => {
                 write!(f, "ICRC mismatch: packet has {found:#010x}, bytes give {computed:#010x}")
             }
+            Self::IcrcUnexpectedIpId(id) => write!(
+                f,
+                "ICRC right only for IPv4 identification {id}, which the receiver's policy refuses"
+            ),
             Self::HeaderMismatch(op) => {
                 write!(f, "extension headers do not match those opcode {op} requires")
             }

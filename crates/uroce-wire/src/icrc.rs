@@ -12,13 +12,27 @@
 //! checksum; IPv6 traffic class, flow label and hop limit; the UDP checksum; and BTH byte 4
 //! (FECN, BECN and reserved bits). The result is carried little-endian, least significant byte
 //! first. IP lengths, the IPv4 identification and flags, the addresses and the ports are covered,
-//! which is why a sender must know the IP header the kernel will emit: uroce sends IPv4 with
-//! identification 0 and DF (see [`crate::ip::IpRepr::for_addrs`]).
+//! which is why a sender must know the IP header the kernel will emit: uroce sends IPv4 with DF
+//! (see [`crate::ip::IpRepr::for_addrs`]) from unconnected sockets, for which Linux sets the
+//! identification of a lone datagram to 0 and that of segment k of one GSO send to k.
+//!
+//! # The identification a receiver cannot see
+//!
+//! A UDP socket never shows its reader the IP header, so a receiver does not know the
+//! identification an ICRC was computed with. It does not need to: the CRC is affine, so the
+//! ICRC for identification x differs from the one for 0 by a value that depends only on x and
+//! the packet's length, and that difference can be undone ([`gf2`]) and solved for x.
+//! [`IdRecovery`] finds the identification that makes a packet's ICRC right, if there is one,
+//! and accepts it only if a sender of the kind allowed ([`Ipv4IdPolicy`]) could have used it.
 //!
 //! The CRC itself is `crc32fast`, which uses carry-less multiplication (PCLMULQDQ on x86-64,
 //! PMULL on aarch64) when the CPU has it.
 
 use core::net::SocketAddr;
+
+mod gf2;
+
+use std::sync::LazyLock;
 
 use crate::bth;
 use crate::ip::{IpRepr, UDP_HEADER_LEN, UdpRepr, parse_udp_datagram};
@@ -53,6 +67,10 @@ pub struct PseudoHeader {
     length_bits: Option<[[u32; 8]; 4]>,
     /// IP header length (20..=60 for IPv4, 40 for IPv6).
     ip_len: usize,
+    /// Built by [`PseudoHeader::for_endpoints`] for IPv4: the identification is 0 unless set
+    /// with [`PseudoHeader::with_ipv4_id`], and a receiver may look for another
+    /// ([`IdRecovery`]).
+    ipv4_sender: bool,
     /// UDP destination port.
     dst_port: u16,
 }
@@ -87,7 +105,23 @@ impl PseudoHeader {
                 *slot = prefix_crc_of(&e[..header_len]) ^ zero;
             }
         }
-        Ok(Self { prefix_crc, length_bits: Some(length_bits), ip_len, dst_port: dst.port() })
+        Ok(Self {
+            prefix_crc,
+            length_bits: Some(length_bits),
+            ip_len,
+            dst_port: dst.port(),
+            ipv4_sender: !ipv6,
+        })
+    }
+
+    /// The same headers with IPv4 identification `id` (segment `id` of a GSO send). IPv6 has no
+    /// identification, and a captured header keeps the one it has: both are returned as they are.
+    #[must_use]
+    pub fn with_ipv4_id(mut self, id: u16) -> Self {
+        if self.ipv4_sender {
+            self.prefix_crc ^= ID_BASIS.delta(id);
+        }
+        self
     }
 
     /// The headers as captured: `headers` is the IP header (with any IPv4 options) followed by
@@ -96,7 +130,7 @@ impl PseudoHeader {
         let (masked, ip_len) = mask(headers)?;
         let dst_port = u16::from_be_bytes([masked[ip_len + 2], masked[ip_len + 3]]);
         let prefix_crc = prefix_crc_of(&masked[..headers.len()]);
-        Ok(Self { prefix_crc, length_bits: None, ip_len, dst_port })
+        Ok(Self { prefix_crc, length_bits: None, ip_len, dst_port, ipv4_sender: false })
     }
 
     /// The pseudo-header of a captured datagram (IP header onwards), and its UDP payload.
@@ -222,6 +256,155 @@ pub const fn to_wire(icrc: u32) -> [u8; ICRC_LEN] {
     icrc.to_le_bytes()
 }
 
+/// Offset of the IPv4 identification in the masked headers (IP header, then UDP).
+const IPV4_ID_OFFSET: usize = 4;
+
+/// How the identification of a 20-byte IPv4 header moves the prefix CRC, and how to go back
+/// from such a move to the identification.
+struct IdBasis {
+    /// The change in the prefix CRC for each bit of the identification, least significant first.
+    bits: [u32; 16],
+    /// The same vectors fully reduced: each row's pivot bit (`pivot`) is clear in every other
+    /// row, and `ids` says which identification bits the row combines.
+    rows: [(u32, u32, u16); 16],
+}
+
+impl IdBasis {
+    fn new() -> Self {
+        let header_len = crate::ip::IPV4_HEADER_LEN + UDP_HEADER_LEN;
+        let zero = prefix_crc_of(&[0u8; MAX_PSEUDO_LEN][..header_len]);
+        let mut bits = [0u32; 16];
+        for (bit, slot) in bits.iter_mut().enumerate() {
+            let mut e = [0u8; MAX_PSEUDO_LEN];
+            // Big-endian: bits 8..16 live in the first byte.
+            e[IPV4_ID_OFFSET + usize::from(bit < 8)] = 1 << (bit % 8);
+            *slot = prefix_crc_of(&e[..header_len]) ^ zero;
+        }
+        // Gauss–Jordan elimination over GF(2). CRC-32 tells apart any two bursts of 32 bits
+        // or less, so the 16 vectors are independent and every row finds a pivot.
+        let mut rows: [(u32, u32, u16); 16] = core::array::from_fn(|i| (bits[i], 0, 1 << i));
+        for i in 0..rows.len() {
+            let pivot = 1u32 << (31 - rows[i].0.leading_zeros().min(31));
+            rows[i].1 = pivot;
+            let (vector, ids) = (rows[i].0, rows[i].2);
+            for (j, row) in rows.iter_mut().enumerate() {
+                if j != i && row.0 & pivot != 0 {
+                    row.0 ^= vector;
+                    row.2 ^= ids;
+                }
+            }
+        }
+        Self { bits, rows }
+    }
+
+    /// The change in the prefix CRC for identification `id` instead of 0.
+    fn delta(&self, id: u16) -> u32 {
+        let mut d = 0;
+        for (bit, value) in self.bits.iter().enumerate() {
+            let select = 0u32.wrapping_sub(u32::from(id >> bit) & 1);
+            d ^= value & select;
+        }
+        d
+    }
+
+    /// The identification whose [`IdBasis::delta`] is `delta`, if one is.
+    fn solve(&self, mut delta: u32) -> Option<u16> {
+        let mut id = 0;
+        for &(vector, pivot, ids) in &self.rows {
+            if delta & pivot != 0 {
+                delta ^= vector;
+                id ^= ids;
+            }
+        }
+        (delta == 0).then_some(id)
+    }
+}
+
+static ID_BASIS: LazyLock<IdBasis> = LazyLock::new(IdBasis::new);
+
+/// Which IPv4 identifications a receiver accepts an ICRC for, not seeing the IP header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ipv4IdPolicy {
+    /// 0 only: senders that never use GSO.
+    Zero,
+    /// What Linux puts on datagrams from an unconnected socket with DF set: 0 for a datagram
+    /// sent alone, k for segment k of one GSO send (k < 128, `UDP_MAX_SEGMENTS` since Linux
+    /// 6.x; 64 before). uroce sends so. A corrupted packet then passes the ICRC with
+    /// probability 2⁻²⁵ instead of 2⁻³² (the UDP checksum is a second check).
+    #[default]
+    LinuxGso,
+    /// Any: for peers that number their datagrams otherwise (Linux rxe, which draws them from
+    /// the kernel's IP ID generator; RNICs). A corrupted packet passes with probability 2⁻¹⁶.
+    Any,
+}
+
+impl Ipv4IdPolicy {
+    /// Whether a packet's ICRC computed for `id` is accepted.
+    pub const fn accepts(self, id: u16) -> bool {
+        match self {
+            Self::Zero => id == 0,
+            Self::LinuxGso => id < 128,
+            Self::Any => true,
+        }
+    }
+}
+
+/// Verifies ICRCs of packets received without their IP header, finding the IPv4 identification
+/// each was computed with (see the [module docs](self)).
+#[derive(Debug, Clone)]
+pub struct IdRecovery {
+    policy: Ipv4IdPolicy,
+    /// The last few packet lengths seen and the factor that undoes their hashing.
+    factors: [(usize, u32); 4],
+    next: usize,
+}
+
+impl IdRecovery {
+    /// A verifier accepting the identifications `policy` allows.
+    pub fn new(policy: Ipv4IdPolicy) -> Self {
+        Self { policy, factors: [(usize::MAX, 0); 4], next: 0 }
+    }
+
+    /// The policy it verifies with.
+    pub fn policy(&self) -> Ipv4IdPolicy {
+        self.policy
+    }
+
+    /// Checks the ICRC of `roce` (BTH through ICRC) received with the headers `pseudo` gives,
+    /// the IPv4 identification unknown. Returns the identification the ICRC was computed with
+    /// (0 for IPv6 and for headers as captured). [`Error::IcrcUnexpectedIpId`] if only one the
+    /// policy refuses makes it right, [`Error::IcrcMismatch`] if none does.
+    pub fn verify(&mut self, pseudo: &PseudoHeader, roce: &[u8]) -> Result<u16> {
+        let found = carried(roce)?;
+        let hashed = roce.len() - ICRC_LEN;
+        let computed = compute(pseudo, &roce[..hashed])?;
+        if found == computed {
+            return Ok(0);
+        }
+        let mismatch = Error::IcrcMismatch { found, computed };
+        if !pseudo.ipv4_sender {
+            return Err(mismatch);
+        }
+        let delta = gf2::mul(found ^ computed, self.factor(hashed));
+        match ID_BASIS.solve(delta) {
+            Some(id) if self.policy.accepts(id) => Ok(id),
+            Some(id) => Err(Error::IcrcUnexpectedIpId(id)),
+            None => Err(mismatch),
+        }
+    }
+
+    /// x^(−8·`hashed`), from the cache when a packet of this length came recently.
+    fn factor(&mut self, hashed: usize) -> u32 {
+        if let Some(&(_, f)) = self.factors.iter().find(|(n, _)| *n == hashed) {
+            return f;
+        }
+        let f = gf2::unshift_factor(hashed);
+        self.factors[self.next] = (hashed, f);
+        self.next = (self.next + 1) % self.factors.len();
+        f
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,5 +450,109 @@ mod tests {
         let whole = compute(&pseudo, body).unwrap();
         assert_eq!(compute_parts(&pseudo, &[&body[..12], &body[12..15], &body[15..]]), Ok(whole));
         assert_eq!(to_wire(whole), roce[roce.len() - 4..]);
+    }
+
+    /// A packet from 10.1.16.61:50208 to 10.1.16.62:4791 with its ICRC computed for IPv4
+    /// identification `id` by way of a header as Linux would put on the wire, and the
+    /// pseudo-header a receiver that sees no IP header builds.
+    fn sent_with_id(id: u16, payload_len: usize) -> (PseudoHeader, Vec<u8>) {
+        use crate::ip::{IpRepr, Ipv4Repr};
+        let src: SocketAddr = "10.1.16.61:50208".parse().unwrap();
+        let dst: SocketAddr = "10.1.16.62:4791".parse().unwrap();
+        let mut roce = vec![0x04, 0, 0xFF, 0xFF, 0, 0, 0, 0x21, 0, 0x12, 0x34, 0x56];
+        roce.extend((0..payload_len).map(|i| u8::try_from((i * 7 + 3) % 256).unwrap()));
+        roce.extend([0; ICRC_LEN]);
+        let IpRepr::V4(v4) = IpRepr::for_addrs(src.ip(), dst.ip()).unwrap() else { panic!() };
+        let ip = IpRepr::V4(Ipv4Repr { ident: id, ..v4 });
+        let mut headers = [0u8; 28];
+        ip.emit(&mut headers, UDP_HEADER_LEN + roce.len()).unwrap();
+        UdpRepr { src_port: src.port(), dst_port: dst.port(), checksum: 0 }
+            .emit(&mut headers[20..], roce.len())
+            .unwrap();
+        let on_wire = PseudoHeader::from_headers(&headers).unwrap();
+        let end = roce.len() - ICRC_LEN;
+        let crc = compute(&on_wire, &roce[..end]).unwrap();
+        roce[end..].copy_from_slice(&to_wire(crc));
+        (PseudoHeader::for_endpoints(src, dst).unwrap(), roce)
+    }
+
+    #[test]
+    fn a_sender_setting_the_id_computes_what_the_wire_header_gives() {
+        for id in [0u16, 1, 2, 14, 127, 0x69c5, u16::MAX] {
+            let (pseudo, roce) = sent_with_id(id, 100);
+            let end = roce.len() - ICRC_LEN;
+            let crc = compute(&pseudo.with_ipv4_id(id), &roce[..end]).unwrap();
+            assert_eq!(to_wire(crc), roce[end..], "id {id}");
+            if id != 0 {
+                assert!(verify(&pseudo, &roce).is_err(), "id {id} is covered");
+            }
+        }
+    }
+
+    #[test]
+    fn a_receiver_recovers_the_id_and_applies_its_policy() {
+        let mut linux = IdRecovery::new(Ipv4IdPolicy::LinuxGso);
+        let mut any = IdRecovery::new(Ipv4IdPolicy::Any);
+        let mut zero = IdRecovery::new(Ipv4IdPolicy::Zero);
+        for len in [0usize, 4, 1024, 4096, 9000] {
+            for id in [0u16, 1, 5, 63, 127] {
+                let (pseudo, roce) = sent_with_id(id, len);
+                assert_eq!(linux.verify(&pseudo, &roce), Ok(id), "len {len} id {id}");
+                assert_eq!(any.verify(&pseudo, &roce), Ok(id));
+                assert_eq!(zero.verify(&pseudo, &roce).is_ok(), id == 0);
+            }
+            for id in [128u16, 200, 0x69c5, u16::MAX] {
+                let (pseudo, roce) = sent_with_id(id, len);
+                assert_eq!(linux.verify(&pseudo, &roce), Err(Error::IcrcUnexpectedIpId(id)));
+                assert_eq!(any.verify(&pseudo, &roce), Ok(id));
+            }
+        }
+    }
+
+    #[test]
+    fn rxe_packets_with_their_own_ids_verify_under_the_any_policy() {
+        let pkt = hex(
+            "4500003069c5400040119c7b0a01103d0a01103ec42012b7001c00001100ffff000000210059dfd71f000001e61d8892",
+        );
+        let (_, roce) = PseudoHeader::from_datagram(&pkt).unwrap();
+        let src: SocketAddr = "10.1.16.61:50208".parse().unwrap();
+        let dst: SocketAddr = "10.1.16.62:4791".parse().unwrap();
+        let blind = PseudoHeader::for_endpoints(src, dst).unwrap();
+        assert_eq!(IdRecovery::new(Ipv4IdPolicy::Any).verify(&blind, roce), Ok(0x69c5));
+        assert_eq!(
+            IdRecovery::new(Ipv4IdPolicy::LinuxGso).verify(&blind, roce),
+            Err(Error::IcrcUnexpectedIpId(0x69c5))
+        );
+    }
+
+    #[test]
+    fn corruption_is_not_mistaken_for_an_id() {
+        let mut any = IdRecovery::new(Ipv4IdPolicy::Any);
+        let (pseudo, roce) = sent_with_id(3, 4096);
+        let mut refused = 0;
+        for at in (0..roce.len()).step_by(97) {
+            for flip in [1u8, 0x80, 0x11] {
+                let mut bad = roce.clone();
+                bad[at] ^= flip;
+                refused += usize::from(matches!(
+                    any.verify(&pseudo, &bad),
+                    Err(Error::IcrcMismatch { .. })
+                ));
+            }
+        }
+        // Under "any ID", 2⁻¹⁶ of random corruptions still pass; none of these do.
+        assert_eq!(refused, 3 * roce.len().div_ceil(97));
+    }
+
+    #[test]
+    fn ipv6_and_captured_headers_are_not_searched() {
+        let (pseudo, roce) = sent_with_id(0, 64);
+        let src: SocketAddr = "[::1]:50208".parse().unwrap();
+        let dst: SocketAddr = "[::1]:4791".parse().unwrap();
+        let v6 = PseudoHeader::for_endpoints(src, dst).unwrap();
+        assert_eq!(v6.with_ipv4_id(9), v6);
+        let mut any = IdRecovery::new(Ipv4IdPolicy::Any);
+        assert!(matches!(any.verify(&v6, &roce), Err(Error::IcrcMismatch { .. })));
+        assert_eq!(any.verify(&pseudo, &roce), Ok(0));
     }
 }

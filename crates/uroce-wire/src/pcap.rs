@@ -2,9 +2,12 @@
 //! sends them, so that Wireshark and tshark decode them; and a reader for classic pcap and
 //! pcapng files as tcpdump, tshark and dumpcap write them.
 //!
-//! The writer's frames carry an IPv4 header with identification 0, DF and a valid header
-//! checksum, and UDP checksum 0 (allowed over IPv4); over IPv6 the UDP checksum is computed, as
-//! IPv6 requires. Both are what the ICRC was computed over, so `uroce decode` verifies them.
+//! The writer's frames carry an IPv4 header with DF and a valid header checksum, and UDP
+//! checksum 0 (allowed over IPv4); over IPv6 the UDP checksum is computed, as IPv6 requires.
+//! The IPv4 identification is the one the packet's ICRC was computed for (0 for a datagram
+//! sent alone, k for segment k of a GSO send; see [`crate::icrc::IdRecovery`]), or 0 if no
+//! identification makes the ICRC right: so `uroce decode` verifies every intact packet and
+//! still shows a corrupted one as such.
 
 use core::fmt;
 use core::net::{IpAddr, SocketAddr};
@@ -132,14 +135,20 @@ fn mac_for(ip: IpAddr) -> [u8; 6] {
 }
 
 /// Replaces `out` with an Ethernet frame carrying `roce` in UDP from `src` to `dst`, with the
-/// IP header [`IpRepr::for_addrs`] describes (the one the ICRC covers).
+/// IP header [`IpRepr::for_addrs`] describes (the one the ICRC covers), its IPv4
+/// identification the one the ICRC was computed for.
 pub fn ethernet_frame(
     src: SocketAddr,
     dst: SocketAddr,
     roce: &[u8],
     out: &mut Vec<u8>,
 ) -> crate::Result<()> {
-    let ip = IpRepr::for_addrs(src.ip(), dst.ip())?;
+    let mut ip = IpRepr::for_addrs(src.ip(), dst.ip())?;
+    if let IpRepr::V4(v4) = &mut ip {
+        let pseudo = crate::icrc::PseudoHeader::for_endpoints(src, dst)?;
+        let mut ids = crate::icrc::IdRecovery::new(crate::icrc::Ipv4IdPolicy::Any);
+        v4.ident = ids.verify(&pseudo, roce).unwrap_or(0);
+    }
     let ip_len = ip.header_len();
     let udp_len = UDP_HEADER_LEN + roce.len();
     out.clear();

@@ -159,7 +159,7 @@ impl Context {
     /// have it open too: the device's UDP port 4791 and its shared-memory paths are shared),
     /// with `UROCE_PCAP`, `UROCE_FAULTS` and `UROCE_FABRIC` applied from the environment.
     pub fn open(addr: IpAddr) -> Result<Self> {
-        let options = Options::from_env().map_err(|e| Error::Open(OpenError::Faults(e)))?;
+        let options = Options::from_env().map_err(|e| Error::Open(OpenError::Environment(e)))?;
         Self::open_with(addr, options)
     }
 

@@ -173,9 +173,6 @@ impl HostFabric {
 impl Fabric for HostFabric {
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
         if self.shm.is_none() || self.udp_only {
-            for o in out.iter_mut() {
-                o.fill_icrc(mem, SocketAddr::new(self.addr, o.port));
-            }
             self.udp.transmit(out, mem, c);
             return;
         }
@@ -191,7 +188,6 @@ impl Fabric for HostFabric {
         }));
         for (mut o, local) in out.drain(..).zip(self.routes.drain(..)) {
             let Some(slot) = local else {
-                o.fill_icrc(mem, SocketAddr::new(self.addr, o.port));
                 self.udp_out.push(o);
                 continue;
             };

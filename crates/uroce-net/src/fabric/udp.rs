@@ -1,5 +1,14 @@
 //! The kernel's UDP path: the device's port 4791 (shared by every process of the device
 //! through `SO_REUSEPORT`), a send socket per UDP source port, and multicast group sockets.
+//!
+//! Packets of one QP to one destination leave in as few system calls as the kernel allows: a
+//! run of equal-sized packets (the last may be shorter) is one segmented send (UDP GSO, up to
+//! [`GSO_MAX_SEGMENTS`] packets), and a receiving socket asks for coalesced runs (UDP GRO), so
+//! a 64 KiB message costs one send and one receive instead of sixteen of each. The kernel
+//! numbers the segments of one send 0, 1, …, n−1 in the IPv4 identification, which the ICRC
+//! covers: segment k is sealed for identification k here, and receivers recover it
+//! ([`uroce_wire::icrc::IdRecovery`]). Where the kernel or the interface cannot segment, the
+//! first refused send turns segmentation off and every packet goes alone.
 
 use core::net::{IpAddr, SocketAddr};
 use std::collections::HashMap;
@@ -9,13 +18,29 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use uroce_engine::{Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
+use uroce_wire::icrc::PseudoHeader;
 
 use super::{Fabric, Outgoing, Sink};
 use crate::device::NetCounters;
 use crate::sys::memory::Registry;
-use crate::sys::{self, RecvBatch};
+use crate::sys::{self, Datagram, RecvBatch, SendStop};
 
 const RECV_BATCH: usize = 32;
+
+/// Most packets in one segmented send: Linux's `UDP_MAX_SEGMENTS` (64 from 4.18; 128 since 6.x,
+/// where the receiver's [`uroce_wire::icrc::Ipv4IdPolicy::LinuxGso`] allows for it).
+pub(crate) const GSO_MAX_SEGMENTS: usize = 64;
+
+/// Most bytes in one segmented send: one UDP payload of an IP packet (65,535 less the IPv4
+/// and UDP headers), with room to spare.
+const GSO_MAX_BYTES: usize = 65_000;
+
+/// Which kernel offloads a device's UDP path uses (`UROCE_GSO=0`, `UROCE_GRO=0` turn them off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Offloads {
+    pub(crate) gso: bool,
+    pub(crate) gro: bool,
+}
 
 /// UDP sockets of one device address.
 pub(crate) struct Udp {
@@ -28,18 +53,41 @@ pub(crate) struct Udp {
     /// Receive sockets of the multicast groups QPs are attached to.
     mcast_socks: Vec<(IpAddr, UdpSocket)>,
     recv: RecvBatch,
+    /// Segmented sends are on (asked for, offered by the kernel, and not yet refused).
+    gso: bool,
+    /// The ICRC prefix of each flow (source port, destination), computed once.
+    pseudo: HashMap<(u16, SocketAddr), PseudoHeader>,
+    /// Reused between sends: packet lengths, and the runs planned.
+    lens: Vec<usize>,
+    runs: Vec<Run>,
+}
+
+/// Packets `first..first + count` of a batch, sent as one datagram, cut into `segment`-byte
+/// datagrams by the kernel when `count` > 1.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    first: usize,
+    count: usize,
+    segment: usize,
 }
 
 impl Udp {
     /// Binds the device's RoCEv2 port on `addr`, shared with the device's other processes.
-    pub(crate) fn bind(addr: IpAddr) -> io::Result<Self> {
+    pub(crate) fn bind(addr: IpAddr, offloads: Offloads) -> io::Result<Self> {
         let main = sys::udp_socket(SocketAddr::new(addr, ROCE_V2_PORT), false, true)?;
+        let gro = offloads.gro && sys::enable_gro(&main).is_ok();
+        let gso = offloads.gso && sys::gso_supported(&main);
+        let len = if gro { sys::MAX_GRO_DATAGRAM } else { sys::MAX_DATAGRAM };
         Ok(Self {
             addr,
             main,
             send_socks: HashMap::new(),
             mcast_socks: Vec::new(),
-            recv: RecvBatch::new(RECV_BATCH),
+            recv: RecvBatch::new(RECV_BATCH, len),
+            gso,
+            pseudo: HashMap::new(),
+            lens: Vec::new(),
+            runs: Vec::new(),
         })
     }
 
@@ -49,13 +97,110 @@ impl Udp {
     }
 
     /// The socket that sends from UDP source port `port`, bound on first use.
-    fn send_sock(&mut self, port: u16) -> Option<&UdpSocket> {
-        if !self.send_socks.contains_key(&port) {
-            let s = sys::udp_socket(SocketAddr::new(self.addr, port), false, true).ok()?;
-            sys::set_multicast_if(&s, self.addr).ok()?;
-            self.send_socks.insert(port, s);
+    fn send_sock(
+        socks: &mut HashMap<u16, UdpSocket>,
+        addr: IpAddr,
+        port: u16,
+    ) -> Option<&UdpSocket> {
+        if let std::collections::hash_map::Entry::Vacant(e) = socks.entry(port) {
+            let s = sys::udp_socket(SocketAddr::new(addr, port), false, true).ok()?;
+            sys::set_multicast_if(&s, addr).ok()?;
+            e.insert(s);
         }
-        self.send_socks.get(&port)
+        socks.get(&port)
+    }
+
+    /// Cuts `run` (packets of one source port, lengths in `self.lens`) into datagrams: with
+    /// segmentation on, each is a stretch of packets to one destination, all of one length but
+    /// the last, which may be shorter (udp(7): every segment but the last is `gso_size`).
+    fn plan(&mut self, run: &[Outgoing]) {
+        self.runs.clear();
+        let mut i = 0;
+        while i < run.len() {
+            let segment = self.lens[i];
+            let most = if self.gso {
+                GSO_MAX_SEGMENTS.min(GSO_MAX_BYTES / segment.max(1)).max(1)
+            } else {
+                1
+            };
+            let mut j = i + 1;
+            while j < run.len()
+                && j - i < most
+                && run[j].dst == run[i].dst
+                && self.lens[j] <= segment
+            {
+                j += 1;
+                if self.lens[j - 1] < segment {
+                    break;
+                }
+            }
+            self.runs.push(Run { first: i, count: j - i, segment });
+            i = j;
+        }
+    }
+
+    /// Sends `run` (packets from source port `port`); returns how many the kernel took.
+    fn send_run(
+        &mut self,
+        port: u16,
+        run: &mut [Outgoing],
+        mem: &Registry,
+        c: &mut NetCounters,
+    ) -> usize {
+        let mut done = 0;
+        loop {
+            let rest = &mut run[done..];
+            self.lens.clear();
+            self.lens.extend(rest.iter().map(|o| o.parts(mem).map(<[u8]>::len).sum::<usize>()));
+            self.plan(rest);
+            for r in &self.runs {
+                for (k, o) in rest[r.first..r.first + r.count].iter_mut().enumerate() {
+                    let id = if r.count > 1 { u16::try_from(k).unwrap_or(0) } else { 0 };
+                    if let Some(pseudo) = pseudo_for(&mut self.pseudo, self.addr, port, o.dst) {
+                        o.seal(mem, &pseudo, id);
+                    }
+                }
+            }
+            let Some(sock) = Self::send_sock(&mut self.send_socks, self.addr, port) else {
+                return done;
+            };
+            let datagrams: Vec<Datagram<'_>> = self
+                .runs
+                .iter()
+                .map(|r| Datagram {
+                    dst: rest[r.first].dst,
+                    parts: rest[r.first..r.first + r.count]
+                        .iter()
+                        .flat_map(|o| o.parts(mem))
+                        .collect(),
+                    segment: (r.count > 1).then(|| u16::try_from(r.segment).unwrap_or(u16::MAX)),
+                })
+                .collect();
+            let (sent, stop) = sys::send_batch(sock, &datagrams);
+            drop(datagrams);
+            c.tx_batches += 1;
+            for r in &self.runs[..sent] {
+                c.tx_datagrams += r.count as u64;
+                if r.count > 1 {
+                    c.tx_gso_sends += 1;
+                    c.tx_gso_segments += r.count as u64;
+                }
+            }
+            let taken: usize = self.runs[..sent].iter().map(|r| r.count).sum();
+            let refused_segmented = matches!(
+                (&stop, self.runs.get(sent)),
+                (Some(SendStop::Refused(e)), Some(r))
+                    if r.count > 1 && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP))
+            );
+            done += taken;
+            if refused_segmented {
+                // This path cannot segment: from now on every packet goes alone.
+                self.gso = false;
+                c.tx_gso_refused += 1;
+                continue;
+            }
+            return done;
+        }
     }
 
     fn drain(
@@ -72,8 +217,6 @@ impl Udp {
                 break;
             }
             c.rx_batches += 1;
-            c.rx_datagrams += n as u64;
-            total += n;
             for i in 0..n {
                 let meta = recv.meta[i];
                 let rx = RxInfo {
@@ -83,7 +226,28 @@ impl Udp {
                     hop_limit: meta.hop_limit,
                     flow_label: 0,
                 };
-                sink(&rx, recv.payload(i), false);
+                let payload = recv.payload(i);
+                // A coalesced run (UDP GRO) is cut where the sender's datagrams ended; an
+                // empty datagram (cut short by the kernel) still goes on, to be counted.
+                let segment = match usize::from(meta.segment) {
+                    0 => payload.len().max(1),
+                    s => s,
+                };
+                let mut packets = 0;
+                for p in payload.chunks(segment) {
+                    sink(&rx, p, false);
+                    packets += 1;
+                }
+                if payload.is_empty() {
+                    sink(&rx, payload, false);
+                    packets = 1;
+                }
+                if meta.segment != 0 {
+                    c.rx_gro_datagrams += 1;
+                    c.rx_gro_segments += packets as u64;
+                }
+                c.rx_datagrams += packets as u64;
+                total += packets;
             }
             if n < RECV_BATCH {
                 break;
@@ -93,31 +257,41 @@ impl Udp {
     }
 }
 
+/// The ICRC prefix of the flow from `addr`:`port` to `dst`, computed once.
+fn pseudo_for(
+    cache: &mut HashMap<(u16, SocketAddr), PseudoHeader>,
+    addr: IpAddr,
+    port: u16,
+    dst: SocketAddr,
+) -> Option<PseudoHeader> {
+    if let Some(p) = cache.get(&(port, dst)) {
+        return Some(*p);
+    }
+    let p = PseudoHeader::for_endpoints(SocketAddr::new(addr, port), dst).ok()?;
+    // Bounded: many flows cost recomputation, not memory.
+    if cache.len() >= 4096 {
+        cache.clear();
+    }
+    cache.insert((port, dst), p);
+    Some(p)
+}
+
 impl Fabric for Udp {
-    /// One `sendmmsg` per run of one source port, each packet gathered from its headers, its
-    /// payload in registered memory and its trailer (no copy in user space).
+    /// Per run of one source port: one `sendmmsg` of as few datagrams as segmentation allows,
+    /// each gathered from the packets' headers, their payload in registered memory and their
+    /// trailers (no copy in user space).
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
         let mut start = 0;
         while start < out.len() {
             let port = out[start].port;
             let end =
                 out[start..].iter().position(|o| o.port != port).map_or(out.len(), |k| start + k);
-            let run = &out[start..end];
-            let sent = match self.send_sock(port) {
-                Some(sock) => {
-                    let list: Vec<(SocketAddr, Vec<&[u8]>)> =
-                        run.iter().map(|o| (o.dst, o.parts(mem).collect())).collect();
-                    sys::send_batch(sock, &list).unwrap_or(0)
-                }
-                None => 0,
-            };
-            for o in run.iter().take(sent).filter(|o| o.payload_at.is_some()) {
+            let sent = self.send_run(port, &mut out[start..end], mem, c);
+            for o in out[start..start + sent].iter().filter(|o| o.payload_at.is_some()) {
                 c.tx_zero_copy += 1;
                 c.tx_zero_copy_bytes += o.zero_copy_bytes();
             }
-            c.tx_batches += 1;
-            c.tx_datagrams += sent as u64;
-            c.tx_errors += (run.len() - sent) as u64;
+            c.tx_errors += (end - start - sent) as u64;
             start = end;
         }
     }

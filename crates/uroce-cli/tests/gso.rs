@@ -1,0 +1,177 @@
+//! The UDP path's segmentation offload seen from the wire: a run of a QP's packets leaves in one
+//! segmented send (UDP GSO), and Linux numbers the segments' IPv4 identification 0, 1, …, n−1.
+//! The ICRC covers that field, so segment k must be sealed for identification k. Here the
+//! interface segments in software (`gso_max_segs 1`), so a capture on it holds every segment
+//! with the identification it really carried, and `uroce decode` checks each ICRC against the
+//! captured header: a sender that sealed every segment for 0 (or for the wrong k) fails. The
+//! receiver, which does not see the header, must find the identification itself; every test
+//! also completes only if it does.
+//!
+//! Loopback (IPv4 and IPv6) in one namespace, and a veth pair between two (1500-byte MTU, RDMA
+//! MTU 1024: 60 segments per send). Needs root, `ip` and `dumpcap`/`tshark`; without them it
+//! says why it skips, and under `CI=true` fails.
+
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+#![allow(clippy::disallowed_methods, reason = "the capture must see the last packets land")]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use uroce_testkit::{Namespaces, describe, installed, netns_tools_present, run};
+
+const UROCE: &str = env!("CARGO_BIN_EXE_uroce");
+
+/// A network namespace of the test's own, deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Self {
+        let name = format!("uroce-gso-{tag}-{}", std::process::id());
+        run("ip", &["netns", "add", &name]);
+        run("ip", &["-n", &name, "link", "set", "lo", "up"]);
+        Self(name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// dumpcap on `interface` in namespace `ns`, writing pcap to `file`; returns once it captures.
+fn start_capture(ns: &str, interface: &str, file: &Path) -> Child {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "dumpcap", "-i", interface, "-f", "udp port 4791", "-P"])
+        .arg("-w")
+        .arg(file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("Capturing on") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "dumpcap ended before capturing");
+    }
+    // Keep draining its statistics so it never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    child
+}
+
+fn stop(child: &mut Child) {
+    let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+    let _ = child.wait();
+}
+
+/// `uroce server` in `server_ns` and `uroce client` in `client_ns`, both on the UDP path,
+/// running WRITE and SEND streams of 64 KiB and a WRITE ping-pong; returns the client's output.
+fn run_tests(server_ns: &str, client_ns: &str, server: &str, client: &str, mtu: &str) -> String {
+    let mut srv = Command::new("ip")
+        .args(["netns", "exec", server_ns, UROCE, "server", "--addr", server, "--port", "19901"])
+        .env("UROCE_FABRIC", "udp")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(srv.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("waiting for clients"), "server: {line}");
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let args = [server, "rc_rdma_write_bw", "rc_bw", "uc_bw", "rc_rdma_write_lat", "-s", "64K"];
+    let cli = Command::new("ip")
+        .args(["netns", "exec", client_ns, UROCE, "client"])
+        .args(args)
+        .args(["-n", "300", "--mtu", mtu, "--local", client, "--port", "19901"])
+        .env("UROCE_FABRIC", "udp")
+        .output()
+        .unwrap();
+    let _ = srv.kill();
+    let _ = srv.wait();
+    assert!(cli.status.success(), "client: {}", describe(&cli));
+    String::from_utf8_lossy(&cli.stdout).into_owned()
+}
+
+/// `uroce decode` verifies every captured packet (status 0); returns the IPv4 identifications
+/// the capture holds (tshark reads them).
+fn verify_capture(file: &Path) -> Vec<u32> {
+    let out = Command::new(UROCE).arg("decode").arg(file).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let bad: Vec<&str> = text.lines().filter(|l| !l.contains("icrc=ok")).take(5).collect();
+    assert!(out.status.success(), "uroce decode: {bad:?} {}", describe(&out));
+    let packets = text.lines().count();
+    assert!(packets > 1000, "the capture holds {packets} packets");
+    let ids = Command::new("tshark")
+        .arg("-r")
+        .arg(file)
+        .args(["-T", "fields", "-e", "ip.id"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&ids.stdout)
+        .lines()
+        .filter_map(|l| u32::from_str_radix(l.trim().trim_start_matches("0x"), 16).ok())
+        .collect()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("uroce-gso-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn tools() -> bool {
+    netns_tools_present() && installed(&["dumpcap", "tshark"], "tshark")
+}
+
+#[test]
+fn segments_on_loopback_carry_their_identification_and_verify() {
+    if !tools() {
+        return;
+    }
+    let ns = Netns::new("lo");
+    // Software segmentation before the capture point: the capture sees every segment.
+    run("ip", &["-n", &ns.0, "link", "set", "lo", "gso_max_segs", "1"]);
+    for a in ["fd16::2/128", "fd16::3/128"] {
+        run("ip", &["-n", &ns.0, "addr", "add", a, "dev", "lo", "nodad"]);
+    }
+    for (family, server, client) in [("v4", "127.0.0.3", "127.0.0.2"), ("v6", "fd16::3", "fd16::2")]
+    {
+        let file = scratch(&format!("lo-{family}.pcap"));
+        let mut cap = start_capture(&ns.0, "lo", &file);
+        let report = run_tests(&ns.0, &ns.0, server, client, "4096");
+        std::thread::sleep(Duration::from_millis(300));
+        stop(&mut cap);
+        eprintln!("{family}:\n{report}");
+        let ids = verify_capture(&file);
+        if family == "v4" {
+            let most = ids.iter().copied().max().unwrap_or(0);
+            assert!(most >= 10, "segments numbered up to {most}: no segmented sends?");
+            assert!(ids.iter().all(|&id| id < 64), "an identification beyond one send's segments");
+        }
+    }
+}
+
+#[test]
+fn segments_across_a_veth_pair_carry_their_identification_and_verify() {
+    if !tools() {
+        return;
+    }
+    let hosts = Namespaces::new('g', &["10.196.7.1/24"], &["10.196.7.2/24"]);
+    for (ns, link) in [(&hosts.a, &hosts.link_a), (&hosts.b, &hosts.link_b)] {
+        run("ip", &["-n", ns, "link", "set", link, "gso_max_segs", "1"]);
+    }
+    let file = scratch("veth.pcap");
+    let mut cap = start_capture(&hosts.a, &hosts.link_a, &file);
+    let report = run_tests(&hosts.b, &hosts.a, "10.196.7.2", "10.196.7.1", "1024");
+    std::thread::sleep(Duration::from_millis(300));
+    stop(&mut cap);
+    eprintln!("{report}");
+    let ids = verify_capture(&file);
+    let most = ids.iter().copied().max().unwrap_or(0);
+    // 64 KiB in 1,040-byte packets: up to 60 segments in one send.
+    assert!(most >= 40, "segments numbered up to {most}: no segmented sends?");
+}
