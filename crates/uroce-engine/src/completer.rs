@@ -242,13 +242,81 @@ fn advance_una(qp: &mut Qp, now: Instant, una: Psn) {
                 qp.req.cwnd += 1;
             }
         }
+        if let Some((timed, sent)) = qp.req.timing
+            && una.is_after(timed)
+        {
+            qp.req.timing = None;
+            let sample = now.saturating_since(sent);
+            // RFC 6298's smoothing, srtt ← 7/8 srtt + 1/8 sample.
+            qp.req.srtt = Some(match qp.req.srtt {
+                None => sample,
+                Some(s) => Duration::from_nanos((s.as_nanos() * 7 + sample.as_nanos()) / 8),
+            });
+        }
         qp.req.una = una;
         qp.req.recovering = None;
         qp.req.retries_left = qp.retry_cnt;
         qp.req.rnr_retries_left = qp.rnr_retry;
-        qp.req.ack_deadline =
-            if qp.req.una == qp.req.high_psn { None } else { qp.ack_timeout().map(|t| now + t) };
+        let outstanding = qp.req.una != qp.req.high_psn;
+        qp.req.ack_deadline = if outstanding { qp.ack_timeout().map(|t| now + t) } else { None };
+        qp.req.probes = 0;
+        qp.req.probe_at = if outstanding { probe_timeout(qp).map(|t| now + t) } else { None };
     }
+}
+
+/// The shortest wait before a tail-loss probe: well above a round trip between processes of a
+/// host (tens of microseconds) and the wake-up of a sleeping thread, far below the ACK timeouts
+/// applications set (`timeout` 14, 67 ms, is common).
+const MIN_PROBE: Duration = Duration::from_micros(500);
+
+/// Probes sent, each after twice the last wait, before only the ACK timer is left.
+const MAX_PROBES: u8 = 3;
+
+/// How long `qp` waits without an acknowledgement before it probes for a lost tail: twice the
+/// smoothed round trip, at least [`MIN_PROBE`], at most a quarter of the ACK timeout (the probe
+/// must come well before it), doubled for each probe already sent. `None` when the ACK
+/// timeout is infinite or too short for a probe to help.
+pub(crate) fn probe_timeout(qp: &Qp) -> Option<Duration> {
+    let limit = qp.ack_timeout()?.as_nanos() / 4;
+    let base = qp.req.srtt.map_or(MIN_PROBE.as_nanos(), |s| s.as_nanos() * 2);
+    let wait = base.max(MIN_PROBE.as_nanos()) << qp.req.probes.min(8);
+    (limit >= MIN_PROBE.as_nanos()).then(|| Duration::from_nanos(wait.min(limit)))
+}
+
+/// The tail-loss probe (after TCP's, RFC 8985 §7): packets are outstanding, nothing is being
+/// resent, and no acknowledgement came for [`probe_timeout`]. The last packet sent may have
+/// been lost (no later packet shows the responder a gap, so no sequence NAK comes) or the
+/// responder's NAK or ACK may have been: the requester sends that packet again, asking for an
+/// ACK. A responder that has it answers with a duplicate ACK; one that lost it takes it, or
+/// NAKs the gap before it. Either answer moves the requester on within a round trip instead
+/// of the ACK timeout. IBA 9.7 lets a requester resend any unacknowledged packet; the probe
+/// does not count as a retry (only the ACK timer's and the NAKs' go-back-N do) and does not
+/// shrink the window.
+fn probe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
+    qp.req.probe_at = None;
+    let sending = matches!(qp.state, QpState::Rts | QpState::Sqd);
+    let idle = qp.req.next_psn == qp.req.high_psn && qp.req.rnr_resume.is_none();
+    if !sending || !idle || !qp.req.una.is_before(qp.req.high_psn) {
+        return;
+    }
+    if qp.req.probes >= MAX_PROBES {
+        return;
+    }
+    // The last packet: the one before `high_psn`, unless that is inside a READ's responses,
+    // where asking again for the last response is what probes.
+    let last = qp.req.high_psn.sub(1);
+    let deadline = qp.req.ack_deadline;
+    rewind(qp, now, last);
+    qp.req.ack_deadline = deadline;
+    qp.req.timing = None;
+    // A NAK that answers the probe starts go-back-N again even for the loss already being
+    // recovered from: the first recovery's packets were lost too.
+    qp.req.recovering = None;
+    qp.req.probes += 1;
+    qp.req.probe_at = probe_timeout(qp).map(|t| now + t);
+    ctx.counters.tail_probes += 1;
+    qp.counters.tail_probes += 1;
+    ctx.schedule(qp);
 }
 
 /// Completes, in order, every WQE at the front of the send queue that is finished: SEND and
@@ -429,6 +497,7 @@ fn rewind(qp: &mut Qp, now: Instant, from: Psn) {
     // ACK tells where it is, so one lost NAK does not cost a whole timeout.
     req.since_ack_req = u32::MAX - 1;
     req.ack_deadline = deadline;
+    req.timing = None;
 }
 
 /// Timers of `qp` due at `now`.
@@ -439,6 +508,9 @@ pub(crate) fn on_timer<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Inst
         qp.req.rnr_resume = None;
         rewind(qp, now, from);
         ctx.schedule(qp);
+    }
+    if qp.req.probe_at.is_some_and(|t| t <= now) {
+        probe(qp, ctx, now);
     }
     if qp.req.ack_deadline.is_some_and(|t| t <= now) {
         qp.req.ack_deadline = None;

@@ -22,6 +22,9 @@ pub struct Counters {
     /// ACK timeouts with packets outstanding: each starts a retry, or ends the WQE with
     /// `RETRY_EXC_ERR` once the retries are used up.
     pub ack_timeouts: u64,
+    /// Tail-loss probes: the last packet sent again when no acknowledgement came for a few
+    /// round trips (well before the ACK timeout).
+    pub tail_probes: u64,
     /// Sequence NAKs received (`SEQ_NAK`).
     pub seq_naks_rcvd: u64,
     /// Implied NAKs: a READ or atomic response overtaken by a later ACK.
@@ -100,6 +103,9 @@ pub struct QpCounters {
     pub retransmitted_pkts: u64,
     /// ACK timeouts with packets outstanding.
     pub ack_timeouts: u64,
+    /// Tail-loss probes: the last packet sent again when no acknowledgement came for a few
+    /// round trips (well before the ACK timeout).
+    pub tail_probes: u64,
     /// Sequence NAKs received.
     pub seq_naks_rcvd: u64,
     /// RNR NAKs received.
@@ -128,6 +134,7 @@ impl Counters {
             ("dup_req", self.dup_req),
             ("retransmitted_pkts", self.retransmitted_pkts),
             ("ack_timeouts", self.ack_timeouts),
+            ("tail_probes", self.tail_probes),
             ("seq_naks_rcvd", self.seq_naks_rcvd),
             ("implied_naks", self.implied_naks),
             ("rnr_naks_sent", self.rnr_naks_sent),
@@ -173,6 +180,7 @@ impl QpCounters {
             ("rcvd_bytes", self.rcvd_bytes),
             ("retransmitted_pkts", self.retransmitted_pkts),
             ("ack_timeouts", self.ack_timeouts),
+            ("tail_probes", self.tail_probes),
             ("seq_naks_rcvd", self.seq_naks_rcvd),
             ("rnr_naks_rcvd", self.rnr_naks_rcvd),
             ("rnr_naks_sent", self.rnr_naks_sent),

@@ -1313,7 +1313,9 @@ impl<M: MemoryAccess> Device<M> {
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.qps
             .values()
-            .flat_map(|qp| [qp.req.ack_deadline, qp.req.rnr_resume.map(|(t, _)| t)])
+            .flat_map(|qp| {
+                [qp.req.ack_deadline, qp.req.probe_at, qp.req.rnr_resume.map(|(t, _)| t)]
+            })
             .flatten()
             .min()
     }

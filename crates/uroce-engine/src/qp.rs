@@ -280,6 +280,15 @@ pub(crate) struct Requester {
     pub(crate) cwnd: u32,
     /// Packets acknowledged toward the next growth of `cwnd`.
     pub(crate) cwnd_acked: u32,
+    /// When to probe for a lost tail ([`crate::completer`]'s tail-loss probe): armed while
+    /// packets are outstanding, pushed back by every acknowledgement that makes progress.
+    pub(crate) probe_at: Option<Instant>,
+    /// Probes sent since the last progress.
+    pub(crate) probes: u8,
+    /// Smoothed round-trip time, from acknowledgements of packets sent once (Karn's rule).
+    pub(crate) srtt: Option<Duration>,
+    /// The packet being timed for `srtt`: its PSN and when it went out.
+    pub(crate) timing: Option<(Psn, Instant)>,
 }
 
 /// A message the responder is in the middle of.
@@ -322,6 +331,9 @@ pub(crate) struct Responder {
     pub(crate) msn: Msn,
     /// A sequence NAK went out for the current gap; further out-of-order packets are dropped.
     pub(crate) nak_sent: bool,
+    /// When the sequence NAK for the current gap last went out (`None` while there is no gap,
+    /// and after an RNR NAK, which stands for the packets behind it on its own).
+    pub(crate) gap_nak_at: Option<Instant>,
     pub(crate) current: Option<InMessage>,
     /// UC: the rest of the current message is being dropped, until a FIRST or ONLY.
     pub(crate) uc_dropping: bool,

@@ -170,7 +170,8 @@ pub(crate) fn poll<M: MemoryAccess>(
         qp.req.next_pkt += 1;
         qp.req.next_psn = psn.next();
     }
-    if psn.is_before(qp.req.high_psn) {
+    let fresh = !psn.is_before(qp.req.high_psn);
+    if !fresh {
         ctx.counters.retransmitted_pkts += 1;
         qp.counters.retransmitted_pkts += 1;
     }
@@ -181,8 +182,18 @@ pub(crate) fn poll<M: MemoryAccess>(
         // UC and UD: a WQE is complete once its last packet is on the wire (IBA 9.8).
         qp.req.una = qp.req.next_psn;
         completer::drain(qp, ctx);
-    } else if qp.req.ack_deadline.is_none() {
-        qp.req.ack_deadline = qp.ack_timeout().map(|t| now + t);
+    } else {
+        if qp.req.ack_deadline.is_none() {
+            qp.req.ack_deadline = qp.ack_timeout().map(|t| now + t);
+        }
+        // Time one packet at a time, and only one sent once (Karn's rule: the ACK of a
+        // retransmitted packet does not say which copy it answers).
+        if fresh && b.ack_req && qp.req.timing.is_none() {
+            qp.req.timing = Some((psn, now));
+        }
+        if qp.req.probe_at.is_none() {
+            qp.req.probe_at = completer::probe_timeout(qp).map(|t| now + t);
+        }
     }
     Some(tx)
 }

@@ -20,11 +20,16 @@ use crate::qp::{InMessage, Qp, RecvWqe, Resource, ResourceKind, Response};
 use crate::time::Instant;
 use crate::types::{Access, QpState, QpType, WcOpcode, WcStatus, WorkCompletion};
 
+/// How long after a sequence NAK a packet asking for an acknowledgement gets the NAK again:
+/// longer than the burst behind a gap takes to arrive, shorter than the requester's tail-loss
+/// probe (`completer::probe_timeout`, at least 500 µs).
+const RENAK_AFTER: crate::time::Duration = crate::time::Duration::from_micros(200);
+
 /// A request packet for `qp` (already checked: ICRC, transport, peer, QP state).
 pub(crate) fn on_request<M: MemoryAccess>(
     qp: &mut Qp,
     ctx: &mut Ctx<M>,
-    _now: Instant,
+    now: Instant,
     packet: &PacketRepr<'_>,
 ) {
     if qp.init.qp_type == QpType::Uc {
@@ -34,13 +39,23 @@ pub(crate) fn on_request<M: MemoryAccess>(
     let psn = packet.bth.psn;
     let distance = psn.distance(qp.resp.epsn);
     if distance > 0 {
-        // Ahead: a packet was lost. NAK once per gap, carrying the expected PSN.
-        if qp.resp.nak_sent {
+        // Ahead: a packet was lost. NAK once per gap, carrying the expected PSN. Again only
+        // when a packet asks for an acknowledgement well after that NAK (the requester's
+        // tail-loss probe: the NAK may have been lost, and without an answer the requester
+        // waits for its ACK timeout), never for the burst of packets right behind the gap.
+        let renak =
+            qp.resp.gap_nak_at.is_some_and(|t| now >= t + RENAK_AFTER) && packet.bth.ack_req;
+        if qp.resp.nak_sent && !renak {
             ctx.counters.drop_out_of_sequence += 1;
         } else {
-            ctx.counters.rcv_seq_err += 1;
-            qp.counters.rcv_seq_err += 1;
+            if renak {
+                ctx.counters.drop_out_of_sequence += 1;
+            } else {
+                ctx.counters.rcv_seq_err += 1;
+                qp.counters.rcv_seq_err += 1;
+            }
             qp.resp.nak_sent = true;
+            qp.resp.gap_nak_at = Some(now);
             let (epsn, msn) = (qp.resp.epsn, qp.resp.msn);
             queue(
                 qp,
@@ -382,6 +397,7 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
     }
     qp.resp.epsn = psn.next();
     qp.resp.nak_sent = false;
+    qp.resp.gap_nak_at = None;
     if info.has(OpFlags::LAST) {
         qp.resp.msn = qp.resp.msn.next();
     }
@@ -405,6 +421,7 @@ fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) -> Option<RecvWqe> {
         qp.counters.rnr_naks_sent += 1;
         ctx.counters.drop_rnr += 1;
         qp.resp.nak_sent = true;
+        qp.resp.gap_nak_at = None;
         let msn = qp.resp.msn;
         let syndrome = Syndrome::RnrNak(qp.min_rnr_timer);
         queue(qp, ctx, Response::Ack { psn, syndrome, msn });
@@ -558,6 +575,7 @@ fn read<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
     qp.resp.msn = qp.resp.msn.next();
     qp.resp.epsn = psn.add(npkts);
     qp.resp.nak_sent = false;
+    qp.resp.gap_nak_at = None;
     let msn = qp.resp.msn;
     queue(
         qp,
@@ -598,6 +616,7 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
     qp.resp.msn = qp.resp.msn.next();
     qp.resp.epsn = psn.next();
     qp.resp.nak_sent = false;
+    qp.resp.gap_nak_at = None;
     let msn = qp.resp.msn;
     queue(qp, ctx, Response::Atomic { psn, orig, msn });
 }

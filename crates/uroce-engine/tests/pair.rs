@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 
 use uroce_engine::*;
+use uroce_wire::aeth::Syndrome;
 use uroce_wire::opcode::Opcode;
 use uroce_wire::{PacketRepr, ROCE_V2_PORT};
 
@@ -327,8 +328,9 @@ fn write_with_immediate_consumes_a_receive() {
 fn atomics_apply_exactly_once_even_when_the_ack_is_lost() {
     let mut p = Pair::new(Mtu::Mtu1024);
     p.mem(B, 0x100, 8).copy_from_slice(&40u64.to_ne_bytes());
-    // Lose the first atomic ACK: the requester times out, resends the FETCH_ADD, and the
-    // responder must answer from its saved result without adding again.
+    // Lose the first atomic ACK: the requester's tail-loss probe resends the FETCH_ADD well
+    // before the ACK timeout, and the responder must answer from its saved result without
+    // adding again.
     let mut lost = false;
     p.filter = Box::new(move |_, pkt| {
         if pkt.bth.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE && !lost {
@@ -346,7 +348,8 @@ fn atomics_apply_exactly_once_even_when_the_ack_is_lost() {
     assert_eq!(u64::from_ne_bytes(p.mem(A, 0x10, 8).try_into().unwrap()), 40, "original value");
     assert_eq!(u64::from_ne_bytes(p.mem(B, 0x100, 8).try_into().unwrap()), 42, "added once");
     assert_eq!(p.hosts[B].dev.counters().dup_req, 1);
-    assert_eq!(p.hosts[A].dev.counters().ack_timeouts, 1);
+    let a = *p.hosts[A].dev.counters();
+    assert_eq!((a.tail_probes, a.ack_timeouts), (1, 0));
 
     let mut wr = SendWr::new(2, WrOpcode::AtomicCmpAndSwp, vec![p.sge(A, 0x18, 8)]);
     wr.remote = Some(p.remote(B, 0x100));
@@ -443,6 +446,57 @@ fn rnr_retries_exhausted_end_in_rnr_retry_exc_err_and_flush() {
     assert_eq!(p.hosts[A].dev.counters().rnr_naks_rcvd, 4);
 }
 
+/// A lost last packet leaves no gap for the responder to see, so no NAK comes: the tail-loss
+/// probe sends it again after a few round trips, well before the ACK timeout (4.2 ms here).
+#[test]
+fn a_lost_tail_is_probed_for_before_the_ack_timeout() {
+    let mut p = Pair::new(Mtu::Mtu256);
+    let data = fill(&mut p, A, 0, 256 * 20, 3);
+    let mut dropped = false;
+    p.filter = Box::new(move |from, pkt| {
+        if from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_LAST && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    p.post_send(A, write_wr(&p, 1, 0, 0, 256 * 20));
+    p.run(Duration::from_micros(1500));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(B, 0, 256 * 20), &data[..]);
+    let a = *p.hosts[A].dev.counters();
+    assert_eq!((a.tail_probes, a.ack_timeouts, a.retransmitted_pkts), (1, 0, 1));
+}
+
+/// A lost sequence NAK: the responder has dropped everything behind the gap and said so once.
+/// The probe asks again; the responder answers it with the NAK again (once per probe, not
+/// per packet behind the gap), and go-back-N runs without waiting for the ACK timeout.
+#[test]
+fn a_lost_nak_is_asked_for_again_by_the_probe() {
+    let mut p = Pair::new(Mtu::Mtu256);
+    let data = fill(&mut p, A, 0, 256 * 20, 3);
+    let (mut dropped_req, mut dropped_nak) = (false, false);
+    p.filter = Box::new(move |from, pkt| {
+        if from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_MIDDLE && !dropped_req {
+            dropped_req = true;
+            return false;
+        }
+        let is_nak = pkt.ext.aeth.is_some_and(|a| matches!(a.syndrome, Syndrome::Nak(_)));
+        if from == B && is_nak && !dropped_nak {
+            dropped_nak = true;
+            return false;
+        }
+        true
+    });
+    p.post_send(A, write_wr(&p, 1, 0, 0, 256 * 20));
+    p.run(Duration::from_micros(1500));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(B, 0, 256 * 20), &data[..]);
+    let (a, b) = (*p.hosts[A].dev.counters(), *p.hosts[B].dev.counters());
+    assert_eq!((a.tail_probes, a.ack_timeouts, a.seq_naks_rcvd), (1, 0, 1));
+    assert_eq!(b.rcv_seq_err, 1, "one gap");
+}
+
 #[test]
 fn a_dead_link_ends_in_retry_exc_err_after_exactly_retry_cnt_retries() {
     let mut p = Pair::new(Mtu::Mtu1024);
@@ -456,7 +510,10 @@ fn a_dead_link_ends_in_retry_exc_err_after_exactly_retry_cnt_retries() {
     let c = *p.hosts[A].dev.counters();
     // retry_cnt 3: three timeouts each start a retry; the fourth ends the WQE.
     assert_eq!((c.ack_timeouts, c.retry_exceeded), (4, 1));
-    assert_eq!(c.retransmitted_pkts, 3 * 2, "both SENDs go again on every retry");
+    // Before the first timeout the tail-loss probe sends the last SEND again, three times
+    // (each after twice the last wait): probes neither count as retries nor reset them.
+    assert_eq!(c.tail_probes, 3);
+    assert_eq!(c.retransmitted_pkts, 3 * 2 + 3, "both SENDs go again on every retry");
     // Four timeouts of 4.096 µs × 2^10 each.
     let timeout = Duration::from_nanos(4096 << 10);
     assert!(p.now - t0 >= timeout.saturating_mul(4), "took {}", p.now - t0);
