@@ -449,8 +449,11 @@ fn capture_mid_run(a: &str, b: &str, udp: bool, tag: &str) {
     let n = psns.len();
     psns.sort_unstable();
     psns.dedup();
-    // Go-back-N may resend a packet; on this path nothing is lost, so nothing repeats.
-    assert_eq!(psns.len(), n, "a WRITE captured twice");
+    // On this path nothing is lost, so nothing repeats but what a tail-loss probe sent again
+    // (an ACK late because every core was busy: one packet per probe).
+    let probes = s.b1.counters()["tail_probes"];
+    let repeated = u64::try_from(n - psns.len()).unwrap();
+    assert!(repeated <= probes, "{repeated} WRITEs captured twice, {probes} probes");
     tshark_finds_nothing_malformed(&pcap);
     let _ = std::fs::remove_file(&pcap);
 }

@@ -66,10 +66,16 @@
 //! their ICRC verified by the engine; mismatches are counted and dropped.
 //!
 //! The ICRC covers the IPv4 identification field, which user space does not choose. Sockets are
-//! unconnected with `IP_PMTUDISC_DO`, for which Linux sends identification 0 — the value the
-//! engine assumes. **UDP GSO is not used**: the kernel numbers the segments of a GSO send
-//! 0, 1, 2, …, which would make every segment after the first fail its ICRC over IPv4. (IPv6
-//! has no identification field, so GSO would be safe there; it is left for a measured change.)
+//! unconnected with `IP_PMTUDISC_DO`, for which Linux sends a datagram sent alone with
+//! identification 0 and segment k of one GSO send with k. A run of a QP's packets to one
+//! destination, all of one length but the last, leaves in one segmented send (`UDP_SEGMENT`, up
+//! to 64 packets), each packet sealed for the identification it will carry; receiving sockets
+//! ask for coalesced runs (`UDP_GRO`) and cut them where the sender's datagrams ended. A
+//! receiver cannot see the identification, so the engine finds it from the ICRC
+//! (`uroce_wire::icrc::IdRecovery`) and accepts what a Linux sender produces (0..127;
+//! `UROCE_ICRC_IP_ID=any` for peers such as rxe that number datagrams otherwise). IPv6 has no
+//! identification. `UROCE_GSO=0` and `UROCE_GRO=0` turn the offloads off; a segmented send the
+//! kernel refuses turns GSO off for the process.
 //!
 //! # Batching and copies
 //!
