@@ -147,10 +147,46 @@ fn decode_frames(frames: &[pcap::Frame<'_>], prefix: &str, out: &mut dyn Write) 
             }
         };
         let (text, good) = describe(&datagram);
+        if !good && let Some((size, pseudo, id)) = gso_run(&datagram) {
+            // One segmented send the capture took before the kernel cut it: each segment as
+            // it went on the wire, with the identification the kernel gave it.
+            let n = datagram.payload.len().div_ceil(size);
+            for (k, seg) in datagram.payload.chunks(size).enumerate() {
+                let id = id.wrapping_add(u16::try_from(k).unwrap_or(0));
+                let icrc_ok = icrc::verify(&pseudo.with_ipv4_id(id), seg).is_ok();
+                let head = format!("{} > {} ", datagram.src(), datagram.dst());
+                let (text, good) = describe_roce(head, seg, icrc_ok);
+                summary.add(good);
+                line(out, &format!("{label}.{k} {text} (GSO segment {}/{n})", k + 1));
+            }
+            continue;
+        }
         summary.add(good);
         line(out, &format!("{label} {text}"));
     }
     summary
+}
+
+/// A datagram captured before the kernel cut it into the datagrams of a segmented send (UDP
+/// GSO: loopback, and interfaces that segment in hardware, show it whole): if its payload is a
+/// run of packets of one path MTU each (the last may be shorter) whose first verifies, the
+/// segment size, the pseudo-header of the segments and the first one's IPv4 identification
+/// (segment k carries the first's plus k).
+fn gso_run(d: &UdpDatagram<'_>) -> Option<(usize, PseudoHeader, u16)> {
+    let first = bth::Packet::new_checked(d.payload).ok()?;
+    let info = bth::Repr::parse(&first).ok()?.opcode.info()?;
+    let id = match d.ip {
+        uroce_wire::ip::IpRepr::V4(v4) => v4.ident,
+        uroce_wire::ip::IpRepr::V6(_) => 0,
+    };
+    let pseudo = PseudoHeader::for_endpoints(d.src(), d.dst()).ok()?;
+    // The IB path MTUs (IBA 7.7.1: 256 to 4096 bytes).
+    [256usize, 512, 1024, 2048, 4096].into_iter().find_map(|mtu| {
+        let size = info.header_len + mtu + icrc::ICRC_LEN;
+        (size < d.payload.len()
+            && icrc::verify(&pseudo.with_ipv4_id(id), &d.payload[..size]).is_ok())
+        .then_some((size, pseudo, id))
+    })
 }
 
 /// `uroce decode -f FILE`: decodes a capture as it is written (by `uroce capture -w` or
@@ -266,11 +302,15 @@ fn decode_hex(bytes: &[u8], prefix: &str, out: &mut dyn Write) -> Result<Summary
 
 /// One packet's line (after the label) and whether it parsed and verified.
 fn describe(d: &UdpDatagram<'_>) -> (String, bool) {
-    let roce = d.payload;
-    let mut s = format!("{} > {} ", d.src(), d.dst());
     let icrc_ok = PseudoHeader::from_headers(d.headers)
-        .and_then(|pseudo| icrc::verify(&pseudo, roce))
+        .and_then(|pseudo| icrc::verify(&pseudo, d.payload))
         .is_ok();
+    describe_roce(format!("{} > {} ", d.src(), d.dst()), d.payload, icrc_ok)
+}
+
+/// A RoCE packet's line, after `s` (its addresses), given whether its ICRC verified; and
+/// whether it parsed and verified.
+fn describe_roce(mut s: String, roce: &[u8], icrc_ok: bool) -> (String, bool) {
     let parsed_ok = match PacketRepr::parse_ignoring_icrc(roce) {
         Ok(p) => {
             let _ = write!(s, "{}", p.repr);

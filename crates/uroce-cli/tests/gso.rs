@@ -7,6 +7,9 @@
 //! receiver, which does not see the header, must find the identification itself; every test
 //! also completes only if it does.
 //!
+//! Loopback as it is by default shows each segmented send whole; `uroce decode` cuts it into
+//! its segments and verifies each.
+//!
 //! Loopback (IPv4 and IPv6) in one namespace, and a veth pair between two (1500-byte MTU, RDMA
 //! MTU 1024: 60 segments per send). Needs root, `ip` and `dumpcap`/`tshark`; without them it
 //! says why it skips, and under `CI=true` fails.
@@ -153,6 +156,19 @@ fn segments_on_loopback_carry_their_identification_and_verify() {
             assert!(ids.iter().all(|&id| id < 64), "an identification beyond one send's segments");
         }
     }
+    // Loopback as it is by default never cuts a segmented send: the capture holds each whole,
+    // and `uroce decode` cuts it where the kernel would have, each segment verified with the
+    // identification it would have carried.
+    run("ip", &["-n", &ns.0, "link", "set", "lo", "gso_max_segs", "65535"]);
+    let file = scratch("lo-whole.pcap");
+    let mut cap = start_capture(&ns.0, "lo", &file);
+    run_tests(&ns.0, &ns.0, "127.0.0.3", "127.0.0.2", "4096");
+    std::thread::sleep(Duration::from_millis(300));
+    stop(&mut cap);
+    verify_capture(&file);
+    let out = Command::new(UROCE).arg("decode").arg(&file).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(GSO segment 14/14)"), "no whole segmented send in the capture");
 }
 
 #[test]

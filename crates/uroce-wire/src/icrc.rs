@@ -21,8 +21,8 @@
 //! A UDP socket never shows its reader the IP header, so a receiver does not know the
 //! identification an ICRC was computed with. It does not need to: the CRC is affine, so the
 //! ICRC for identification x differs from the one for 0 by a value that depends only on x and
-//! the packet's length, and that difference can be undone ([`gf2`]) and solved for x.
-//! [`IdRecovery`] finds the identification that makes a packet's ICRC right, if there is one,
+//! the packet's length, and that difference can be undone (multiplied by x⁻⁸ⁿ modulo the CRC
+//! polynomial, n the packet's length) and solved for x. [`IdRecovery`] finds the identification that makes a packet's ICRC right, if there is one,
 //! and accepts it only if a sender of the kind allowed ([`Ipv4IdPolicy`]) could have used it.
 //!
 //! The CRC itself is `crc32fast`, which uses carry-less multiplication (PCLMULQDQ on x86-64,
