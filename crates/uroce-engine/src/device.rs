@@ -693,6 +693,14 @@ impl<M: MemoryAccess> Device<M> {
         }) || self.ctx.srqs.values().any(|s| s.wqes.iter().any(recv_uses))
     }
 
+    /// Whether RC QP `qpn` has packets on the wire not yet acknowledged: an acknowledgement is
+    /// coming, and with it a round of progress.
+    pub fn awaits_ack(&self, qpn: Qpn) -> bool {
+        self.qps.get(&qpn.get()).is_some_and(|qp| {
+            qp.init.qp_type == QpType::Rc && qp.req.una.is_before(qp.req.high_psn)
+        })
+    }
+
     /// Whether any work request could still complete: a send WQE not yet completed, or a
     /// receive WQE posted to a QP or an SRQ. Without any, polling a CQ cannot find anything new
     /// (only an incoming one-sided operation can happen, and it completes nothing).

@@ -216,6 +216,9 @@ pub struct NetCounters {
     /// Segmented sends the kernel refused (no checksum offload on the route, an old kernel):
     /// the first turns segmentation off for the device's process.
     pub tx_gso_refused: u64,
+    /// Posts whose packets waited for the next round of progress (a QP awaiting an ACK while
+    /// a thread busy-polls: [`NetDevice::post_with`]).
+    pub posts_batched: u64,
     /// Packets read from the sockets.
     pub rx_datagrams: u64,
     /// Coalesced runs received (UDP GRO): one receive for several packets of one flow.
@@ -277,6 +280,7 @@ impl NetCounters {
             ("tx_gso_sends", self.tx_gso_sends),
             ("tx_gso_segments", self.tx_gso_segments),
             ("tx_gso_refused", self.tx_gso_refused),
+            ("posts_batched", self.posts_batched),
             ("rx_datagrams", self.rx_datagrams),
             ("rx_gro_datagrams", self.rx_gro_datagrams),
             ("rx_gro_segments", self.rx_gro_segments),
@@ -1121,6 +1125,23 @@ impl NetDevice {
     /// progress thread know of any earlier timer. Every verb goes through here.
     pub fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         self.with_at(f).0
+    }
+
+    /// As [`NetDevice::with`], for posting send work requests to QP `qpn`: the doorbell. When
+    /// the QP already has packets awaiting acknowledgement and an application thread is
+    /// busy-polling the device, what `f` queues is not sent now but at the next round of
+    /// progress — that thread's next poll, or the one the acknowledgement brings — so a window
+    /// of small messages posted one by one leaves in one segmented send instead of a system
+    /// call each (a NIC batches the same way while it is busy). Otherwise it is sent at once,
+    /// as by `with`: a ping-pong's post, with nothing outstanding, costs no delay.
+    pub fn post_with<R>(&self, qpn: uroce_wire::Qpn, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut s = self.lock();
+        if s.engine.awaits_ack(qpn) && self.shared.busy_polled(s.now()) {
+            s.counters.posts_batched += 1;
+            return f(&mut s);
+        }
+        drop(s);
+        self.with(f)
     }
 
     /// As [`NetDevice::with`], also returning the time the call's flush used.

@@ -1773,7 +1773,7 @@ unsafe extern "C" fn post_send(
 ) -> c_int {
     // SAFETY: the caller passes a QP it created.
     let Some((ctx, q)) = (unsafe { qp_parts(qp) }) else { return libc::EINVAL };
-    ctx.net.with(|s| {
+    ctx.net.post_with(q.qpn, |s| {
         let mut cur = wr;
         while !cur.is_null() {
             // SAFETY: the caller passes a valid list for this QP.

@@ -806,7 +806,7 @@ impl Qp {
 
     /// Posts a work request as the engine takes it (for what the helpers below do not cover).
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        self.ctx.dev.with(|s| s.engine().post_send(self.qpn, wr))?;
+        self.ctx.dev.post_with(self.qpn, |s| s.engine().post_send(self.qpn, wr))?;
         Ok(())
     }
 
