@@ -257,7 +257,7 @@ fn advance_una(qp: &mut Qp, now: Instant, una: Psn) {
         qp.req.recovering = None;
         qp.req.retries_left = qp.retry_cnt;
         qp.req.rnr_retries_left = qp.rnr_retry;
-        let outstanding = qp.req.una != qp.req.high_psn;
+        let outstanding = qp.req.awaits_ack();
         qp.req.ack_deadline = if outstanding { qp.ack_timeout().map(|t| now + t) } else { None };
         qp.req.probes = 0;
         qp.req.probe_at = if outstanding { probe_timeout(qp).map(|t| now + t) } else { None };
@@ -278,8 +278,8 @@ const MAX_PROBES: u8 = 3;
 /// timeout is infinite or too short for a probe to help.
 pub(crate) fn probe_timeout(qp: &Qp) -> Option<Duration> {
     let limit = qp.ack_timeout()?.as_nanos() / 4;
-    let base = qp.req.srtt.map_or(MIN_PROBE.as_nanos(), |s| s.as_nanos() * 2);
-    let wait = base.max(MIN_PROBE.as_nanos()) << qp.req.probes.min(8);
+    let base = qp.req.srtt.map_or(0, |s| s.as_nanos() * 2).max(MIN_PROBE.as_nanos());
+    let wait = base << qp.req.probes.min(8);
     (limit >= MIN_PROBE.as_nanos()).then(|| Duration::from_nanos(wait.min(limit)))
 }
 
@@ -296,10 +296,7 @@ fn probe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
     qp.req.probe_at = None;
     let sending = matches!(qp.state, QpState::Rts | QpState::Sqd);
     let idle = qp.req.next_psn == qp.req.high_psn && qp.req.rnr_resume.is_none();
-    if !sending || !idle || !qp.req.una.is_before(qp.req.high_psn) {
-        return;
-    }
-    if qp.req.probes >= MAX_PROBES {
+    if !sending || !idle || !qp.req.awaits_ack() || qp.req.probes >= MAX_PROBES {
         return;
     }
     // The last packet: the one before `high_psn`, unless that is inside a READ's responses,
@@ -308,7 +305,6 @@ fn probe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
     let deadline = qp.req.ack_deadline;
     rewind(qp, now, last);
     qp.req.ack_deadline = deadline;
-    qp.req.timing = None;
     // A NAK that answers the probe starts go-back-N again even for the loss already being
     // recovered from: the first recovery's packets were lost too.
     qp.req.recovering = None;
@@ -515,7 +511,7 @@ pub(crate) fn on_timer<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Inst
     if qp.req.ack_deadline.is_some_and(|t| t <= now) {
         qp.req.ack_deadline = None;
         let sending = matches!(qp.state, QpState::Rts | QpState::Sqd);
-        if sending && qp.req.una.is_before(qp.req.high_psn) {
+        if sending && qp.req.awaits_ack() {
             ctx.counters.ack_timeouts += 1;
             qp.counters.ack_timeouts += 1;
             let from = qp.req.una;

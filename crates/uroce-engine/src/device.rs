@@ -696,9 +696,9 @@ impl<M: MemoryAccess> Device<M> {
     /// Whether RC QP `qpn` has packets on the wire not yet acknowledged: an acknowledgement is
     /// coming, and with it a round of progress.
     pub fn awaits_ack(&self, qpn: Qpn) -> bool {
-        self.qps.get(&qpn.get()).is_some_and(|qp| {
-            qp.init.qp_type == QpType::Rc && qp.req.una.is_before(qp.req.high_psn)
-        })
+        self.qps
+            .get(&qpn.get())
+            .is_some_and(|qp| qp.init.qp_type == QpType::Rc && qp.req.awaits_ack())
     }
 
     /// Whether any work request could still complete: a send WQE not yet completed, or a
@@ -1373,18 +1373,12 @@ fn verify_and_parse<'a>(
     payload: &'a [u8],
     intact: bool,
 ) -> Option<PacketRepr<'a>> {
-    if !intact {
-        match icrc.verify(pseudo, payload) {
-            Ok(_) => {}
-            Err(uroce_wire::Error::IcrcUnexpectedIpId(_)) => {
-                c.drop_unexpected_ip_id += 1;
-                return None;
-            }
-            Err(_) => {
-                c.icrc_errors += 1;
-                return None;
-            }
+    if !intact && let Err(e) = icrc.verify(pseudo, payload) {
+        match e {
+            uroce_wire::Error::IcrcUnexpectedIpId(_) => c.drop_unexpected_ip_id += 1,
+            _ => c.icrc_errors += 1,
         }
+        return None;
     }
     match PacketRepr::parse_ignoring_icrc(payload) {
         Ok(parsed) => Some(parsed.repr),

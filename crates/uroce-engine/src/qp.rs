@@ -291,6 +291,13 @@ pub(crate) struct Requester {
     pub(crate) timing: Option<(Psn, Instant)>,
 }
 
+impl Requester {
+    /// Whether packets are on the wire and not yet acknowledged.
+    pub(crate) fn awaits_ack(&self) -> bool {
+        self.una.is_before(self.high_psn)
+    }
+}
+
 /// A message the responder is in the middle of.
 #[derive(Debug)]
 pub(crate) enum InMessage {
@@ -322,6 +329,19 @@ pub(crate) enum Response {
     Atomic { psn: Psn, orig: u64, msn: Msn },
 }
 
+/// Which NAK the responder sent for the packets behind its expected PSN.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum NakSent {
+    /// None: the next packet ahead of the expected PSN is a new gap.
+    #[default]
+    None,
+    /// A sequence NAK for a gap, last sent at this instant (it is sent again for a packet that
+    /// asks for an acknowledgement long enough after).
+    Sequence(Instant),
+    /// An RNR NAK, which stands for the packets behind it on its own.
+    Rnr,
+}
+
 /// The responder's state (IBA 9.7; rxe_resp.c).
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
@@ -329,11 +349,9 @@ pub(crate) struct Responder {
     pub(crate) epsn: Psn,
     /// Messages completed.
     pub(crate) msn: Msn,
-    /// A sequence NAK went out for the current gap; further out-of-order packets are dropped.
-    pub(crate) nak_sent: bool,
-    /// When the sequence NAK for the current gap last went out (`None` while there is no gap,
-    /// and after an RNR NAK, which stands for the packets behind it on its own).
-    pub(crate) gap_nak_at: Option<Instant>,
+    /// The NAK standing for the packets behind the expected PSN, if one went out: further
+    /// out-of-order packets are dropped until the requester comes back to it.
+    pub(crate) nak: NakSent,
     pub(crate) current: Option<InMessage>,
     /// UC: the rest of the current message is being dropped, until a FIRST or ONLY.
     pub(crate) uc_dropping: bool,

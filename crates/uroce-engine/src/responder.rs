@@ -16,7 +16,7 @@ use uroce_wire::{ExtHeaders, PacketRepr, Psn, aeth, atomic_ack_eth, bth};
 use crate::completer::{self, ScatterError, scatter};
 use crate::device::{Ctx, Transmit};
 use crate::memory::MemoryAccess;
-use crate::qp::{InMessage, Qp, RecvWqe, Resource, ResourceKind, Response};
+use crate::qp::{InMessage, NakSent, Qp, RecvWqe, Resource, ResourceKind, Response};
 use crate::time::Instant;
 use crate::types::{Access, QpState, QpType, WcOpcode, WcStatus, WorkCompletion};
 
@@ -43,26 +43,26 @@ pub(crate) fn on_request<M: MemoryAccess>(
         // when a packet asks for an acknowledgement well after that NAK (the requester's
         // tail-loss probe: the NAK may have been lost, and without an answer the requester
         // waits for its ACK timeout), never for the burst of packets right behind the gap.
-        let renak =
-            qp.resp.gap_nak_at.is_some_and(|t| now >= t + RENAK_AFTER) && packet.bth.ack_req;
-        if qp.resp.nak_sent && !renak {
-            ctx.counters.drop_out_of_sequence += 1;
-        } else {
-            if renak {
-                ctx.counters.drop_out_of_sequence += 1;
-            } else {
+        match qp.resp.nak {
+            NakSent::None => {
                 ctx.counters.rcv_seq_err += 1;
                 qp.counters.rcv_seq_err += 1;
             }
-            qp.resp.nak_sent = true;
-            qp.resp.gap_nak_at = Some(now);
-            let (epsn, msn) = (qp.resp.epsn, qp.resp.msn);
-            queue(
-                qp,
-                ctx,
-                Response::Ack { psn: epsn, syndrome: nak(NakCode::PSN_SEQUENCE_ERROR), msn },
-            );
+            NakSent::Sequence(at) if packet.bth.ack_req && now >= at + RENAK_AFTER => {
+                ctx.counters.drop_out_of_sequence += 1;
+            }
+            NakSent::Sequence(_) | NakSent::Rnr => {
+                ctx.counters.drop_out_of_sequence += 1;
+                return;
+            }
         }
+        qp.resp.nak = NakSent::Sequence(now);
+        let (epsn, msn) = (qp.resp.epsn, qp.resp.msn);
+        queue(
+            qp,
+            ctx,
+            Response::Ack { psn: epsn, syndrome: nak(NakCode::PSN_SEQUENCE_ERROR), msn },
+        );
         return;
     }
     if distance < 0 {
@@ -396,8 +396,7 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
         return;
     }
     qp.resp.epsn = psn.next();
-    qp.resp.nak_sent = false;
-    qp.resp.gap_nak_at = None;
+    qp.resp.nak = NakSent::None;
     if info.has(OpFlags::LAST) {
         qp.resp.msn = qp.resp.msn.next();
     }
@@ -420,8 +419,7 @@ fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) -> Option<RecvWqe> {
         ctx.counters.rnr_naks_sent += 1;
         qp.counters.rnr_naks_sent += 1;
         ctx.counters.drop_rnr += 1;
-        qp.resp.nak_sent = true;
-        qp.resp.gap_nak_at = None;
+        qp.resp.nak = NakSent::Rnr;
         let msn = qp.resp.msn;
         let syndrome = Syndrome::RnrNak(qp.min_rnr_timer);
         queue(qp, ctx, Response::Ack { psn, syndrome, msn });
@@ -574,8 +572,7 @@ fn read<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
     );
     qp.resp.msn = qp.resp.msn.next();
     qp.resp.epsn = psn.add(npkts);
-    qp.resp.nak_sent = false;
-    qp.resp.gap_nak_at = None;
+    qp.resp.nak = NakSent::None;
     let msn = qp.resp.msn;
     queue(
         qp,
@@ -615,8 +612,7 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
     remember(qp, Resource { first_psn: psn, kind: ResourceKind::Atomic { orig } });
     qp.resp.msn = qp.resp.msn.next();
     qp.resp.epsn = psn.next();
-    qp.resp.nak_sent = false;
-    qp.resp.gap_nak_at = None;
+    qp.resp.nak = NakSent::None;
     let msn = qp.resp.msn;
     queue(qp, ctx, Response::Atomic { psn, orig, msn });
 }
