@@ -169,9 +169,11 @@ fn decode_frames(frames: &[pcap::Frame<'_>], prefix: &str, out: &mut dyn Write) 
 
 /// A datagram captured before the kernel cut it into the datagrams of a segmented send (UDP
 /// GSO: loopback, and interfaces that segment in hardware, show it whole): if its payload is a
-/// run of packets of one path MTU each (the last may be shorter) whose first verifies, the
-/// segment size, the pseudo-header of the segments and the first one's IPv4 identification
-/// (segment k carries the first's plus k).
+/// run of packets of one size (the last may be shorter) whose first verifies, the segment size,
+/// the pseudo-header of the segments and the first one's IPv4 identification (segment k
+/// carries the first's plus k). Any size is tried, from the first packet's headers alone (a run
+/// of ACKs) to a 4096-byte payload, in steps of 4: a packet is padded to a multiple of 4 bytes
+/// (IBA 9.2), and headers and ICRC are multiples of 4 too.
 fn gso_run(d: &UdpDatagram<'_>) -> Option<(usize, PseudoHeader, u16)> {
     let first = bth::Packet::new_checked(d.payload).ok()?;
     let info = bth::Repr::parse(&first).ok()?.opcode.info()?;
@@ -180,13 +182,14 @@ fn gso_run(d: &UdpDatagram<'_>) -> Option<(usize, PseudoHeader, u16)> {
         uroce_wire::ip::IpRepr::V6(_) => 0,
     };
     let pseudo = PseudoHeader::for_endpoints(d.src(), d.dst()).ok()?;
-    // The IB path MTUs (IBA 7.7.1: 256 to 4096 bytes).
-    [256usize, 512, 1024, 2048, 4096].into_iter().find_map(|mtu| {
-        let size = info.header_len + mtu + icrc::ICRC_LEN;
-        (size < d.payload.len()
-            && icrc::verify(&pseudo.with_ipv4_id(id), &d.payload[..size]).is_ok())
-        .then_some((size, pseudo, id))
-    })
+    let first = pseudo.with_ipv4_id(id);
+    let smallest = info.header_len + icrc::ICRC_LEN;
+    // The largest IB path MTU (IBA 7.7.1).
+    let largest = (smallest + 4096).min(d.payload.len().saturating_sub(1));
+    (smallest..=largest)
+        .step_by(4)
+        .find(|&size| icrc::verify(&first, &d.payload[..size]).is_ok())
+        .map(|size| (size, pseudo, id))
 }
 
 /// `uroce decode -f FILE`: decodes a capture as it is written (by `uroce capture -w` or
