@@ -3,9 +3,9 @@
 //! gives packets and deadlines out.
 
 use core::net::{IpAddr, SocketAddr};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
-use uroce_wire::icrc::{IdRecovery, Ipv4IdPolicy, PseudoHeader};
+use uroce_wire::icrc::{IdRecovery, Ipv4IdPolicy, PseudoCache, PseudoHeader};
 use uroce_wire::ip::{IpRepr, Ipv4Repr, Ipv6Repr};
 use uroce_wire::opcode::OpFlags;
 use uroce_wire::{PacketRepr, Psn, Qpn, ROCE_V2_PORT, bth};
@@ -554,7 +554,7 @@ pub struct Device<M> {
     mcast: BTreeMap<IpAddr, Vec<Qpn>>,
     /// ICRC prefixes for datagrams reaching UD QPs, by (source, destination): a UD QP hears
     /// from many peers, so the per-QP cache of connected QPs would thrash.
-    ud_rx_pseudo: HashMap<(SocketAddr, IpAddr), PseudoHeader>,
+    ud_rx_pseudo: PseudoCache,
     /// Verifies received ICRCs, finding the IPv4 identification each was computed with.
     icrc: IdRecovery,
     /// QP1.
@@ -598,7 +598,7 @@ impl<M: MemoryAccess> Device<M> {
             },
             qps: BTreeMap::new(),
             mcast: BTreeMap::new(),
-            ud_rx_pseudo: HashMap::new(),
+            ud_rx_pseudo: PseudoCache::new(1024),
             icrc: IdRecovery::new(config.ipv4_id_policy),
             gsi: crate::gsi::Gsi::new(gsi_port),
             next_ah: 1,
@@ -1338,29 +1338,16 @@ impl<M: MemoryAccess> Device<M> {
 
 /// Verifies the ICRC of a datagram for a UD QP and parses it, counting a failure.
 fn verify_datagram<'a>(
-    cache: &mut HashMap<(SocketAddr, IpAddr), PseudoHeader>,
+    cache: &mut PseudoCache,
     icrc: &mut IdRecovery,
     c: &mut Counters,
     rx: &RxInfo,
     payload: &'a [u8],
     intact: bool,
 ) -> Option<PacketRepr<'a>> {
-    let key = (rx.src, rx.dst);
-    let pseudo = match cache.get(&key) {
-        Some(p) => *p,
-        None => {
-            let Ok(p) = PseudoHeader::for_endpoints(rx.src, SocketAddr::new(rx.dst, ROCE_V2_PORT))
-            else {
-                c.drop_bad_dest += 1;
-                return None;
-            };
-            // Bounded: a flood of sources costs recomputation, not memory.
-            if cache.len() >= 1024 {
-                cache.clear();
-            }
-            cache.insert(key, p);
-            p
-        }
+    let Ok(pseudo) = cache.get(rx.src, SocketAddr::new(rx.dst, ROCE_V2_PORT)) else {
+        c.drop_bad_dest += 1;
+        return None;
     };
     verify_and_parse(&pseudo, icrc, c, payload, intact)
 }

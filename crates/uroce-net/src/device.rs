@@ -92,8 +92,8 @@ pub struct Options {
 }
 
 impl Options {
-    /// Defaults, with `UROCE_PCAP=FILE` and `UROCE_FAULTS=loss=…,dup=…,reorder=…,corrupt=…`
-    /// applied when set.
+    /// Defaults, with the `UROCE_*` settings documented on each field applied when set
+    /// (`UROCE_PCAP=FILE`, `UROCE_FAULTS=loss=…,dup=…,reorder=…,corrupt=…`, …).
     pub fn from_env() -> Result<Self, EnvError> {
         let mut o = Self {
             no_gso: std::env::var("UROCE_GSO").is_ok_and(|v| v == "0"),
@@ -166,7 +166,6 @@ pub enum OpenError {
     AddressInUse(SocketAddr),
     /// The address is not one of this host's.
     AddressNotAvailable(IpAddr),
-    /// `UROCE_FAULTS` is malformed.
     /// A `UROCE_*` setting that cannot be used.
     Environment(EnvError),
     /// The capture file could not be created.

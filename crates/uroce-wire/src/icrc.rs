@@ -256,6 +256,35 @@ pub const fn to_wire(icrc: u32) -> [u8; ICRC_LEN] {
     icrc.to_le_bytes()
 }
 
+/// The pseudo-headers of many flows, each computed once ([`PseudoHeader::for_endpoints`] hashes
+/// a few dozen short buffers). Bounded: past `bound` flows the cache starts over, so a flood of
+/// sources costs recomputation, not memory.
+#[derive(Debug, Clone)]
+pub struct PseudoCache {
+    flows: std::collections::HashMap<(SocketAddr, SocketAddr), PseudoHeader>,
+    bound: usize,
+}
+
+impl PseudoCache {
+    /// An empty cache of at most `bound` flows.
+    pub fn new(bound: usize) -> Self {
+        Self { flows: std::collections::HashMap::new(), bound }
+    }
+
+    /// The pseudo-header of packets from `src` to `dst` ([`PseudoHeader::for_endpoints`]).
+    pub fn get(&mut self, src: SocketAddr, dst: SocketAddr) -> Result<PseudoHeader> {
+        if let Some(p) = self.flows.get(&(src, dst)) {
+            return Ok(*p);
+        }
+        let p = PseudoHeader::for_endpoints(src, dst)?;
+        if self.flows.len() >= self.bound {
+            self.flows.clear();
+        }
+        self.flows.insert((src, dst), p);
+        Ok(p)
+    }
+}
+
 /// Offset of the IPv4 identification in the masked headers (IP header, then UDP).
 const IPV4_ID_OFFSET: usize = 4;
 

@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use uroce_engine::{Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
-use uroce_wire::icrc::PseudoHeader;
+use uroce_wire::icrc::PseudoCache;
 
 use super::{Fabric, Outgoing, Sink};
 use crate::device::NetCounters;
@@ -56,7 +56,7 @@ pub(crate) struct Udp {
     /// Segmented sends are on (asked for, offered by the kernel, and not yet refused).
     gso: bool,
     /// The ICRC prefix of each flow (source port, destination), computed once.
-    pseudo: HashMap<(u16, SocketAddr), PseudoHeader>,
+    pseudo: PseudoCache,
     /// Reused between sends: packet lengths, and the runs planned.
     lens: Vec<usize>,
     runs: Vec<Run>,
@@ -85,7 +85,7 @@ impl Udp {
             mcast_socks: Vec::new(),
             recv: RecvBatch::new(RECV_BATCH, len),
             gso,
-            pseudo: HashMap::new(),
+            pseudo: PseudoCache::new(4096),
             lens: Vec::new(),
             runs: Vec::new(),
         })
@@ -156,7 +156,7 @@ impl Udp {
             for r in &self.runs {
                 for (k, o) in rest[r.first..r.first + r.count].iter_mut().enumerate() {
                     let id = if r.count > 1 { u16::try_from(k).unwrap_or(0) } else { 0 };
-                    if let Some(pseudo) = pseudo_for(&mut self.pseudo, self.addr, port, o.dst) {
+                    if let Ok(pseudo) = self.pseudo.get(SocketAddr::new(self.addr, port), o.dst) {
                         o.seal(mem, &pseudo, id);
                     }
                 }
@@ -229,18 +229,15 @@ impl Udp {
                 let payload = recv.payload(i);
                 // A coalesced run (UDP GRO) is cut where the sender's datagrams ended; an
                 // empty datagram (cut short by the kernel) still goes on, to be counted.
-                let segment = match usize::from(meta.segment) {
-                    0 => payload.len().max(1),
-                    s => s,
-                };
                 let mut packets = 0;
-                for p in payload.chunks(segment) {
-                    sink(&rx, p, false);
-                    packets += 1;
-                }
-                if payload.is_empty() {
+                if meta.segment == 0 || payload.is_empty() {
                     sink(&rx, payload, false);
                     packets = 1;
+                } else {
+                    for p in payload.chunks(usize::from(meta.segment)) {
+                        sink(&rx, p, false);
+                        packets += 1;
+                    }
                 }
                 if meta.segment != 0 {
                     c.rx_gro_datagrams += 1;
@@ -255,25 +252,6 @@ impl Udp {
         }
         total
     }
-}
-
-/// The ICRC prefix of the flow from `addr`:`port` to `dst`, computed once.
-fn pseudo_for(
-    cache: &mut HashMap<(u16, SocketAddr), PseudoHeader>,
-    addr: IpAddr,
-    port: u16,
-    dst: SocketAddr,
-) -> Option<PseudoHeader> {
-    if let Some(p) = cache.get(&(port, dst)) {
-        return Some(*p);
-    }
-    let p = PseudoHeader::for_endpoints(SocketAddr::new(addr, port), dst).ok()?;
-    // Bounded: many flows cost recomputation, not memory.
-    if cache.len() >= 4096 {
-        cache.clear();
-    }
-    cache.insert((port, dst), p);
-    Some(p)
 }
 
 impl Fabric for Udp {
