@@ -44,25 +44,36 @@ impl Drop for Netns {
     }
 }
 
+/// Spawns `cmd` with its standard error piped and reads that until a line `ready` accepts, then
+/// keeps draining it so the program never blocks on a full pipe. Returns the child and the
+/// lines that came before the ready one.
+fn spawn_until(cmd: &mut Command, ready: impl Fn(&str) -> bool) -> (Child, Vec<String>) {
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut before = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "{cmd:?} ended before it was ready: {before:?}"
+        );
+        if ready(&line) {
+            break;
+        }
+        before.push(line);
+    }
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    (child, before)
+}
+
 /// dumpcap on `interface` in namespace `ns`, writing pcap to `file`; returns once it captures.
 fn start_capture(ns: &str, interface: &str, file: &Path) -> Child {
-    let mut child = Command::new("ip")
+    let mut dumpcap = Command::new("ip");
+    dumpcap
         .args(["netns", "exec", ns, "dumpcap", "-i", interface, "-f", "udp port 4791", "-P"])
         .arg("-w")
-        .arg(file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("Capturing on") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "dumpcap ended before capturing");
-    }
-    // Keep draining its statistics so it never blocks on a full pipe.
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    child
+        .arg(file);
+    spawn_until(&mut dumpcap, |l| l.starts_with("Capturing on")).0
 }
 
 fn stop(child: &mut Child) {
@@ -73,18 +84,12 @@ fn stop(child: &mut Child) {
 /// `uroce server` in `server_ns` and `uroce client` in `client_ns`, both on the UDP path,
 /// running WRITE and SEND streams of 64 KiB and a WRITE ping-pong; returns the client's output.
 fn run_tests(server_ns: &str, client_ns: &str, server: &str, client: &str, mtu: &str) -> String {
-    let mut srv = Command::new("ip")
+    let mut server_cmd = Command::new("ip");
+    server_cmd
         .args(["netns", "exec", server_ns, UROCE, "server", "--addr", server, "--port", "19901"])
-        .env("UROCE_FABRIC", "udp")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(srv.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.contains("waiting for clients"), "server: {line}");
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        .env("UROCE_FABRIC", "udp");
+    let (mut srv, before) = spawn_until(&mut server_cmd, |l| l.contains("waiting for clients"));
+    assert!(before.is_empty(), "server: {before:?}");
     let args = [server, "rc_rdma_write_bw", "rc_bw", "uc_bw", "rc_rdma_write_lat", "-s", "64K"];
     let cli = Command::new("ip")
         .args(["netns", "exec", client_ns, UROCE, "client"])

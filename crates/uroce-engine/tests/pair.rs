@@ -331,14 +331,7 @@ fn atomics_apply_exactly_once_even_when_the_ack_is_lost() {
     // Lose the first atomic ACK: the requester's tail-loss probe resends the FETCH_ADD well
     // before the ACK timeout, and the responder must answer from its saved result without
     // adding again.
-    let mut lost = false;
-    p.filter = Box::new(move |_, pkt| {
-        if pkt.bth.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE && !lost {
-            lost = true;
-            return false;
-        }
-        true
-    });
+    p.filter = drop_once(|_, pkt| pkt.bth.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE);
     let mut wr = SendWr::new(1, WrOpcode::AtomicFetchAndAdd, vec![p.sge(A, 0x10, 8)]);
     wr.remote = Some(p.remote(B, 0x100));
     wr.compare_add = 2;
@@ -360,23 +353,38 @@ fn atomics_apply_exactly_once_even_when_the_ack_is_lost() {
     assert_eq!(u64::from_ne_bytes(p.mem(B, 0x100, 8).try_into().unwrap()), 7);
 }
 
-#[test]
-fn a_lost_packet_is_nak_ed_once_and_resent_go_back_n() {
-    let mut p = Pair::new(Mtu::Mtu256);
-    let data = fill(&mut p, A, 0, 256 * 20, 3);
-    let mut dropped = None;
-    p.filter = Box::new(move |from, pkt| {
-        // Drop the third packet of the write, once.
-        if from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_MIDDLE && dropped.is_none() {
-            dropped = Some(pkt.bth.psn);
+/// A filter that drops the first packet `pick` chooses, once.
+fn drop_once(mut pick: impl FnMut(usize, &PacketRepr<'_>) -> bool + 'static) -> Filter {
+    let mut dropped = false;
+    Box::new(move |from, pkt| {
+        if !dropped && pick(from, pkt) {
+            dropped = true;
             return false;
         }
         true
-    });
+    })
+}
+
+/// A WRITE of 20 packets (MTU 256) from A to B, every packet through `filter`, run for
+/// `time`: checks that it completed and arrived whole, and returns the pair for its counters.
+fn write_20_packets(filter: Filter, time: Duration) -> Pair {
+    let mut p = Pair::new(Mtu::Mtu256);
+    let data = fill(&mut p, A, 0, 256 * 20, 3);
+    p.filter = filter;
     p.post_send(A, write_wr(&p, 1, 0, 0, 256 * 20));
-    p.run(Duration::from_millis(10));
+    p.run(time);
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
     assert_eq!(p.mem(B, 0, 256 * 20), &data[..]);
+    p
+}
+
+#[test]
+fn a_lost_packet_is_nak_ed_once_and_resent_go_back_n() {
+    // Drop the third packet of the write, once.
+    let p = write_20_packets(
+        drop_once(|from, pkt| from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_MIDDLE),
+        Duration::from_millis(10),
+    );
     let b = *p.hosts[B].dev.counters();
     let a = *p.hosts[A].dev.counters();
     assert_eq!(b.rcv_seq_err, 1, "one NAK per gap");
@@ -450,20 +458,10 @@ fn rnr_retries_exhausted_end_in_rnr_retry_exc_err_and_flush() {
 /// probe sends it again after a few round trips, well before the ACK timeout (4.2 ms here).
 #[test]
 fn a_lost_tail_is_probed_for_before_the_ack_timeout() {
-    let mut p = Pair::new(Mtu::Mtu256);
-    let data = fill(&mut p, A, 0, 256 * 20, 3);
-    let mut dropped = false;
-    p.filter = Box::new(move |from, pkt| {
-        if from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_LAST && !dropped {
-            dropped = true;
-            return false;
-        }
-        true
-    });
-    p.post_send(A, write_wr(&p, 1, 0, 0, 256 * 20));
-    p.run(Duration::from_micros(1500));
-    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
-    assert_eq!(p.mem(B, 0, 256 * 20), &data[..]);
+    let p = write_20_packets(
+        drop_once(|from, pkt| from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_LAST),
+        Duration::from_micros(1500),
+    );
     let a = *p.hosts[A].dev.counters();
     assert_eq!((a.tail_probes, a.ack_timeouts, a.retransmitted_pkts), (1, 0, 1));
 }
@@ -473,25 +471,15 @@ fn a_lost_tail_is_probed_for_before_the_ack_timeout() {
 /// per packet behind the gap), and go-back-N runs without waiting for the ACK timeout.
 #[test]
 fn a_lost_nak_is_asked_for_again_by_the_probe() {
-    let mut p = Pair::new(Mtu::Mtu256);
-    let data = fill(&mut p, A, 0, 256 * 20, 3);
-    let (mut dropped_req, mut dropped_nak) = (false, false);
-    p.filter = Box::new(move |from, pkt| {
-        if from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_MIDDLE && !dropped_req {
-            dropped_req = true;
-            return false;
-        }
-        let is_nak = pkt.ext.aeth.is_some_and(|a| matches!(a.syndrome, Syndrome::Nak(_)));
-        if from == B && is_nak && !dropped_nak {
-            dropped_nak = true;
-            return false;
-        }
-        true
+    let mut lose_request =
+        drop_once(|from, pkt| from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_MIDDLE);
+    let mut lose_nak = drop_once(|from, pkt| {
+        from == B && pkt.ext.aeth.is_some_and(|a| matches!(a.syndrome, Syndrome::Nak(_)))
     });
-    p.post_send(A, write_wr(&p, 1, 0, 0, 256 * 20));
-    p.run(Duration::from_micros(1500));
-    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
-    assert_eq!(p.mem(B, 0, 256 * 20), &data[..]);
+    let p = write_20_packets(
+        Box::new(move |from, pkt| lose_request(from, pkt) && lose_nak(from, pkt)),
+        Duration::from_micros(1500),
+    );
     let (a, b) = (*p.hosts[A].dev.counters(), *p.hosts[B].dev.counters());
     assert_eq!((a.tail_probes, a.ack_timeouts, a.seq_naks_rcvd), (1, 0, 1));
     assert_eq!(b.rcv_seq_err, 1, "one gap");
@@ -995,14 +983,7 @@ fn uc_a_lost_packet_drops_the_message_and_its_receive_takes_the_next() {
     fill(&mut p, A, 0, 1000, 1);
     let second = fill(&mut p, A, 0x4000, 300, 2);
     p.post_recv(B, 7, 0x1000, 1000);
-    let mut dropped = false;
-    p.filter = Box::new(move |_, pkt| {
-        if pkt.bth.opcode == Opcode::UC_SEND_MIDDLE && !dropped {
-            dropped = true;
-            return false;
-        }
-        true
-    });
+    p.filter = drop_once(|_, pkt| pkt.bth.opcode == Opcode::UC_SEND_MIDDLE);
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 1000)]));
     p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0x4000, 300)]));
     p.run(Duration::from_millis(1));
