@@ -274,11 +274,13 @@ const MAX_PROBES: u8 = 3;
 
 /// How long `qp` waits without an acknowledgement before it probes for a lost tail: twice the
 /// smoothed round trip, at least [`MIN_PROBE`], at most a quarter of the ACK timeout (the probe
-/// must come well before it), doubled for each probe already sent. `None` when the ACK
-/// timeout is infinite or too short for a probe to help.
+/// must come well before it), doubled for each probe already sent; that quarter before any
+/// round trip was measured (RFC 8985 §7.2 waits a second without one: a QP's first burst may
+/// queue for longer than any round trip, and probing it would only add to the queue). `None`
+/// when the ACK timeout is infinite or too short for a probe to help.
 pub(crate) fn probe_timeout(qp: &Qp) -> Option<Duration> {
     let limit = qp.ack_timeout()?.as_nanos() / 4;
-    let base = qp.req.srtt.map_or(0, |s| s.as_nanos() * 2).max(MIN_PROBE.as_nanos());
+    let base = qp.req.srtt.map_or(limit, |s| s.as_nanos() * 2).max(MIN_PROBE.as_nanos());
     let wait = base << qp.req.probes.min(8);
     (limit >= MIN_PROBE.as_nanos()).then(|| Duration::from_nanos(wait.min(limit)))
 }

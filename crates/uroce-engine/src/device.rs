@@ -22,6 +22,7 @@ use crate::types::{
     Access, AhAttr, AhHandle, CqHandle, LKey, Mtu, PdHandle, QpState, QpType, RecvWr, SendWr,
     SrqHandle, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
+use crate::watch::QpWatch;
 use crate::{completer, requester, responder};
 
 /// How a device is set up.
@@ -479,6 +480,17 @@ impl<M: MemoryAccess> Ctx<M> {
     /// Builds the packet: `repr`'s own payload, or (when `pieces` is not empty) the payload
     /// in those pieces of registered memory — left in place in gather mode when the memory
     /// lends them, else copied once into the packet.
+    /// Writes a whole packet into `buf`, its ICRC computed or (for a runtime that seals
+    /// packets itself) left zero.
+    fn emit_whole(
+        &self,
+        repr: &PacketRepr<'_>,
+        pseudo: &PseudoHeader,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if self.defer_icrc { repr.emit_without_icrc(buf) } else { repr.emit(pseudo, buf) }.ok()
+    }
+
     fn emit_to(
         &mut self,
         pseudo: &PseudoHeader,
@@ -493,7 +505,7 @@ impl<M: MemoryAccess> Ctx<M> {
             let len = repr.buffer_len().ok()?;
             buf.clear();
             buf.resize(len, 0);
-            repr.emit(pseudo, buf).ok()?
+            self.emit_whole(repr, pseudo, buf)?
         } else {
             let lent: Option<Vec<&[u8]>> = if self.gather {
                 pieces.iter().map(|&(a, l)| self.mem.slice(a, l as usize)).collect()
@@ -525,14 +537,14 @@ impl<M: MemoryAccess> Ctx<M> {
                     buf.clear();
                     buf.resize(len, 0);
                 }
-                let emitted = len.and_then(|_| full.emit(pseudo, buf).ok());
+                let emitted = len.and_then(|_| self.emit_whole(&full, pseudo, buf));
                 self.copy_buf = data;
                 emitted?
             }
         };
         self.counters.sent_pkts += 1;
         self.counters.sent_bytes += len as u64;
-        let icrc_deferred = payload_at.is_some() && self.defer_icrc;
+        let icrc_deferred = self.defer_icrc;
         Some(Transmit {
             dst: SocketAddr::new(dest, ROCE_V2_PORT),
             src_port,
@@ -550,6 +562,8 @@ impl<M: MemoryAccess> Ctx<M> {
 pub struct Device<M> {
     ctx: Ctx<M>,
     pub(crate) qps: BTreeMap<u32, Qp>,
+    /// The QPs with a timer running or work outstanding.
+    watch: QpWatch,
     /// Multicast groups and the QPs attached to each, in attach order.
     mcast: BTreeMap<IpAddr, Vec<Qpn>>,
     /// ICRC prefixes for datagrams reaching UD QPs, by (source, destination): a UD QP hears
@@ -597,6 +611,7 @@ impl<M: MemoryAccess> Device<M> {
                 copy_buf: Vec::new(),
             },
             qps: BTreeMap::new(),
+            watch: QpWatch::default(),
             mcast: BTreeMap::new(),
             ud_rx_pseudo: PseudoCache::new(1024),
             icrc: IdRecovery::new(config.ipv4_id_policy),
@@ -705,8 +720,7 @@ impl<M: MemoryAccess> Device<M> {
     /// receive WQE posted to a QP or an SRQ. Without any, polling a CQ cannot find anything new
     /// (only an incoming one-sided operation can happen, and it completes nothing).
     pub fn has_pending_work(&self) -> bool {
-        self.qps.values().any(|qp| !qp.req.sq.is_empty() || !qp.rq.is_empty())
-            || self.ctx.srqs.values().any(|s| !s.wqes.is_empty())
+        self.watch.any_busy() || self.ctx.srqs.values().any(|s| !s.wqes.is_empty())
     }
 
     /// Creates a completion queue that holds `capacity` completions.
@@ -969,7 +983,17 @@ impl<M: MemoryAccess> Device<M> {
             members.retain(|&q| q != qpn);
             !members.is_empty()
         });
-        self.qps.remove(&qpn.get()).is_some()
+        let Some(mut qp) = self.qps.remove(&qpn.get()) else { return false };
+        self.watch.forget(&mut qp);
+        true
+    }
+
+    /// Records in the watch what QP `qpn` has running and outstanding, after an input that
+    /// reached it.
+    fn watch(&mut self, qpn: u32) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            self.watch.update(qp);
+        }
     }
 
     /// A one-line account of a QP's transport state (requester position, acknowledged PSN,
@@ -1019,6 +1043,12 @@ impl<M: MemoryAccess> Device<M> {
 
     /// Moves a QP through its state machine (IBA 10.3; `ibv_modify_qp(3)`).
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), ModifyError> {
+        let r = self.modify_qp_unwatched(qpn, attr);
+        self.watch(qpn.get());
+        r
+    }
+
+    fn modify_qp_unwatched(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), ModifyError> {
         let qp = self.qps.get_mut(&qpn.get()).ok_or(ModifyError::UnknownQp(qpn))?;
         let from = qp.modify(attr)?;
         match qp.state {
@@ -1031,8 +1061,9 @@ impl<M: MemoryAccess> Device<M> {
             }
             QpState::Error if from != QpState::Error => completer::enter_error(qp, &mut self.ctx),
             QpState::Reset if from != QpState::Reset => {
-                let (init, mtu) = (qp.init, qp.mtu);
+                let (init, mtu, watched) = (qp.init, qp.mtu, qp.watched);
                 *qp = Qp::new(qpn, init);
+                qp.watched = watched;
                 if init.qp_type == QpType::Ud {
                     qp.mtu = mtu;
                 }
@@ -1048,6 +1079,12 @@ impl<M: MemoryAccess> Device<M> {
     /// Posts a send work request (`ibv_post_send`). On a QP in the Error state it completes at
     /// once with `WR_FLUSH_ERR`, as verbs specify.
     pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
+        let r = self.post_send_unwatched(qpn, wr);
+        self.watch(qpn.get());
+        r
+    }
+
+    fn post_send_unwatched(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
         let qp = self.qps.get_mut(&qpn.get()).ok_or(PostError::UnknownQp(qpn))?;
         let len = validate_send(qp, &wr)?;
         if qp.init.qp_type == QpType::Ud {
@@ -1105,6 +1142,7 @@ impl<M: MemoryAccess> Device<M> {
             return Ok(());
         }
         qp.rq.push_back(RecvWqe { wr });
+        self.watch.update(qp);
         Ok(())
     }
 
@@ -1136,6 +1174,15 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     fn handle(&mut self, now: Instant, rx: &RxInfo, payload: &[u8]) {
+        self.handle_unwatched(now, rx, payload);
+        if let Ok(view) = bth::Packet::new_checked(payload)
+            && view.dest_qp() != Qpn::MULTICAST
+        {
+            self.watch(view.dest_qp().get());
+        }
+    }
+
+    fn handle_unwatched(&mut self, now: Instant, rx: &RxInfo, payload: &[u8]) {
         let intact = self.ctx.intact;
         let c = &mut self.ctx.counters;
         let Ok(view) = bth::Packet::new_checked(payload) else {
@@ -1247,6 +1294,7 @@ impl<M: MemoryAccess> Device<M> {
             for qpn in &members {
                 if let Some(qp) = self.qps.get_mut(&qpn.get()) {
                     taken |= deliver_ud(qp, &mut self.ctx, rx, &packet, payload.len());
+                    self.watch.update(qp);
                 }
             }
             if taken {
@@ -1284,7 +1332,9 @@ impl<M: MemoryAccess> Device<M> {
     /// goes; `None` when nothing is ready. Call until `None` after every input.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
         let local = self.ctx.config.addr;
-        if let Some(tx) = self.gsi.poll_transmit(local, buf, &mut self.ctx.counters) {
+        if let Some(tx) =
+            self.gsi.poll_transmit(local, self.ctx.defer_icrc, buf, &mut self.ctx.counters)
+        {
             return Some(tx);
         }
         for _ in 0..self.ctx.rotation.len() {
@@ -1295,6 +1345,7 @@ impl<M: MemoryAccess> Device<M> {
             qp.scheduled = false;
             let tx = responder::poll(qp, &mut self.ctx, buf)
                 .or_else(|| requester::poll(qp, &mut self.ctx, now, buf));
+            self.watch.update(qp);
             if let Some(tx) = tx {
                 qp.counters.sent_pkts += 1;
                 qp.counters.sent_bytes += buf.len() as u64;
@@ -1319,19 +1370,16 @@ impl<M: MemoryAccess> Device<M> {
 
     /// The earliest instant at which `handle_timeout` has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps
-            .values()
-            .flat_map(|qp| {
-                [qp.req.ack_deadline, qp.req.probe_at, qp.req.rnr_resume.map(|(t, _)| t)]
-            })
-            .flatten()
-            .min()
+        self.watch.next_due()
     }
 
-    /// Runs the timers due at `now`: ACK timeouts and RNR waits.
+    /// Runs the timers due at `now`: ACK timeouts, tail-loss probes and RNR waits.
     pub fn handle_timeout(&mut self, now: Instant) {
-        for qp in self.qps.values_mut() {
-            completer::on_timer(qp, &mut self.ctx, now);
+        for qpn in self.watch.due_at(now) {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                completer::on_timer(qp, &mut self.ctx, now);
+                self.watch.update(qp);
+            }
         }
     }
 }

@@ -84,6 +84,7 @@ impl Gsi {
     pub(crate) fn poll_transmit(
         &mut self,
         local: IpAddr,
+        defer_icrc: bool,
         buf: &mut Vec<u8>,
         c: &mut Counters,
     ) -> Option<Transmit> {
@@ -108,7 +109,9 @@ impl Gsi {
             let Ok(len) = repr.buffer_len() else { continue };
             buf.clear();
             buf.resize(len, 0);
-            if repr.emit(&pseudo, buf).is_err() {
+            let emitted =
+                if defer_icrc { repr.emit_without_icrc(buf) } else { repr.emit(&pseudo, buf) };
+            if emitted.is_err() {
                 continue;
             }
             c.gsi_sent += 1;
@@ -118,7 +121,7 @@ impl Gsi {
                 dst: SocketAddr::new(dst, ROCE_V2_PORT),
                 src_port: self.src_port,
                 payload_at: None,
-                icrc_deferred: false,
+                icrc_deferred: defer_icrc,
             });
         }
     }

@@ -30,6 +30,7 @@ mod rng;
 mod srq;
 pub mod time;
 pub mod types;
+mod watch;
 
 pub use counters::{Counters, QpCounters};
 pub use device::{

@@ -292,6 +292,15 @@ pub(crate) struct Requester {
 }
 
 impl Requester {
+    /// The instant the earliest of its timers is due: the ACK timeout, the tail-loss probe,
+    /// the end of an RNR wait.
+    pub(crate) fn next_timer(&self) -> Option<Instant> {
+        [self.ack_deadline, self.probe_at, self.rnr_resume.map(|(t, _)| t)]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
     /// Whether packets are on the wire and not yet acknowledged.
     pub(crate) fn awaits_ack(&self) -> bool {
         self.una.is_before(self.high_psn)
@@ -394,6 +403,8 @@ pub(crate) struct Qp {
     /// The completion status that moved the QP to Error (`None`: not in Error, or moved there
     /// by `ibv_modify_qp`), for `uroce qp`.
     pub(crate) error_status: Option<crate::WcStatus>,
+    /// Its entries in the device's [`crate::watch::QpWatch`].
+    pub(crate) watched: crate::watch::Watched,
 }
 
 /// Largest READ and atomic depth a uroce device supports (`max_qp_rd_atom`).
@@ -427,6 +438,7 @@ impl Qp {
             scheduled: false,
             comm_established: false,
             error_status: None,
+            watched: crate::watch::Watched::default(),
             counters: crate::counters::QpCounters::default(),
         }
     }
@@ -581,6 +593,11 @@ impl Qp {
     }
 
     /// Whether the responder accepts requests (IBA 10.3: from RTR on).
+    /// Whether a send or receive work request of this QP is not yet completed.
+    pub(crate) fn has_outstanding_work(&self) -> bool {
+        !self.req.sq.is_empty() || !self.rq.is_empty()
+    }
+
     pub(crate) fn can_receive(&self) -> bool {
         matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
     }

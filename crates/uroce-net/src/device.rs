@@ -782,13 +782,16 @@ impl State {
                 self.piece_pool.push(pieces);
                 break;
             };
+            // The fabric may send the QP's flow from a port of its own: an ICRC computed for
+            // the engine's port would then be wrong, and is computed again where it is needed.
+            let port = self.fabric.source_port(tx.src_port);
             self.out.push(Outgoing {
-                port: tx.src_port,
+                port,
                 dst: tx.dst,
                 bytes: buf,
                 payload_at: tx.payload_at,
                 pieces,
-                icrc_deferred: tx.icrc_deferred,
+                icrc_deferred: tx.icrc_deferred || port != tx.src_port,
                 ip_id: 0,
             });
             if self.out.len() >= 64 {

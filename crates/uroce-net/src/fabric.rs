@@ -189,6 +189,13 @@ pub(crate) trait Fabric: Send {
     fn path_to(&self, _ip: IpAddr, _qpn: u32) -> &'static str {
         "udp"
     }
+
+    /// The UDP source port a packet of flow `flow` (the engine's per-QP port) leaves from:
+    /// the fabric may send a flow from a port of its own, and everything that sees the packet
+    /// (its ICRC, a capture) must see that port.
+    fn source_port(&self, flow: u16) -> u16 {
+        flow
+    }
 }
 
 /// The [`Fabric`] methods a wrapper (capture, faults) hands to the fabric it wraps unchanged.
@@ -216,6 +223,10 @@ macro_rules! delegate_to_inner {
 
         fn path_to(&self, ip: core::net::IpAddr, qpn: u32) -> &'static str {
             self.inner.path_to(ip, qpn)
+        }
+
+        fn source_port(&self, flow: u16) -> u16 {
+            self.inner.source_port(flow)
         }
     };
 }
@@ -252,5 +263,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
 
     fn path_to(&self, ip: IpAddr, qpn: u32) -> &'static str {
         (**self).path_to(ip, qpn)
+    }
+
+    fn source_port(&self, flow: u16) -> u16 {
+        (**self).source_port(flow)
     }
 }

@@ -333,14 +333,21 @@ impl<'a> PacketRepr<'a> {
 
     /// Writes the whole packet into `buf` in one pass and returns its length.
     pub fn emit(&self, pseudo: &PseudoHeader, buf: &mut [u8]) -> Result<usize> {
+        let total = self.emit_without_icrc(buf)?;
+        let body_end = total - ICRC_LEN;
+        let crc = icrc::compute(pseudo, &buf[..body_end])?;
+        buf[body_end..total].copy_from_slice(&icrc::to_wire(crc));
+        Ok(total)
+    }
+
+    /// As [`PacketRepr::emit`], with the ICRC field left zero, for a runtime that computes it
+    /// only where the path needs it (and for the source port the packet really leaves from).
+    pub fn emit_without_icrc(&self, buf: &mut [u8]) -> Result<usize> {
         let total = self.buffer_len()?;
         let out = buf.get_mut(..total).ok_or(Error::BufferTooSmall)?;
         let hlen = self.emit_headers(out)?;
-        let body_end = total - ICRC_LEN;
         out[hlen..hlen + self.payload.len()].copy_from_slice(self.payload);
-        out[hlen + self.payload.len()..body_end].fill(0);
-        let crc = icrc::compute(pseudo, &out[..body_end])?;
-        out[body_end..].copy_from_slice(&icrc::to_wire(crc));
+        out[hlen + self.payload.len()..].fill(0);
         Ok(total)
     }
 }

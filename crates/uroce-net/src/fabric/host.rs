@@ -281,6 +281,10 @@ impl Fabric for HostFabric {
         }
     }
 
+    fn source_port(&self, flow: u16) -> u16 {
+        self.udp.source_port(flow)
+    }
+
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {
         self.udp.sync_multicast(groups)
     }

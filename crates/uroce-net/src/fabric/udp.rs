@@ -1,5 +1,13 @@
 //! The kernel's UDP path: the device's port 4791 (shared by every process of the device
-//! through `SO_REUSEPORT`), a send socket per UDP source port, and multicast group sockets.
+//! through `SO_REUSEPORT`), a fixed pool of send sockets, and multicast group sockets.
+//!
+//! A UDP socket sends from the one port it is bound to, and RoCEv2 wants a source port per
+//! flow (IBA Annex A17.4.2.1: entropy for ECMP). A socket per flow would cost a descriptor
+//! per QP, so a process with many QPs runs out and its QPs fail far from the cause. Instead
+//! the device binds [`SEND_SOCKETS`] sockets when it opens, each on a port the kernel picks,
+//! and each flow (the engine's per-QP source port) is sent from one of them: descriptors are
+//! bounded whatever the number of QPs, a device that cannot get them fails to open, and the
+//! flows still spread over that many ports.
 //!
 //! Packets of one QP to one destination leave in as few system calls as the kernel allows: a
 //! run of equal-sized packets (the last may be shorter) is one segmented send (UDP GSO, up to
@@ -11,7 +19,6 @@
 //! first refused send turns segmentation off and every packet goes alone.
 
 use core::net::{IpAddr, SocketAddr};
-use std::collections::HashMap;
 use std::io;
 use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, RawFd};
@@ -35,6 +42,9 @@ pub(crate) const GSO_MAX_SEGMENTS: usize = 64;
 /// and UDP headers), with room to spare.
 const GSO_MAX_BYTES: usize = 65_000;
 
+/// Send sockets per device address and process: the flows its QPs spread over.
+pub(crate) const SEND_SOCKETS: usize = 16;
+
 /// Which kernel offloads a device's UDP path uses (`UROCE_GSO=0`, `UROCE_GRO=0` turn them off).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Offloads {
@@ -46,10 +56,9 @@ pub(crate) struct Offloads {
 pub(crate) struct Udp {
     addr: IpAddr,
     main: UdpSocket,
-    /// Send sockets by UDP source port (each QP's flow entropy; RoCEv2 sends to 4791 from a
-    /// per-flow port, and a UDP socket sends from the port it is bound to). Shared ports too:
-    /// two processes may pick the same source port.
-    send_socks: HashMap<u16, UdpSocket>,
+    /// The send sockets, each with the port it is bound to ([`Udp::source_port`] maps a flow
+    /// to one of them).
+    send_socks: Vec<(u16, UdpSocket)>,
     /// Receive sockets of the multicast groups QPs are attached to.
     mcast_socks: Vec<(IpAddr, UdpSocket)>,
     recv: RecvBatch,
@@ -78,10 +87,16 @@ impl Udp {
         let gro = offloads.gro && sys::enable_gro(&main).is_ok();
         let gso = offloads.gso && sys::gso_supported(&main);
         let len = if gro { sys::MAX_GRO_DATAGRAM } else { sys::MAX_DATAGRAM };
+        let mut send_socks = Vec::with_capacity(SEND_SOCKETS);
+        for _ in 0..SEND_SOCKETS {
+            let s = sys::udp_socket(SocketAddr::new(addr, 0), false, false)?;
+            sys::set_multicast_if(&s, addr)?;
+            send_socks.push((s.local_addr()?.port(), s));
+        }
         Ok(Self {
             addr,
             main,
-            send_socks: HashMap::new(),
+            send_socks,
             mcast_socks: Vec::new(),
             recv: RecvBatch::new(RECV_BATCH, len),
             gso,
@@ -96,18 +111,15 @@ impl Udp {
         sys::interface_mtu(&self.main, self.addr)
     }
 
-    /// The socket that sends from UDP source port `port`, bound on first use.
-    fn send_sock(
-        socks: &mut HashMap<u16, UdpSocket>,
-        addr: IpAddr,
-        port: u16,
-    ) -> Option<&UdpSocket> {
-        if let std::collections::hash_map::Entry::Vacant(e) = socks.entry(port) {
-            let s = sys::udp_socket(SocketAddr::new(addr, port), false, true).ok()?;
-            sys::set_multicast_if(&s, addr).ok()?;
-            e.insert(s);
-        }
-        socks.get(&port)
+    /// The source port flow `flow` (the engine's per-QP port) is sent from: one of the send
+    /// sockets' ports. Consecutive QPNs have consecutive flows, so QPs spread evenly.
+    pub(crate) fn source_port(&self, flow: u16) -> u16 {
+        self.send_socks.get(usize::from(flow) % SEND_SOCKETS.max(1)).map_or(flow, |s| s.0)
+    }
+
+    /// The socket bound to `port`, one of the send sockets.
+    fn send_sock(&self, port: u16) -> Option<&UdpSocket> {
+        self.send_socks.iter().find(|s| s.0 == port).map(|s| &s.1)
     }
 
     /// Cuts `run` (packets of one source port, lengths in `self.lens`) into datagrams: with
@@ -161,7 +173,7 @@ impl Udp {
                     }
                 }
             }
-            let Some(sock) = Self::send_sock(&mut self.send_socks, self.addr, port) else {
+            let Some(sock) = self.send_sock(port) else {
                 return done;
             };
             let datagrams: Vec<Datagram<'_>> = self
@@ -280,6 +292,10 @@ impl Fabric for Udp {
             n += Self::drain(&mut self.recv, sock, self.addr, c, sink);
         }
         n
+    }
+
+    fn source_port(&self, flow: u16) -> u16 {
+        Self::source_port(self, flow)
     }
 
     fn wait_fds(&self, fds: &mut Vec<RawFd>) {
