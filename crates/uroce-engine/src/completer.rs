@@ -139,10 +139,11 @@ fn on_atomic_ack<M: MemoryAccess>(
     let Some(sge) = w.wr.sg_list.first().copied() else {
         return;
     };
-    if ctx.mrs.check_local(sge.lkey, pd, sge.addr, 8, true).is_err() {
+    let placed = ctx.mrs.check_local(sge.lkey, pd, sge.addr, 8, true).is_ok()
+        && ctx.mem.write(sge.addr, &orig.to_ne_bytes()).is_ok();
+    if !placed {
         w.error = Some(WcStatus::LOC_PROT_ERR);
     } else {
-        ctx.mem.write(sge.addr, &orig.to_ne_bytes());
         w.resp_pkts = 1;
         w.done = true;
         qp.req.rd_atomic_outstanding -= 1;
@@ -544,7 +545,12 @@ pub(crate) fn scatter<M: MemoryAccess>(
         return Err(ScatterError::Length);
     }
     for (_, addr, at, len) in pieces(sges, offset, data.len()) {
-        ctx.mem.write(addr, &data[at..at + len]);
+        // A page the application unmapped after registering it: the receive fails as for a
+        // key without local write (what lands before the fault stays; a NIC leaves it too).
+        if ctx.mem.write(addr, &data[at..at + len]).is_err() {
+            ctx.counters.memory_faults += 1;
+            return Err(ScatterError::Protection);
+        }
     }
     Ok(())
 }

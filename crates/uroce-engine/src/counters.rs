@@ -39,6 +39,9 @@ pub struct Counters {
     pub rnr_retry_exceeded: u64,
     /// NAKs sent for invalid requests, access errors and operational errors.
     pub err_naks_sent: u64,
+    /// Accesses that found registered memory gone (unmapped or protected by the application
+    /// after registration): each failed its operation with an access error.
+    pub memory_faults: u64,
     /// Completions lost because their CQ was full.
     pub cq_overflows: u64,
     /// Packets whose ICRC did not match (`ICRC_ERROR`-style).
@@ -142,6 +145,7 @@ impl Counters {
             ("retry_exceeded", self.retry_exceeded),
             ("rnr_retry_exceeded", self.rnr_retry_exceeded),
             ("err_naks_sent", self.err_naks_sent),
+            ("memory_faults", self.memory_faults),
             ("cq_overflows", self.cq_overflows),
             ("icrc_errors", self.icrc_errors),
             ("drop_unexpected_ip_id", self.drop_unexpected_ip_id),

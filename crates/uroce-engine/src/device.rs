@@ -365,6 +365,10 @@ pub enum AsyncEvent {
     QpFatal(Qpn),
     /// The first packet arrived at a QP in RTR (`IBV_EVENT_COMM_EST`).
     CommEstablished(Qpn),
+    /// A peer's request found the memory it names gone — a page of its region unmapped after
+    /// registration — and the QP entered Error (IBA 11.6.3.1, local access violation work
+    /// queue error: `IBV_EVENT_QP_ACCESS_ERR`).
+    QpAccessError(Qpn),
     /// A completion queue overflowed (`IBV_EVENT_CQ_ERR`).
     CqError(CqHandle),
     /// A shared receive queue fell below its armed limit (`IBV_EVENT_SRQ_LIMIT_REACHED`).
@@ -529,7 +533,11 @@ impl<M: MemoryAccess> Ctx<M> {
                 for &(a, l) in pieces {
                     let at = data.len();
                     data.resize(at + l as usize, 0);
-                    self.mem.read(a, &mut data[at..]);
+                    // Checked readable when the work request started; a page unmapped since
+                    // goes out as zeros, counted, rather than as a fault.
+                    if self.mem.read(a, &mut data[at..]).is_err() {
+                        self.counters.memory_faults += 1;
+                    }
                 }
                 let full = PacketRepr::new(repr.bth, repr.ext, &data);
                 let len = full.buffer_len().ok();

@@ -39,7 +39,7 @@ pub use device::{
 };
 pub use gsi::GsiMad;
 pub use inspect::QpInfo;
-pub use memory::{MemoryAccess, VecMemory};
+pub use memory::{MemoryAccess, MemoryFault, VecMemory};
 pub use mr::{AccessError, MemoryRegion};
 pub use qp::{ModifyError, PostError, QpAttr, QpCap, QpInitAttr};
 pub use time::{Duration, Instant};

@@ -216,10 +216,18 @@ fn start_wqe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) -> bool
         return false;
     }
     let write = w.wr.opcode.is_read_or_atomic();
+    // What a send gathers must be there now: registration pins nothing, and a page the
+    // application unmapped since fails the work request, not the process.
+    let mut gone = false;
     let local_ok = w.wr.inline_data.is_some()
         || w.wr.sg_list.iter().all(|s| {
             ctx.mrs.check_local(s.lkey, qp.init.pd, s.addr, u64::from(s.length), write).is_ok()
+                && (write || {
+                    gone = ctx.mem.check_readable(s.addr, s.length as usize).is_err();
+                    !gone
+                })
         });
+    ctx.counters.memory_faults += u64::from(gone);
     let first_psn = qp.req.next_psn;
     let Some(w) = qp.req.sq.get_mut(idx) else {
         return false;

@@ -14,7 +14,7 @@ use uroce_wire::opcode::{OpFlags, Opcode};
 use uroce_wire::{ExtHeaders, PacketRepr, Psn, aeth, atomic_ack_eth, bth};
 
 use crate::completer::{self, ScatterError, scatter};
-use crate::device::{Ctx, Transmit};
+use crate::device::{AsyncEvent, Ctx, Transmit};
 use crate::memory::MemoryAccess;
 use crate::qp::{InMessage, NakSent, Qp, RecvWqe, Resource, ResourceKind, Response};
 use crate::time::Instant;
@@ -282,6 +282,26 @@ fn fatal<M: MemoryAccess>(
     code: NakCode,
     recv: Option<(RecvWqe, WcStatus)>,
 ) {
+    fatal_raising(qp, ctx, psn, code, recv, AsyncEvent::QpFatal);
+}
+
+/// A peer's request found its memory gone (a page of the region unmapped after
+/// registration): to the peer a remote access error, as for a key that does not allow the
+/// access (IBA 9.7.5.2.4); to the application the local access violation event (IBA
+/// 11.6.3.1), as a ConnectX raises for a responder's access violation.
+fn memory_gone<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) {
+    ctx.counters.memory_faults += 1;
+    fatal_raising(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None, AsyncEvent::QpAccessError);
+}
+
+fn fatal_raising<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    psn: Psn,
+    code: NakCode,
+    recv: Option<(RecvWqe, WcStatus)>,
+    event: fn(uroce_wire::Qpn) -> AsyncEvent,
+) {
     if qp.init.qp_type != QpType::Rc {
         // UC and UD answer nothing (IBA 9.8): a request the checks refuse is dropped with the
         // rest of its message; only a failure of the local receive buffer ends the QP.
@@ -290,7 +310,7 @@ fn fatal<M: MemoryAccess>(
                 let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
                 ctx.complete(qp.init.recv_cq, wc);
                 qp.error_status = Some(status);
-                ctx.qp_fatal(qp.qpn);
+                ctx.async_events.push_back(event(qp.qpn));
                 completer::enter_error(qp, ctx);
             }
             other => {
@@ -318,7 +338,7 @@ fn fatal<M: MemoryAccess>(
         let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
         ctx.complete(qp.init.recv_cq, wc);
     }
-    ctx.qp_fatal(qp.qpn);
+    ctx.async_events.push_back(event(qp.qpn));
     completer::enter_error(qp, ctx);
 }
 
@@ -519,7 +539,13 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
     } else {
         None
     };
-    ctx.mem.write(va.wrapping_add(u64::from(written)), packet.payload);
+    if ctx.mem.write(va.wrapping_add(u64::from(written)), packet.payload).is_err() {
+        if let Some(wqe) = recv {
+            ctx.unpop_recv(qp, wqe);
+        }
+        memory_gone(qp, ctx, psn);
+        return false;
+    }
     if last {
         if let Some(wqe) = recv {
             let imm = packet.ext.immdt.map(|i| i.imm);
@@ -560,6 +586,12 @@ fn read<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
             .is_err()
     {
         fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
+        return;
+    }
+    // Registration pins nothing: the pages must still be there when the READ is taken on
+    // (a page unmapped later, while its responses go out, is caught on the way out).
+    if ctx.mem.check_readable(reth.va, reth.dma_len as usize).is_err() {
+        memory_gone(qp, ctx, psn);
         return;
     }
     let npkts = reth.dma_len.div_ceil(qp.mtu.bytes()).max(1);
@@ -608,6 +640,10 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
         ctx.mem.compare_and_swap(a.va, a.compare, a.swap_add)
     } else {
         ctx.mem.fetch_and_add(a.va, a.swap_add)
+    };
+    let Ok(orig) = orig else {
+        memory_gone(qp, ctx, psn);
+        return;
     };
     remember(qp, Resource { first_psn: psn, kind: ResourceKind::Atomic { orig } });
     qp.resp.msn = qp.resp.msn.next();

@@ -570,6 +570,61 @@ fn bad_rkeys_bounds_rights_and_revoked_regions_are_rem_access_err_and_touch_noth
     }
 }
 
+/// Memory the application unmapped after registering it (registration pins nothing): a
+/// peer's WRITE, READ and atomics into it end in REM_ACCESS_ERR at the peer and the access
+/// violation event here (IBA 11.6.3.1), a SEND into a receive buffer that is gone in a local
+/// protection error on the receive; each counted once as a memory fault, nothing touched.
+#[test]
+fn memory_unmapped_after_registration_fails_each_access_and_raises_the_event() {
+    type Post = fn(&Pair) -> SendWr;
+    let cases: [(&str, Post); 4] = [
+        ("WRITE", |p| write_wr(p, 1, 0, 0, 3000)),
+        ("READ", |p| read_wr(p, 1, 0, 0, 3000)),
+        ("compare and swap", |p| {
+            let mut wr = SendWr::new(1, WrOpcode::AtomicCmpAndSwp, vec![p.sge(A, 0, 8)]);
+            wr.remote = Some(p.remote(B, 0x100));
+            wr
+        }),
+        ("fetch and add", |p| {
+            let mut wr = SendWr::new(1, WrOpcode::AtomicFetchAndAdd, vec![p.sge(A, 0, 8)]);
+            wr.remote = Some(p.remote(B, 0x100));
+            wr
+        }),
+    ];
+    for (what, post) in cases {
+        let mut p = Pair::new(Mtu::Mtu1024);
+        let addr = p.hosts[B].mr.addr;
+        p.hosts[B].dev.memory_mut().unmap(addr);
+        let wr = post(&p);
+        p.post_send(A, wr);
+        p.run(Duration::from_millis(10));
+        assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::REM_ACCESS_ERR)], "{what}");
+        let (b, qp) = (&mut p.hosts[B].dev, p.hosts[B].qp);
+        assert_eq!(b.poll_async_event(), Some(AsyncEvent::QpAccessError(qp)), "{what}");
+        assert_eq!(b.qp_state(qp), Some(QpState::Error), "{what}");
+        assert_eq!(b.counters().memory_faults, 1, "{what}");
+    }
+    // A SEND into a receive buffer that is gone: the receive fails, the sender hears why.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.post_recv(B, 5, 0, 100);
+    let addr = p.hosts[B].mr.addr;
+    p.hosts[B].dev.memory_mut().unmap(addr);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(B)), [(5, WcStatus::LOC_PROT_ERR)]);
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::REM_OP_ERR)]);
+    assert_eq!(p.hosts[B].dev.counters().memory_faults, 1);
+    // The QP's own SEND from memory that is gone fails at once, and nothing is sent.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let addr = p.hosts[A].mr.addr;
+    p.hosts[A].dev.memory_mut().unmap(addr);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::LOC_PROT_ERR)]);
+    assert!(p.log.is_empty());
+    assert_eq!(p.hosts[A].dev.counters().memory_faults, 1);
+}
+
 #[test]
 fn a_bad_lkey_is_loc_prot_err_and_nothing_is_sent() {
     let mut p = Pair::new(Mtu::Mtu1024);

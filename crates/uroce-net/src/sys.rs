@@ -10,6 +10,7 @@
     reason = "C ABI conversions: struct sizes, batch counts and return values are small"
 )]
 
+pub(crate) mod guard;
 pub(crate) mod memory;
 pub(crate) mod shm;
 
@@ -811,36 +812,49 @@ impl RawRegion {
         self.locked
     }
 
-    /// Copies bytes `offset..offset + dst.len()` out. Panics if out of range.
+    /// Copies bytes `offset..offset + dst.len()` out; a [`guard::Fault`] if the application
+    /// has unmapped them since it registered them. Panics if out of range.
     ///
     /// # Safety
     ///
     /// No write to those bytes may run concurrently (the caller holds the device lock).
-    pub(crate) unsafe fn read(&self, offset: usize, dst: &mut [u8]) {
+    pub(crate) unsafe fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), guard::Fault> {
         assert!(
             offset.checked_add(dst.len()).is_some_and(|end| end <= self.len),
             "region read out of range"
         );
-        // SAFETY: in range (checked above), so the offset pointer stays in the allocation.
-        let from = unsafe { self.ptr.as_ptr().add(offset) };
-        // SAFETY: in range; no concurrent write (the caller's contract); `dst` is separate.
-        unsafe { core::ptr::copy_nonoverlapping(from, dst.as_mut_ptr(), dst.len()) };
+        let from = self.ptr.as_ptr().wrapping_add(offset);
+        // SAFETY: in range of the registration, which the application may have unmapped (the
+        // guarded copy's fault); no concurrent write (the caller's contract); `dst` is ours.
+        unsafe { guard::read_from(from, dst) }
     }
 
-    /// Copies `src` in at `offset`. Panics if out of range.
+    /// Copies `src` in at `offset`; a [`guard::Fault`] if the application has unmapped (or
+    /// write-protected) those bytes since it registered them. Panics if out of range.
     ///
     /// # Safety
     ///
     /// No other access to those bytes may run concurrently (the caller holds the device lock).
-    pub(crate) unsafe fn write(&self, offset: usize, src: &[u8]) {
+    pub(crate) unsafe fn write(&self, offset: usize, src: &[u8]) -> Result<(), guard::Fault> {
         assert!(
             offset.checked_add(src.len()).is_some_and(|end| end <= self.len),
             "region write out of range"
         );
-        // SAFETY: in range (checked above), so the offset pointer stays in the allocation.
-        let to = unsafe { self.ptr.as_ptr().add(offset) };
-        // SAFETY: in range; exclusive (the caller's contract); `src` is separate.
-        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), to, src.len()) };
+        let to = self.ptr.as_ptr().wrapping_add(offset);
+        // SAFETY: in range of the registration, which may be unmapped (the guarded copy's
+        // fault); exclusive (the caller's contract); `src` is separate.
+        unsafe { guard::write_to(to, src) }
+    }
+
+    /// Whether bytes `offset..offset + len` are still mapped. Panics if out of range.
+    pub(crate) fn readable(&self, offset: usize, len: usize) -> Result<(), guard::Fault> {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "region probe out of range"
+        );
+        // SAFETY: in range of the registration; a probe reads one byte per page into a
+        // buffer of its own and writes nothing the region holds.
+        unsafe { guard::readable(self.ptr.as_ptr().wrapping_add(offset), len) }
     }
 
     /// Bytes `offset..offset + len` in place. Panics if out of range.

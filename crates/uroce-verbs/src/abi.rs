@@ -554,6 +554,7 @@ pub(crate) mod consts {
 
     pub(crate) const IBV_EVENT_CQ_ERR: c_int = 0;
     pub(crate) const IBV_EVENT_QP_FATAL: c_int = 1;
+    pub(crate) const IBV_EVENT_QP_ACCESS_ERR: c_int = 3;
     pub(crate) const IBV_EVENT_COMM_EST: c_int = 4;
     pub(crate) const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
     pub(crate) const IBV_EVENT_QP_LAST_WQE_REACHED: c_int = 16;
@@ -930,6 +931,7 @@ mod tests {
                 IBV_GID_TYPE_ROCE_V2,
                 IBV_EVENT_CQ_ERR,
                 IBV_EVENT_QP_FATAL,
+                IBV_EVENT_QP_ACCESS_ERR,
                 IBV_EVENT_COMM_EST,
                 IBV_EVENT_SRQ_LIMIT_REACHED,
                 IBV_EVENT_QP_LAST_WQE_REACHED,

@@ -251,6 +251,7 @@ impl Objects {
     fn event(&self, e: &AsyncEvent) -> Option<(usize, c_int)> {
         let (element, kind) = match *e {
             AsyncEvent::QpFatal(q) => (self.qps.get(&q), IBV_EVENT_QP_FATAL),
+            AsyncEvent::QpAccessError(q) => (self.qps.get(&q), IBV_EVENT_QP_ACCESS_ERR),
             AsyncEvent::CommEstablished(q) => (self.qps.get(&q), IBV_EVENT_COMM_EST),
             AsyncEvent::LastWqeReached(q) => (self.qps.get(&q), IBV_EVENT_QP_LAST_WQE_REACHED),
             AsyncEvent::CqError(c) => (self.cqs.get(&c), IBV_EVENT_CQ_ERR),

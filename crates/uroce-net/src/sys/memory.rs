@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use uroce_engine::MemoryAccess;
+use uroce_engine::{MemoryAccess, MemoryFault};
 
 use super::RawRegion;
 
@@ -55,8 +55,7 @@ impl Registry {
         }
         // SAFETY: the caller holds the device lock, which every writer of registered memory
         // holds too; the range is checked.
-        unsafe { region.read(offset, dst) };
-        true
+        unsafe { region.read(offset, dst) }.is_ok()
     }
 
     /// Copies into a region for the application. `false` if out of range.
@@ -65,16 +64,16 @@ impl Registry {
             return false;
         }
         // SAFETY: as in `copy_out`: the device lock serializes every access.
-        unsafe { region.write(offset, src) };
-        true
+        unsafe { region.write(offset, src) }.is_ok()
     }
 
-    fn word(&mut self, addr: u64) -> Option<(&RawRegion, usize, u64)> {
-        let (r, off) = self.find(addr, 8)?;
+    /// The 8 bytes at `addr`, their region and offset (`None`: in no region).
+    fn word(&self, addr: u64) -> Result<Option<(&RawRegion, usize, u64)>, MemoryFault> {
+        let Some((r, off)) = self.find(addr, 8) else { return Ok(None) };
         let mut b = [0u8; 8];
         // SAFETY: the device lock is held (the engine runs under it); range checked by `find`.
-        unsafe { r.read(off, &mut b) };
-        Some((r, off, u64::from_ne_bytes(b)))
+        unsafe { r.read(off, &mut b) }.map_err(|_| MemoryFault)?;
+        Ok(Some((r, off, u64::from_ne_bytes(b))))
     }
 }
 
@@ -87,41 +86,54 @@ impl MemoryAccess for Registry {
         Some(unsafe { r.slice(off, len) })
     }
 
-    fn read(&self, addr: u64, dst: &mut [u8]) {
+    fn check_readable(&self, addr: u64, len: usize) -> Result<(), MemoryFault> {
+        match self.find(addr, len) {
+            Some((r, off)) => r.readable(off, len).map_err(|_| MemoryFault),
+            None => Ok(()),
+        }
+    }
+
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), MemoryFault> {
         match self.find(addr, dst.len()) {
             // SAFETY: the engine calls this under the device lock; range checked by `find`.
-            Some((r, off)) => unsafe { r.read(off, dst) },
-            None => dst.fill(0),
+            Some((r, off)) => unsafe { r.read(off, dst) }.map_err(|_| MemoryFault),
+            None => {
+                dst.fill(0);
+                Ok(())
+            }
         }
     }
 
-    fn write(&mut self, addr: u64, src: &[u8]) {
+    fn write(&mut self, addr: u64, src: &[u8]) -> Result<(), MemoryFault> {
         match self.find(addr, src.len()) {
             // SAFETY: the engine calls this under the device lock; range checked by `find`.
-            Some((r, off)) => unsafe { r.write(off, src) },
-            None => self.stray_accesses += 1,
+            Some((r, off)) => unsafe { r.write(off, src) }.map_err(|_| MemoryFault),
+            None => {
+                self.stray_accesses += 1;
+                Ok(())
+            }
         }
     }
 
-    fn compare_and_swap(&mut self, addr: u64, compare: u64, swap: u64) -> u64 {
-        let Some((r, off, old)) = self.word(addr) else {
+    fn compare_and_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryFault> {
+        let Some((r, off, old)) = self.word(addr)? else {
             self.stray_accesses += 1;
-            return 0;
+            return Ok(0);
         };
         if old == compare {
             // SAFETY: as in `write`; the read and this write are one step under the lock.
-            unsafe { r.write(off, &swap.to_ne_bytes()) };
+            unsafe { r.write(off, &swap.to_ne_bytes()) }.map_err(|_| MemoryFault)?;
         }
-        old
+        Ok(old)
     }
 
-    fn fetch_and_add(&mut self, addr: u64, add: u64) -> u64 {
-        let Some((r, off, old)) = self.word(addr) else {
+    fn fetch_and_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryFault> {
+        let Some((r, off, old)) = self.word(addr)? else {
             self.stray_accesses += 1;
-            return 0;
+            return Ok(0);
         };
         // SAFETY: as in `write`; the read and this write are one step under the lock.
-        unsafe { r.write(off, &old.wrapping_add(add).to_ne_bytes()) };
-        old
+        unsafe { r.write(off, &old.wrapping_add(add).to_ne_bytes()) }.map_err(|_| MemoryFault)?;
+        Ok(old)
     }
 }

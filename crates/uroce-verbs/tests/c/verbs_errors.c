@@ -53,6 +53,13 @@
  *      ibv_destroy_cq waits for that, so that a thread handling an event never finds its CQ
  *      freed): a thread takes the event of a SEND's completion and acks it only 300 ms later;
  *      ibv_destroy_cq on that CQ, called meanwhile, returns no earlier than the ack.
+ *   j. memory unmapped after registration (ibv_reg_mr(3) pins it on a NIC; here it pins nothing,
+ *      and a peer must still not be able to crash the process): the responder registers two
+ *      pages of its own mapping and unmaps them; a peer's RDMA WRITE, RDMA READ, compare and
+ *      swap and fetch and add into them (one fresh pair each) complete with
+ *      IBV_WC_REM_ACCESS_ERR, the responder's QP is in Error and its context reports
+ *      IBV_EVENT_QP_ACCESS_ERR for that QP (IBA §11.6.3.1, local access violation work queue
+ *      error), the process goes on, and the region still deregisters.
  *   h. ABI details: ibv_query_port@IBVERBS_1.1 called directly writes 48 bytes, no more;
  *      ibv_query_device_ex falls back to the legacy verb; on uroce, ibv_create_qp_ex with
  *      send-ops flags, ibv_alloc_mw and ibv_reg_dmabuf_mr fail with EOPNOTSUPP.
@@ -82,6 +89,7 @@
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <infiniband/verbs.h>
@@ -1184,6 +1192,99 @@ static void scenario_destroy_waits_for_ack(struct dev *d0, struct dev *d1)
 		fail("i: ibv_destroy_comp_channel");
 }
 
+/* Waits up to POLL_MS for event `type` on `qp` at `ctx`, acking every event it takes. */
+static int expect_async_event(const char *scenario, struct ibv_context *ctx,
+			      enum ibv_event_type type, struct ibv_qp *qp)
+{
+	struct ibv_async_event ev;
+	struct timespec t0;
+	int found = 0;
+
+	set_nonblocking(ctx->async_fd, "async_fd");
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (!found) {
+		long left = POLL_MS - elapsed_ms(&t0);
+		int r = left > 0 ? fd_readable(ctx->async_fd, (int)left) : 0;
+
+		if (r <= 0) {
+			fail("%s: async_fd %s: no %s for qp 0x%06x within %d ms", scenario,
+			     readable_str(r), ibv_event_type_str(type), qp->qp_num, POLL_MS);
+			return 0;
+		}
+		while (ibv_get_async_event(ctx, &ev) == 0) {
+			found |= ev.event_type == type && ev.element.qp == qp;
+			ibv_ack_async_event(&ev);
+		}
+	}
+	return 1;
+}
+
+/* j. A peer's access into registered memory that the application has unmapped since. */
+static void scenario_unmapped_after_registration(struct dev *d0, struct dev *d1)
+{
+	const char *s = "unmapped after registration";
+	static const struct {
+		const char *what;
+		enum ibv_wr_opcode op;
+	} ops[] = {
+		{ "RDMA WRITE", IBV_WR_RDMA_WRITE },
+		{ "RDMA READ", IBV_WR_RDMA_READ },
+		{ "compare and swap", IBV_WR_ATOMIC_CMP_AND_SWP },
+		{ "fetch and add", IBV_WR_ATOMIC_FETCH_AND_ADD },
+	};
+	size_t len = 2 * 4096;
+
+	for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++) {
+		struct ep req, rsp;
+		struct ibv_mr *gone;
+		char *pages;
+
+		make_pair(&req, d0, &rsp, d1);
+		pages = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (pages == MAP_FAILED)
+			die("mmap: %s", strerror(errno));
+		gone = ibv_reg_mr(d1->pd, pages, len, MR_ACCESS);
+		if (!gone)
+			die("ibv_reg_mr(mapped pages): %s", strerror(errno));
+		if (munmap(pages, len))
+			die("munmap: %s", strerror(errno));
+		{
+			struct ibv_sge sge = { .addr = (uintptr_t)req.buf, .lkey = req.mr->lkey,
+					       .length = ops[k].op == IBV_WR_RDMA_WRITE ||
+								 ops[k].op == IBV_WR_RDMA_READ ?
+							 3000 :
+							 8 };
+			struct ibv_send_wr wr = { .wr_id = 0xc0 + k, .sg_list = &sge, .num_sge = 1,
+						  .opcode = ops[k].op,
+						  .send_flags = IBV_SEND_SIGNALED };
+			struct ibv_send_wr *bad = NULL;
+
+			if (ops[k].op == IBV_WR_RDMA_WRITE || ops[k].op == IBV_WR_RDMA_READ) {
+				wr.wr.rdma.remote_addr = (uintptr_t)pages + 100;
+				wr.wr.rdma.rkey = gone->rkey;
+			} else {
+				wr.wr.atomic.remote_addr = (uintptr_t)pages + 4096;
+				wr.wr.atomic.rkey = gone->rkey;
+				wr.wr.atomic.compare_add = 1;
+				wr.wr.atomic.swap = 2;
+			}
+			if (must_post(s, ops[k].what, ibv_post_send(req.qp, &wr, &bad))) {
+				expect_wc(s, ops[k].what, &req, 0xc0 + k, IBV_WC_REM_ACCESS_ERR,
+					  POLL_MS);
+				expect_state(s, "responder", &rsp, IBV_QPS_ERR);
+				if (expect_async_event(s, d1->ctx, IBV_EVENT_QP_ACCESS_ERR, rsp.qp))
+					printf("%s: %s: IBV_WC_REM_ACCESS_ERR there, "
+					       "IBV_EVENT_QP_ACCESS_ERR here\n",
+					       s, ops[k].what);
+			}
+		}
+		if (ibv_dereg_mr(gone))
+			fail("%s: ibv_dereg_mr of the unmapped region", s);
+		ep_destroy(&req);
+		ep_destroy(&rsp);
+	}
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -1224,6 +1325,7 @@ int main(void)
 	scenario_comp_channel(&d0, &d1);
 	scenario_srq_limit(&d0, &d1);
 	scenario_destroy_waits_for_ack(&d0, &d1);
+	scenario_unmapped_after_registration(&d0, &d1);
 	scenario_abi(&d0);
 
 	close_dev(&d0);
