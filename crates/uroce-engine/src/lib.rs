@@ -27,6 +27,7 @@ pub mod qp;
 mod requester;
 mod responder;
 mod rng;
+pub mod seeded;
 mod srq;
 pub mod time;
 pub mod types;

@@ -30,19 +30,14 @@ impl Rng {
     }
 }
 
-/// A 64-bit test seed as 256 bits (SplitMix64 steps, only to spread it: the secrecy of a real
-/// device's keys rests on a seed that never goes through here).
+/// A 64-bit test seed as 256 bits (the seeded generator's first four words, only to spread it:
+/// the secrecy of a real device's keys rests on a seed that never goes through here).
 pub(crate) const fn expand(seed: u64) -> [u8; 32] {
     let mut out = [0u8; 32];
-    let mut state = seed;
+    let mut rng = crate::seeded::Rng::new(seed);
     let mut i = 0;
     while i < 4 {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        let b = z.to_le_bytes();
+        let b = rng.next_u64().to_le_bytes();
         let mut k = 0;
         while k < 8 {
             out[8 * i + k] = b[k];

@@ -74,27 +74,22 @@ pub(crate) struct Fate {
     pub(crate) flip: Option<usize>,
 }
 
-/// SplitMix64, seeded per device: enough for fault draws.
+/// The fault draws of one device: the simulator's seeded generator, so a seed reproduces a
+/// run's faults as it does the simulator's.
 #[derive(Debug, Clone)]
-pub(crate) struct FaultRng(u64);
+pub(crate) struct FaultRng(uroce_engine::seeded::Rng);
 
 impl FaultRng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed)
+    pub(crate) const fn new(seed: u64) -> Self {
+        Self(uroce_engine::seeded::Rng::new(seed))
     }
 
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     fn chance(&mut self, p: f64) -> bool {
-        #[expect(clippy::cast_precision_loss, reason = "53 random bits are plenty for a draw")]
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        p > 0.0 && u < p
+        self.0.gen_bool(p)
     }
 
     pub(crate) fn fate(&mut self, f: &Faults, len: usize) -> Fate {
