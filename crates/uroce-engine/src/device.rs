@@ -481,9 +481,6 @@ impl<M: MemoryAccess> Ctx<M> {
         self.emit_to(&pseudo, dest, port, repr, pieces, buf)
     }
 
-    /// Builds the packet: `repr`'s own payload, or (when `pieces` is not empty) the payload
-    /// in those pieces of registered memory — left in place in gather mode when the memory
-    /// lends them, else copied once into the packet.
     /// Writes a whole packet into `buf`, its ICRC computed or (for a runtime that seals
     /// packets itself) left zero.
     fn emit_whole(
@@ -495,6 +492,9 @@ impl<M: MemoryAccess> Ctx<M> {
         if self.defer_icrc { repr.emit_without_icrc(buf) } else { repr.emit(pseudo, buf) }.ok()
     }
 
+    /// Builds the packet: `repr`'s own payload, or (when `pieces` is not empty) the payload
+    /// in those pieces of registered memory — left in place in gather mode when the memory
+    /// lends them, else copied once into the packet.
     fn emit_to(
         &mut self,
         pseudo: &PseudoHeader,
