@@ -77,7 +77,7 @@ fn perftest(tls: &str, port: u16, args: &[&str]) -> String {
     let p = port.to_string();
     let server = exec("127.0.20.3")
         .env("UCX_TLS", tls)
-        .args(["ucx_perftest", "-p", &p])
+        .args(["timeout", "120", "ucx_perftest", "-p", &p])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -92,7 +92,10 @@ fn perftest(tls: &str, port: u16, args: &[&str]) -> String {
             .args(args)
             .output()
             .unwrap();
-        let refused = String::from_utf8_lossy(&o.stderr).contains("Connection refused");
+        // ucx_perftest reports a refused connect on standard output, not standard error.
+        let refused = [&o.stdout, &o.stderr]
+            .iter()
+            .any(|b| String::from_utf8_lossy(b).contains("Connection refused"));
         if !refused {
             client = Some(o);
             break;
