@@ -10,7 +10,7 @@ use core::ops::Range;
 const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// SplitMix64's output function, a bijective mix of all 64 bits (Stafford's variant 13).
-pub(crate) const fn mix64(mut z: u64) -> u64 {
+const fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)

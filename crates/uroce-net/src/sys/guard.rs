@@ -272,24 +272,29 @@ mod imp {
 mod tests {
     use super::*;
 
-    /// A page mapped, then unmapped: copies from and to it fail, and the process lives on;
-    /// mapped memory copies as usual.
-    #[test]
-    fn copies_from_and_to_an_unmapped_page_fail_instead_of_faulting() {
-        let page = PAGE;
+    /// A fresh anonymous private page with protection `prot`, the test's to unmap.
+    fn map_page(prot: libc::c_int) -> *mut u8 {
         // SAFETY: an anonymous private mapping of one page, checked below.
         let p = unsafe {
             libc::mmap(
                 core::ptr::null_mut(),
-                page,
-                libc::PROT_READ | libc::PROT_WRITE,
+                PAGE,
+                prot,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
         assert_ne!(p, libc::MAP_FAILED);
-        let p = p.cast::<u8>();
+        p.cast()
+    }
+
+    /// A page mapped, then unmapped: copies from and to it fail, and the process lives on;
+    /// mapped memory copies as usual.
+    #[test]
+    fn copies_from_and_to_an_unmapped_page_fail_instead_of_faulting() {
+        let page = PAGE;
+        let p = map_page(libc::PROT_READ | libc::PROT_WRITE);
         let mut out = [0u8; 16];
         // SAFETY: the page is mapped and private to this test.
         unsafe { write_to(p.wrapping_add(100), &[7; 16]) }.unwrap();
@@ -312,19 +317,7 @@ mod tests {
     #[test]
     fn a_write_into_a_read_only_page_fails() {
         let page = PAGE;
-        // SAFETY: an anonymous private read-only mapping of one page, checked below.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                page,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        let p = p.cast::<u8>();
+        let p = map_page(libc::PROT_READ);
         let mut out = [1u8; 8];
         // SAFETY: mapped readable; private to this test.
         unsafe { read_from(p, &mut out) }.unwrap();
