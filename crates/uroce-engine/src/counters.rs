@@ -168,6 +168,54 @@ impl Counters {
             ("drop_uc_invalid", self.drop_uc_invalid),
         ]
     }
+
+    /// The rules that drop a packet after the device accepted it for processing (it counted
+    /// in `rcvd_pkts`): the transport's own (sequence, receive queue, UC message state, stale
+    /// responses, saved responder resources, QP1's receive queue). Every other `drop_*`
+    /// counter and `icrc_errors` refuses a packet before it is accepted.
+    pub const DROPPED_AFTER_ACCEPTANCE: [&'static str; 6] = [
+        "drop_out_of_sequence",
+        "drop_rnr",
+        "drop_gsi_overflow",
+        "drop_uc_invalid",
+        "drop_stale_response",
+        "drop_dup_no_resource",
+    ];
+
+    /// What became of the one packet received between `before` and `after`, judged by this
+    /// module's promise: accepted, or refused under exactly one named rule. `Err` lists the
+    /// counters that moved when the promise was broken.
+    pub fn packet_fate(before: &Self, after: &Self) -> Result<PacketFate, String> {
+        let moved: Vec<(&'static str, u64)> = after
+            .fields()
+            .iter()
+            .zip(before.fields())
+            .filter(|(a, b)| a.1 != b.1)
+            .map(|(a, b)| (a.0, a.1.wrapping_sub(b.1)))
+            .collect();
+        let accepted = moved.iter().find(|(n, _)| *n == "rcvd_pkts").map_or(0, |&(_, d)| d);
+        let mut drops = moved.iter().filter(|(n, _)| n.starts_with("drop_") || *n == "icrc_errors");
+        let after_acceptance = |rule: &str| Self::DROPPED_AFTER_ACCEPTANCE.contains(&rule);
+        match (accepted, drops.next(), drops.next()) {
+            (1, None, _) => Ok(PacketFate::Accepted),
+            (1, Some(&(rule, 1)), None) if after_acceptance(rule) => {
+                Ok(PacketFate::DroppedAfterAcceptance(rule))
+            }
+            (0, Some(&(rule, 1)), None) if !after_acceptance(rule) => Ok(PacketFate::Refused(rule)),
+            _ => Err(format!("counters moved: {moved:?}")),
+        }
+    }
+}
+
+/// What became of one received packet ([`Counters::packet_fate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PacketFate {
+    /// Accepted and processed.
+    Accepted,
+    /// Accepted, then dropped under this transport rule.
+    DroppedAfterAcceptance(&'static str),
+    /// Refused under this rule before it was accepted.
+    Refused(&'static str),
 }
 
 impl QpCounters {

@@ -1213,8 +1213,8 @@ impl<M: MemoryAccess> Device<M> {
         if dest_qp.get() == uroce_wire::mad::GSI_QPN {
             if let Some(packet) =
                 verify_datagram(&mut self.ud_rx_pseudo, &mut self.icrc, c, rx, payload, intact)
+                && self.gsi.receive(rx.src.ip(), &packet, c)
             {
-                self.gsi.receive(rx.src.ip(), &packet, c);
                 count_rcvd(&mut self.ctx.counters, payload.len());
             }
             return;
@@ -1477,8 +1477,18 @@ fn deliver_ud<M: MemoryAccess>(
         c.drop_bad_state += 1;
         return false;
     }
+    let Some(deth) = packet.ext.deth else {
+        c.drop_malformed += 1;
+        return false;
+    };
+    // IBA 10.2.5 (rxe_recv.c check_keys): a datagram whose Q_Key is not the QP's is refused
+    // with the header checks, before the QP takes it.
+    if deth.qkey != qp.qkey {
+        c.drop_bad_qkey += 1;
+        return false;
+    }
     count_qp_rcvd(qp, udp_payload_len);
-    responder::ud_request(qp, ctx, packet, &rx.grh(udp_payload_len));
+    responder::ud_request(qp, ctx, packet, deth, &rx.grh(udp_payload_len));
     true
 }
 

@@ -59,25 +59,28 @@ impl Gsi {
         self.rx.pop_front()
     }
 
-    /// Takes a verified packet to QP1: a GMP, or counted and dropped.
+    /// Takes a verified packet to QP1. Returns whether it was a GMP, which QP1 accepts (and
+    /// queues, or drops as `drop_gsi_overflow` when its receive queue is full); anything else
+    /// is refused as `drop_not_gmp`.
     pub(crate) fn receive(
         &mut self,
         from: IpAddr,
         packet: &uroce_wire::PacketRepr<'_>,
         c: &mut Counters,
-    ) {
+    ) -> bool {
         let Ok(payload) = mad::gmp_payload(packet) else {
             c.drop_not_gmp += 1;
-            return;
+            return false;
         };
         if self.rx.len() >= GSI_QUEUE {
             c.drop_gsi_overflow += 1;
-            return;
+            return true;
         }
         let mut m = [0u8; MAD_LEN];
         m.copy_from_slice(payload);
         self.rx.push_back(GsiMad { from, mad: m });
         c.gsi_rcvd += 1;
+        true
     }
 
     /// Builds the next queued MAD into `buf` as a packet from `local`.

@@ -33,7 +33,7 @@ pub mod time;
 pub mod types;
 mod watch;
 
-pub use counters::{Counters, QpCounters};
+pub use counters::{Counters, PacketFate, QpCounters};
 pub use device::{
     AsyncEvent, CreateError, DEVICE_ATTR, DestroyError, Device, DeviceAttr, DeviceConfig,
     McastError, QpnBlock, RxInfo, Transmit,

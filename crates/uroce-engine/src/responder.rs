@@ -132,7 +132,7 @@ fn uc_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRep
 
 /// A UD datagram (IBA 9.8.2; 10.2.5), already checked for transport, partition and state.
 ///
-/// The Q_Key must be the QP's. The datagram takes the next receive WQE: its first 40 bytes get
+/// The datagram (its DETH and Q_Key already checked) takes the next receive WQE: its first 40 bytes get
 /// the network header (`grh`), the payload follows, and the completion reports the GRH, the
 /// source QP and the payload length plus 40, as on hardware. With no receive WQE posted it is
 /// dropped (UD has no RNR NAK). UD has no sequence: each datagram that arrives is delivered,
@@ -145,16 +145,9 @@ pub(crate) fn ud_request<M: MemoryAccess>(
     qp: &mut Qp,
     ctx: &mut Ctx<M>,
     packet: &PacketRepr<'_>,
+    deth: uroce_wire::deth::Repr,
     grh: &[u8; 40],
 ) {
-    let Some(deth) = packet.ext.deth else {
-        ctx.counters.drop_malformed += 1;
-        return;
-    };
-    if deth.qkey != qp.qkey {
-        ctx.counters.drop_bad_qkey += 1;
-        return;
-    }
     let Some(wqe) = ctx.pop_recv(qp) else {
         ctx.counters.drop_rnr += 1;
         return;

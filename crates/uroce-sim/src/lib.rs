@@ -51,6 +51,7 @@
 //! and the command that reruns exactly it.
 #![forbid(unsafe_code)]
 
+pub mod adversary;
 mod engine;
 pub use engine::DeviceNode;
 

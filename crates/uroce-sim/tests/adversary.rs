@@ -1,0 +1,44 @@
+//! The adversarial schedules of `uroce_sim::adversary` over seeded inputs: the same checks the
+//! `engine` fuzz target makes, run on every test run, with a floor on what the schedules reach
+//! so that a change that stops them reaching the transport (every packet refused, nothing
+//! completing) fails here rather than passing quietly.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+#![allow(clippy::cast_possible_truncation, reason = "values drawn below the target type's range")]
+
+use uroce_engine::seeded::Rng;
+use uroce_sim::adversary::{self, Reached};
+
+/// Inputs per run (each up to 600 bytes: a few dozen operations); about a second.
+const INPUTS: u64 = 4_000;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn seeded_schedules_keep_every_promise() {
+    let mut total = Reached::default();
+    for seed in 0..INPUTS {
+        let mut rng = Rng::new(seed);
+        let len = rng.gen_range(0..600) as usize;
+        // Mostly small bytes: operation codes and offsets that land inside the region.
+        let input: Vec<u8> = (0..len)
+            .map(|_| {
+                if rng.gen_bool(0.7) {
+                    rng.gen_range(0..16) as u8
+                } else {
+                    rng.gen_range(0..256) as u8
+                }
+            })
+            .collect();
+        match adversary::run(&input) {
+            Ok(r) => total += r,
+            Err(v) => panic!("seed {seed}: {v}\ninput: {}", hex(&input)),
+        }
+    }
+    eprintln!("{total:?}");
+    assert!(total.successes > INPUTS, "{total:?}");
+    assert!(total.errors > INPUTS / 10, "{total:?}");
+    assert!(total.flushes > INPUTS / 10, "{total:?}");
+    assert!(total.refused > INPUTS, "{total:?}");
+}
