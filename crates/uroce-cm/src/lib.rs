@@ -1216,10 +1216,13 @@ impl Cm {
                 self.event(orphan, Event::Disconnected { id });
             }
             (Message::Dreq(_), ConnState::TimeWait) => {
-                if let Some(bytes) = c.sent {
-                    self.out.push_back((c.remote, bytes));
-                    self.counters.tx_mads += 1;
-                }
+                // A duplicate DREQ (our DREP was lost) is answered with a DREP for it, as
+                // ib_cm's cm_dreq_handler does in TimeWait; never with what we sent last,
+                // which is our own DREQ when both ends released at once, and two ends each
+                // answering the other's DREQ with a DREQ never stop.
+                let (remote, remote_id) = (c.remote, c.remote_id);
+                let drep = Ids { local_comm_id: id, remote_comm_id: remote_id, private_data: &[] };
+                self.send(remote, CmMad { tid, message: Message::Drep(drep) });
             }
             (Message::Dreq(_), ConnState::DreqRcvd) => {}
             (Message::Drep(_), ConnState::DreqSent) => {

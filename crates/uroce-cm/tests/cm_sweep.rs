@@ -12,23 +12,9 @@ use std::net::IpAddr;
 use uroce_cm::{
     AcceptParams, Cm, CommId, Config, ConnectParams, Duration, Event, Instant, RequestInfo,
 };
+use uroce_engine::seeded::Rng;
 use uroce_wire::cm::{TransportType, reason};
 use uroce_wire::{Psn, Qpn};
-
-/// SplitMix64: the test's seeded randomness.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
-    }
-}
 
 #[derive(Clone, Copy)]
 struct Faults {
@@ -74,7 +60,7 @@ impl Net {
             hosts: [host(a, 1, seed as u32), host(b, 2, (seed >> 7) as u32)],
             flight: BTreeMap::new(),
             seq: 0,
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             faults,
             cut: [false; 2],
             dreq_tids: HashMap::new(),
@@ -91,12 +77,12 @@ impl Net {
             while let Some((to, mad)) = self.hosts[i].cm.poll_transmit() {
                 let from = self.hosts[i].addr;
                 let j = self.index_of(to);
-                if self.cut[i] || self.cut[j] || self.rng.chance(self.faults.loss) {
+                if self.cut[i] || self.cut[j] || self.rng.gen_bool(self.faults.loss) {
                     continue;
                 }
-                let copies = if self.rng.chance(self.faults.dup) { 2 } else { 1 };
+                let copies = if self.rng.gen_bool(self.faults.dup) { 2 } else { 1 };
                 for _ in 0..copies {
-                    let delay = 5 + self.rng.next() % (self.faults.jitter_us + 1);
+                    let delay = 5 + self.rng.gen_range(0..self.faults.jitter_us + 1);
                     self.seq += 1;
                     let at = self.now + Duration::from_micros(delay);
                     self.flight.insert((at, self.seq), (j, from, mad));
@@ -344,7 +330,22 @@ fn a_peer_that_vanishes_is_reported_on_both_sides() {
     }
     let Event::Request { id: idb, .. } = net.hosts[1].events.remove(0) else { panic!() };
     net.cut = [true, true];
-    let p = AcceptParams {
+    net.hosts[1].cm.accept(net.now, idb, &accept_params()).unwrap();
+    while net.step(Instant::ZERO + Duration::from_secs(100)) {}
+    assert_eq!(net.hosts[0].events, [Event::Unreachable { id: ida }]);
+    assert_eq!(net.hosts[1].events, [Event::Unreachable { id: idb }]);
+
+    // A release into the void still releases (DREQ timeout: IBA 12.9.7).
+    let mut net = Net::new(4, Faults { loss: 0.0, dup: 0.0, jitter_us: 0 });
+    let (ida, _) = establish(&mut net);
+    net.cut = [true, true];
+    net.hosts[0].cm.disconnect(net.now, ida).unwrap();
+    while net.step(Instant::ZERO + Duration::from_secs(200)) {}
+    assert!(net.hosts[0].events.contains(&Event::Disconnected { id: ida }));
+}
+
+fn accept_params() -> AcceptParams {
+    AcceptParams {
         qpn: Qpn::from_masked(7),
         starting_psn: Psn::from_masked(7),
         responder_resources: 1,
@@ -352,14 +353,12 @@ fn a_peer_that_vanishes_is_reported_on_both_sides() {
         rnr_retry_count: 7,
         srq: false,
         private_data: Vec::new(),
-    };
-    net.hosts[1].cm.accept(net.now, idb, &p).unwrap();
-    while net.step(Instant::ZERO + Duration::from_secs(100)) {}
-    assert_eq!(net.hosts[0].events, [Event::Unreachable { id: ida }]);
-    assert_eq!(net.hosts[1].events, [Event::Unreachable { id: idb }]);
+    }
+}
 
-    // A release into the void still releases (DREQ timeout: IBA 12.9.7).
-    let mut net = Net::new(4, Faults { loss: 0.0, dup: 0.0, jitter_us: 0 });
+/// One connection from A to B, established on both sides over a perfect network.
+fn establish(net: &mut Net) -> (CommId, CommId) {
+    let (a, b) = (net.hosts[0].addr, net.hosts[1].addr);
     net.hosts[1].cm.listen(SERVICE, 0).unwrap();
     let ida = net.hosts[0].cm.connect(net.now, &connect_params(b, a, 0)).unwrap();
     let mut idb = None;
@@ -368,7 +367,7 @@ fn a_peer_that_vanishes_is_reported_on_both_sides() {
         let now = net.now;
         for e in core::mem::take(&mut net.hosts[1].events) {
             if let Event::Request { id, .. } = e {
-                net.hosts[1].cm.accept(now, id, &p).unwrap();
+                net.hosts[1].cm.accept(now, id, &accept_params()).unwrap();
                 idb = Some(id);
             }
         }
@@ -378,16 +377,47 @@ fn a_peer_that_vanishes_is_reported_on_both_sides() {
             }
         }
         let established = Some(uroce_cm::ConnState::Established);
-        if idb.is_some_and(|id| net.hosts[1].cm.state(id) == established)
+        if let Some(idb) = idb
+            && net.hosts[1].cm.state(idb) == established
             && net.hosts[0].cm.state(ida) == established
         {
-            break;
+            return (ida, idb);
         }
     }
-    net.cut = [true, true];
+}
+
+#[test]
+fn a_late_dreq_after_both_releases_timed_out_is_answered_with_one_drep() {
+    // Both ends send a DREQ at once into a partition; each DREQ times out and both wait in
+    // TimeWait. The partition heals with a copy of A's DREQ still in flight: B must answer it
+    // with a DREP, and A that DREP with nothing. The CM once answered a DREQ in TimeWait with
+    // the last MAD it had sent, its own DREQ here, and the two ends exchanged DREQs for as
+    // long as TimeWait lasted.
+    use uroce_wire::cm::{CmMad, Message};
+    let mut net = Net::new(6, Faults { loss: 0.0, dup: 0.0, jitter_us: 0 });
+    let (ida, idb) = establish(&mut net);
+    let (a, b) = (net.hosts[0].addr, net.hosts[1].addr);
     net.hosts[0].cm.disconnect(net.now, ida).unwrap();
-    while net.step(Instant::ZERO + Duration::from_secs(200)) {}
-    assert!(net.hosts[0].events.contains(&Event::Disconnected { id: ida }));
+    net.hosts[1].cm.disconnect(net.now, idb).unwrap();
+    let (to_b, dreq) = net.hosts[0].cm.poll_transmit().unwrap();
+    assert_eq!(to_b, b);
+    let dreq_tid = CmMad::parse(&dreq).unwrap().tid;
+    net.cut = [true, true];
+    let timewait = Some(uroce_cm::ConnState::TimeWait);
+    while (net.hosts[0].cm.state(ida), net.hosts[1].cm.state(idb)) != (timewait, timewait) {
+        assert!(net.step(Instant::ZERO + Duration::from_secs(300)));
+    }
+    net.cut = [false, false];
+
+    net.hosts[1].cm.handle_mad(net.now, a, &dreq);
+    let (to, answer) = net.hosts[1].cm.poll_transmit().unwrap();
+    assert_eq!(to, a);
+    let answer_mad = CmMad::parse(&answer).unwrap();
+    assert!(matches!(answer_mad.message, Message::Drep(_)), "{answer_mad:?}");
+    assert_eq!(answer_mad.tid, dreq_tid, "the DREP carries the DREQ's transaction ID");
+    assert!(net.hosts[1].cm.poll_transmit().is_none());
+    net.hosts[0].cm.handle_mad(net.now, b, &answer);
+    assert!(net.hosts[0].cm.poll_transmit().is_none(), "a DREP in TimeWait is not answered");
 }
 
 #[test]

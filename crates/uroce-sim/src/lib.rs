@@ -52,6 +52,7 @@
 #![forbid(unsafe_code)]
 
 pub mod adversary;
+pub mod cm_adversary;
 mod engine;
 pub use engine::DeviceNode;
 

@@ -7,9 +7,22 @@
 
 use uroce_engine::seeded::Rng;
 use uroce_sim::adversary::{self, Reached};
+use uroce_sim::cm_adversary;
 
 /// Inputs per run (each up to 600 bytes: a few dozen operations); about a second.
 const INPUTS: u64 = 4_000;
+
+/// A seeded input: mostly small bytes (operation codes and offsets that land where they
+/// matter), some of any value.
+fn input(seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let len = rng.gen_range(0..600) as usize;
+    (0..len)
+        .map(|_| {
+            if rng.gen_bool(0.7) { rng.gen_range(0..16) as u8 } else { rng.gen_range(0..256) as u8 }
+        })
+        .collect()
+}
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -19,18 +32,7 @@ fn hex(bytes: &[u8]) -> String {
 fn seeded_schedules_keep_every_promise() {
     let mut total = Reached::default();
     for seed in 0..INPUTS {
-        let mut rng = Rng::new(seed);
-        let len = rng.gen_range(0..600) as usize;
-        // Mostly small bytes: operation codes and offsets that land inside the region.
-        let input: Vec<u8> = (0..len)
-            .map(|_| {
-                if rng.gen_bool(0.7) {
-                    rng.gen_range(0..16) as u8
-                } else {
-                    rng.gen_range(0..256) as u8
-                }
-            })
-            .collect();
+        let input = input(seed);
         match adversary::run(&input) {
             Ok(r) => total += r,
             Err(v) => panic!("seed {seed}: {v}\ninput: {}", hex(&input)),
@@ -41,4 +43,20 @@ fn seeded_schedules_keep_every_promise() {
     assert!(total.errors > INPUTS / 10, "{total:?}");
     assert!(total.flushes > INPUTS / 10, "{total:?}");
     assert!(total.refused > INPUTS, "{total:?}");
+}
+
+#[test]
+fn seeded_cm_schedules_keep_every_promise() {
+    let mut total = cm_adversary::Reached::default();
+    for seed in 0..INPUTS {
+        let input = input(seed);
+        match cm_adversary::run(&input) {
+            Ok(r) => total += r,
+            Err(v) => panic!("seed {seed}: {v}\ninput: {}", hex(&input)),
+        }
+    }
+    eprintln!("{total:?}");
+    assert!(total.established > INPUTS, "{total:?}");
+    assert!(total.rejected > INPUTS / 10, "{total:?}");
+    assert!(total.unreachable > INPUTS / 10, "{total:?}");
 }
