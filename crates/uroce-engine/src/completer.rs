@@ -53,7 +53,12 @@ fn on_ack<M: MemoryAccess>(
     syndrome: Syndrome,
 ) {
     // Stale: acknowledges nothing new (older than the oldest unacknowledged PSN minus one).
-    if psn.next().is_before(qp.req.una) {
+    // A NAK or RNR NAK names the PSN the responder expects, which must still be unacknowledged:
+    // one for an acknowledged PSN is an old copy (IBA 9.7.5: a requester ignores responses
+    // outside its outstanding window), and going back to a PSN no WQE holds any more would
+    // leave the QP with nothing to resend and no timer.
+    let nak = !matches!(syndrome, Syndrome::Ack(_));
+    if psn.next().is_before(qp.req.una) || (nak && psn.is_before(qp.req.una)) {
         ctx.counters.drop_stale_response += 1;
         return;
     }
@@ -484,6 +489,11 @@ fn rewind(qp: &mut Qp, now: Instant, from: Psn) {
         .take_while(|w| w.started)
         .position(|w| !from.is_before(w.first_psn) && !from.is_after(w.last_psn()))
     else {
+        // Nothing to go back to (callers pass an unacknowledged PSN, so this is a bug): the
+        // ACK timer stays armed, and its retry from the oldest unacknowledged PSN recovers.
+        if req.awaits_ack() && req.ack_deadline.is_none() {
+            req.ack_deadline = deadline;
+        }
         return;
     };
     let w = &req.sq[idx];

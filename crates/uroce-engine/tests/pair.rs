@@ -1349,3 +1349,42 @@ fn qp1_carries_mads_as_gmps_and_counts_what_is_not_one() {
     assert!(p.hosts[B].dev.poll_gsi().is_none());
     assert_eq!(p.hosts[A].dev.counters().gsi_sent, 1);
 }
+
+/// A NAK names the PSN the responder expects, which must still be unacknowledged: an old RNR
+/// NAK (a duplicate, or a forgery) for a PSN already acknowledged is stale and dropped. The
+/// requester once took it: it cleared the ACK timer for the RNR wait, went "back" to that PSN
+/// when the wait ended, found no WQE holding it, and was left with packets outstanding and
+/// only its tail probes to recover; with those used up, with none (the adversary's input
+/// `uroce-sim/tests/regressions/engine/hung-rc-recovery`).
+#[test]
+fn an_rnr_nak_for_an_acknowledged_psn_is_stale_and_the_qp_still_completes() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let dst_a = SocketAddr::new(p.hosts[A].dev.addr(), ROCE_V2_PORT);
+    p.post_recv(B, 1, 0, 64);
+    p.post_recv(B, 2, 64, 64);
+    p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    // By hand: the SEND to B, B's ACK back to A (kept).
+    let mut buf = Vec::new();
+    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
+    let from_a = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
+    p.hosts[B].dev.handle_datagram(p.now, &RxInfo::new(from_a, p.hosts[B].dev.addr()), &buf);
+    let tx = p.hosts[B].dev.poll_transmit(p.now, &mut buf).unwrap();
+    let src_b = SocketAddr::new(p.hosts[B].dev.addr(), tx.src_port);
+    let mut ack = buf.clone();
+    p.hosts[A].dev.handle_datagram(p.now, &RxInfo::new(src_b, p.hosts[A].dev.addr()), &ack);
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    // The second SEND is lost; then the old ACK comes back as an RNR NAK for the first.
+    p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
+    ack[12] = 0x21; // AETH syndrome: RNR NAK, timer code 1
+    let n = ack.len() - 4;
+    let pseudo = uroce_wire::icrc::PseudoHeader::for_endpoints(src_b, dst_a).unwrap();
+    let crc = uroce_wire::icrc::compute(&pseudo, &ack[..n]).unwrap();
+    ack[n..].copy_from_slice(&uroce_wire::icrc::to_wire(crc));
+    let stale = p.hosts[A].dev.counters().drop_stale_response;
+    p.hosts[A].dev.handle_datagram(p.now, &RxInfo::new(src_b, p.hosts[A].dev.addr()), &ack);
+    assert_eq!(p.hosts[A].dev.counters().drop_stale_response, stale + 1);
+    p.run(Duration::from_secs(1));
+    assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
+    assert_eq!(statuses(&p.cq(B)), [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]);
+}

@@ -156,3 +156,25 @@ pub use sys::{
     set_socket_buffers,
 };
 pub use uroce_cm;
+
+/// Entry points for the fuzz targets: the readers of bytes another process writes, reached
+/// without a host directory. Not a stable interface.
+#[doc(hidden)]
+pub mod fuzzing {
+    use uroce_engine::RxInfo;
+
+    pub use crate::device::NetCounters;
+
+    /// The shared-memory ring reader on `data`, published by a hostile producer as
+    /// `head..tail`: every packet it takes goes to `sink` (source, bytes, whether the sender
+    /// left the ICRC out); the counters say what it refused. `Err` names a broken promise of
+    /// the reader itself.
+    pub fn shm_ring(
+        data: &[u8],
+        head: u64,
+        tail: u64,
+        sink: &mut dyn FnMut(&RxInfo, &[u8], bool),
+    ) -> Result<NetCounters, String> {
+        crate::fabric::shm::fuzz_ring(data, head, tail, sink)
+    }
+}

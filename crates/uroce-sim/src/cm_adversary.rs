@@ -34,8 +34,12 @@ const MAX_CONNECTIONS: usize = 12;
 const BACKLOG: usize = 4;
 /// MADs in flight towards each CM before the network loses more.
 const MAX_IN_FLIGHT: usize = 256;
-/// MADs or events one input may cause before that counts as amplification.
-const MAX_OUTPUT_PER_STEP: usize = 64;
+/// MADs one received MAD may cause (an answer, and a REJ or MRA at most) before that counts
+/// as amplification.
+const MAX_ANSWERS_PER_MAD: usize = 2;
+/// MADs or events one step may produce at all: every connection and SIDR request timing out
+/// at once, each sending once.
+const MAX_OUTPUT_PER_STEP: usize = 8 * 4096;
 const HEAL_ROUNDS: usize = 20_000;
 const HISTORY: usize = 16;
 
@@ -292,6 +296,12 @@ impl World {
             self.history.pop_front();
         }
         self.history.push_back(*mad);
+        // What the MAD made the CM send, before anything else can add to it.
+        let answers = self.transmit(to)?;
+        if answers > MAX_ANSWERS_PER_MAD {
+            let detail = format!("CM {to} answered one MAD with {answers}");
+            return Err(self.violation("bounded output", detail));
+        }
         Ok(())
     }
 
@@ -308,10 +318,12 @@ impl World {
     /// Moves every MAD the CMs send onto the wire and lets the consumers answer their events,
     /// checking the bounds and the handshake rule.
     fn settle(&mut self) -> Result<(), Violation> {
-        for _ in 0..8 {
+        // Each round either moves something or ends; a consumer's answers and the MADs they
+        // send settle within a few rounds.
+        for _ in 0..64 {
             let mut moved = false;
             for i in 0..2 {
-                moved |= self.transmit(i)?;
+                moved |= self.transmit(i)? > 0;
                 moved |= self.consume(i)?;
                 let n = self.sides[i].cm.connections();
                 if n > MAX_CONNECTIONS {
@@ -323,10 +335,11 @@ impl World {
                 return Ok(());
             }
         }
-        Ok(())
+        Err(self.violation("the consumers and CMs settle", "still moving after 64 rounds".into()))
     }
 
-    fn transmit(&mut self, i: usize) -> Result<bool, Violation> {
+    /// Puts what CM `i` sends on the wire; returns how many MADs.
+    fn transmit(&mut self, i: usize) -> Result<usize, Violation> {
         let mut n = 0;
         while let Some((dst, mad)) = self.sides[i].cm.poll_transmit() {
             n += 1;
@@ -344,7 +357,7 @@ impl World {
             }
             self.wire[to].push_back((addr(i), mad));
         }
-        Ok(n > 0)
+        Ok(n)
     }
 
     fn consume(&mut self, i: usize) -> Result<bool, Violation> {
@@ -362,6 +375,7 @@ impl World {
         while s.answer != Answer::Wait
             && let Some(id) = s.pending.pop_front()
         {
+            n += 1;
             let _ = match s.answer {
                 Answer::Reject => s.cm.reject(self.now, id, 28, &[]),
                 _ => s.cm.accept(self.now, id, &accept_params(id)),

@@ -60,3 +60,27 @@ fn seeded_cm_schedules_keep_every_promise() {
     assert!(total.rejected > INPUTS / 10, "{total:?}");
     assert!(total.unreachable > INPUTS / 10, "{total:?}");
 }
+
+/// Every input a fuzz target ever failed on, kept under `tests/regressions/<target>/`: each
+/// must now pass.
+#[test]
+fn inputs_that_once_broke_a_promise_keep_them() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/regressions");
+    let mut ran = 0;
+    for (target, run) in [
+        ("engine", (|i: &[u8]| adversary::run(i).map(drop)) as fn(&[u8]) -> Result<(), _>),
+        ("cm", |i: &[u8]| cm_adversary::run(i).map(drop)),
+    ] {
+        let mut files: Vec<_> =
+            std::fs::read_dir(dir.join(target)).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        for f in files {
+            let input = std::fs::read(&f).unwrap();
+            if let Err(v) = run(&input) {
+                panic!("{}: {v}", f.display());
+            }
+            ran += 1;
+        }
+    }
+    assert!(ran >= 2, "the regression inputs are missing");
+}

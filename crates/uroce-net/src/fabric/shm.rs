@@ -390,23 +390,7 @@ impl Shm {
             let Some(ring) = inbound[usize::from(k)].as_mut() else { continue };
             let tail = ring.map.u64_at(TAIL).load(Ordering::Acquire);
             let start = ring.head;
-            let mut taken = 0;
-            while ring.head < tail && taken < RX_BUDGET {
-                match read_record(own, &ring.map, ring.head, tail, buf) {
-                    Ok((advance, Some((rx, len, intact)))) => {
-                        ring.head += advance;
-                        taken += 1;
-                        c.shm_rx_packets += 1;
-                        sink(&rx, &buf[..len], intact);
-                    }
-                    Ok((advance, None)) => ring.head += advance,
-                    Err(()) => {
-                        // Not a record this protocol writes: skip all that was published.
-                        c.shm_rx_malformed += 1;
-                        ring.head = tail;
-                    }
-                }
-            }
+            let taken = drain(own, &ring.map, &mut ring.head, tail, buf, c, sink);
             // Only when it moved: the producer reads this line to see its free space, and a
             // store on every empty poll would pull it away from the producer each time.
             if ring.head != start {
@@ -461,6 +445,105 @@ impl Drop for Shm {
     }
 }
 
+/// What a ring's consumer reads through: the shared mapping, or (for fuzzing) plain bytes.
+pub(crate) trait RingBytes {
+    /// Copies `dst.len()` bytes at `offset` of the ring file; false when out of range.
+    fn read(&self, offset: usize, dst: &mut [u8]) -> bool;
+}
+
+impl RingBytes for Mapping {
+    fn read(&self, offset: usize, dst: &mut [u8]) -> bool {
+        Self::read(self, offset, dst)
+    }
+}
+
+/// Takes the records published between `*head` and `tail` (at most [`RX_BUDGET`] packets)
+/// and hands each packet to `sink`; returns how many. `tail` comes from the producer, so
+/// nothing about it is trusted: a record that is not one this protocol writes is counted
+/// (`shm_rx_malformed`) and everything published is skipped.
+fn drain<R: RingBytes + ?Sized>(
+    own: IpAddr,
+    ring: &R,
+    head: &mut u64,
+    tail: u64,
+    buf: &mut [u8],
+    c: &mut NetCounters,
+    sink: &mut Sink<'_>,
+) -> usize {
+    let mut taken = 0;
+    while *head < tail && taken < RX_BUDGET {
+        match read_record(own, ring, *head, tail, buf) {
+            Ok((advance, Some((rx, len, intact)))) => {
+                *head += advance;
+                taken += 1;
+                c.shm_rx_packets += 1;
+                sink(&rx, &buf[..len], intact);
+            }
+            Ok((advance, None)) => *head += advance,
+            Err(()) => {
+                c.shm_rx_malformed += 1;
+                *head = tail;
+            }
+        }
+    }
+    taken
+}
+
+/// The ring reader on bytes a hostile producer chose, for the fuzz target: `data` sits in the
+/// ring's data area at `head`'s position (every other byte reads as zero) and the producer
+/// claims `head..tail` is published. Drains it as the consumer does, round after round,
+/// handing every packet to `sink`; `Err` says which of the reader's own promises broke (the
+/// head passes the tail, or a packet is longer than any record).
+pub(crate) fn fuzz_ring(
+    data: &[u8],
+    head: u64,
+    tail: u64,
+    sink: &mut Sink<'_>,
+) -> Result<NetCounters, String> {
+    struct Sparse<'a> {
+        at: usize,
+        data: &'a [u8],
+    }
+    impl RingBytes for Sparse<'_> {
+        fn read(&self, offset: usize, dst: &mut [u8]) -> bool {
+            let Some(end) = offset.checked_add(dst.len()).filter(|&end| end <= FILE_BYTES) else {
+                return false;
+            };
+            dst.fill(0);
+            // The part of `offset..end` that overlaps `at..at + data.len()`.
+            let (from, to) = (offset.max(self.at), end.min(self.at + self.data.len()));
+            if from < to {
+                dst[from - offset..to - offset]
+                    .copy_from_slice(&self.data[from - self.at..to - self.at]);
+            }
+            true
+        }
+    }
+    let at = DATA + usize::try_from(head % RING_BYTES as u64).map_err(|e| e.to_string())?;
+    let ring = Sparse { at, data };
+    let own = IpAddr::from([127, 0, 0, 3]);
+    let (mut c, mut pos, mut buf) = (NetCounters::default(), head, vec![0u8; MAX_PACKET]);
+    let mut longest = 0;
+    for _ in 0..RING_BYTES / 64 {
+        let before = pos;
+        let mut check = |rx: &RxInfo, p: &[u8], intact: bool| {
+            longest = longest.max(p.len());
+            sink(rx, p, intact);
+        };
+        drain(own, &ring, &mut pos, tail, &mut buf, &mut c, &mut check);
+        if pos > tail.max(head) {
+            return Err(format!("head {pos} passed tail {tail}"));
+        }
+        if longest > MAX_PACKET {
+            return Err(format!("a {longest}-byte packet, longer than any record holds"));
+        }
+        if pos == before {
+            break;
+        }
+    }
+    Ok(c)
+}
+
 /// A record header: total length, kind, packet length, source port, TOS, TTL, source
 /// address.
 fn record_header(total: u64, rx: &RxInfo, len: usize, icrc: bool) -> [u8; RECORD_HEADER] {
@@ -483,9 +566,9 @@ type Record = (RxInfo, usize, bool);
 /// Reads the record at `pos` (below `tail`) into `buf`: how far to advance, and the packet's
 /// metadata and length if it is a packet (a pad record carries none). `Err` for anything that
 /// is not a well-formed record.
-fn read_record(
+fn read_record<R: RingBytes + ?Sized>(
     own: IpAddr,
-    map: &Mapping,
+    map: &R,
     pos: u64,
     tail: u64,
     buf: &mut [u8],
@@ -618,6 +701,26 @@ mod tests {
         });
         assert_eq!(n, 1);
         let _ = std::fs::remove_dir_all(&p);
+    }
+
+    #[test]
+    fn the_fuzzing_reader_takes_a_published_record_and_refuses_garbage() {
+        let ip: IpAddr = "127.0.0.2".parse().expect("ip");
+        let pkt = [9u8; 100];
+        let total = (RECORD_HEADER + pkt.len()).next_multiple_of(64);
+        let mut record = record_header(total as u64, &rx(ip), pkt.len(), false).to_vec();
+        record.extend_from_slice(&pkt);
+        record.resize(total, 0);
+        // A record without ICRC that ends exactly at the ring's end, on the third lap.
+        let head = 3 * RING_BYTES as u64 - total as u64;
+        let mut got = Vec::new();
+        let mut sink = |r: &RxInfo, p: &[u8], intact: bool| got.push((r.src.ip(), p.len(), intact));
+        let c = fuzz_ring(&record, head, head + total as u64, &mut sink).expect("reader");
+        assert_eq!((c.shm_rx_packets, c.shm_rx_malformed), (1, 0));
+        assert_eq!(got, [(rx(ip).src.ip(), pkt.len(), true)]);
+        let mut sink = |_: &RxInfo, _: &[u8], _: bool| panic!("garbage delivered");
+        let c = fuzz_ring(&[0xFF; 64], 0, 4096, &mut sink).expect("reader");
+        assert_eq!((c.shm_rx_packets, c.shm_rx_malformed), (0, 1));
     }
 
     #[test]
