@@ -74,7 +74,8 @@ pub struct Counters {
     pub drop_rnr: u64,
     /// Dropped: a response (ACK, READ response, atomic ACK) that matches nothing outstanding.
     pub drop_stale_response: u64,
-    /// Dropped: a duplicate READ or atomic whose saved responder resource is gone.
+    /// Dropped: a duplicate READ or atomic whose saved responder resource is gone, or that
+    /// came while `max_qp_rd_atom` READ and atomic responses already wait to be sent.
     pub drop_dup_no_resource: u64,
     /// MADs received on QP1 (handed to the CM with [`crate::Device::poll_gsi`]).
     pub gsi_rcvd: u64,

@@ -16,7 +16,7 @@ use uroce_wire::{ExtHeaders, PacketRepr, Psn, aeth, atomic_ack_eth, bth};
 use crate::completer::{self, ScatterError, scatter};
 use crate::device::{AsyncEvent, Ctx, Transmit};
 use crate::memory::MemoryAccess;
-use crate::qp::{InMessage, NakSent, Qp, RecvWqe, Resource, ResourceKind, Response};
+use crate::qp::{InMessage, MAX_RD_ATOMIC, NakSent, Qp, RecvWqe, Resource, ResourceKind, Response};
 use crate::time::Instant;
 use crate::types::{Access, QpState, QpType, WcOpcode, WcStatus, WorkCompletion};
 
@@ -228,6 +228,12 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
             ctx.counters.drop_dup_no_resource += 1;
             return;
         };
+        // Answering it again while max_qp_rd_atom responses already wait would let a peer
+        // that repeats one request grow the queue without bound.
+        if queued_read_atomic(qp) >= usize::from(MAX_RD_ATOMIC) {
+            ctx.counters.drop_dup_no_resource += 1;
+            return;
+        }
         // The requester wants the responses from this PSN on: a replay of the same READ still
         // queued is superseded (otherwise duplicated requests would multiply the responses).
         if let Response::Read { first_psn, npkts, .. } = response {
@@ -240,6 +246,9 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
                 _ => false,
             };
             qp.resp.out.retain(|r| !replays_same_range(r));
+        }
+        if let Response::Atomic { psn, .. } = response {
+            qp.resp.out.retain(|r| !matches!(*r, Response::Atomic { psn: p, .. } if p == psn));
         }
         queue(qp, ctx, response);
     } else if packet.bth.ack_req {
@@ -385,7 +394,13 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
     };
     // ChkLength: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one (IBA 9.7).
     let length_ok = if info.has(OpFlags::LAST) { len <= mtu } else { len == mtu };
-    if !sequence_ok || !qp.access.contains(right) || !length_ok {
+    // ChkResource (IBA 9.5: a requester keeps at most the responder's resources of READ and
+    // atomic requests outstanding; rxe's RESPST_ERR_TOO_MANY_RDMA_ATM_REQ): no requester within
+    // max_qp_rd_atom has more responses waiting here than that, so a peer past it is refused
+    // rather than queued without bound.
+    let resources_ok = !(info.has(OpFlags::READ) || info.has(OpFlags::ATOMIC))
+        || queued_read_atomic(qp) < usize::from(MAX_RD_ATOMIC);
+    if !sequence_ok || !qp.access.contains(right) || !length_ok || !resources_ok {
         let recv = match qp.resp.current.take() {
             Some(InMessage::Send { wqe, .. }) => Some((wqe, WcStatus::REM_INV_REQ_ERR)),
             _ => None,
@@ -644,6 +659,12 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
     qp.resp.nak = NakSent::None;
     let msn = qp.resp.msn;
     queue(qp, ctx, Response::Atomic { psn, orig, msn });
+}
+
+/// READ and atomic responses queued and not yet all sent.
+fn queued_read_atomic(qp: &Qp) -> usize {
+    let pending = |r: &&Response| matches!(r, Response::Read { .. } | Response::Atomic { .. });
+    qp.resp.out.iter().filter(pending).count()
 }
 
 /// Keeps a READ or atomic for duplicates, evicting the oldest beyond `max_dest_rd_atomic`.

@@ -1377,14 +1377,85 @@ fn an_rnr_nak_for_an_acknowledged_psn_is_stale_and_the_qp_still_completes() {
     p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
     ack[12] = 0x21; // AETH syndrome: RNR NAK, timer code 1
-    let n = ack.len() - 4;
-    let pseudo = uroce_wire::icrc::PseudoHeader::for_endpoints(src_b, dst_a).unwrap();
-    let crc = uroce_wire::icrc::compute(&pseudo, &ack[..n]).unwrap();
-    ack[n..].copy_from_slice(&uroce_wire::icrc::to_wire(crc));
+    reseal(src_b, dst_a, &mut ack);
     let stale = p.hosts[A].dev.counters().drop_stale_response;
     p.hosts[A].dev.handle_datagram(p.now, &RxInfo::new(src_b, p.hosts[A].dev.addr()), &ack);
     assert_eq!(p.hosts[A].dev.counters().drop_stale_response, stale + 1);
     p.run(Duration::from_secs(1));
     assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
     assert_eq!(statuses(&p.cq(B)), [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]);
+}
+
+/// Recomputes the ICRC of a forged packet from `src` to `dst`.
+fn reseal(src: SocketAddr, dst: SocketAddr, packet: &mut [u8]) {
+    let n = packet.len() - 4;
+    let pseudo = uroce_wire::icrc::PseudoHeader::for_endpoints(src, dst).unwrap();
+    let crc = uroce_wire::icrc::compute(&pseudo, &packet[..n]).unwrap();
+    packet[n..].copy_from_slice(&uroce_wire::icrc::to_wire(crc));
+}
+
+/// What `dev` sends now: (opcode, AETH syndrome byte) of each packet.
+fn drain_sent(dev: &mut Device<VecMemory>, now: Instant) -> Vec<(Opcode, Option<u8>)> {
+    let mut buf = Vec::new();
+    let mut sent = Vec::new();
+    while dev.poll_transmit(now, &mut buf).is_some() {
+        let p = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
+        sent.push((p.bth.opcode, p.ext.aeth.map(|a| a.syndrome.to_byte())));
+    }
+    sent
+}
+
+/// A peer may have at most `max_qp_rd_atom` READ and atomic requests outstanding (IBA 9.5). A
+/// peer that ignores the limit and floods READ requests, with a valid R_Key and each at the
+/// expected PSN, faster than the responses go out gets an invalid-request NAK and an Error QP
+/// once 16 responses wait; before, every request queued one more response, without bound.
+#[test]
+fn a_flood_of_read_requests_past_the_responder_resources_is_refused_not_queued() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let dst_b = SocketAddr::new(p.hosts[B].dev.addr(), ROCE_V2_PORT);
+    p.post_send(A, read_wr(&p, 1, 0, 0, 64));
+    let mut request = Vec::new();
+    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut request).unwrap();
+    let src_a = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
+    let first = u32::from_be_bytes([0, request[9], request[10], request[11]]);
+    let rx = RxInfo::new(src_a, p.hosts[B].dev.addr());
+    for k in 0..1000u32 {
+        let mut r = request.clone();
+        r[9..12].copy_from_slice(&(first.wrapping_add(k) & 0xFF_FFFF).to_be_bytes()[1..]);
+        reseal(src_a, dst_b, &mut r);
+        p.hosts[B].dev.handle_datagram(p.now, &rx, &r);
+    }
+    let c = *p.hosts[B].dev.counters();
+    assert_eq!((c.err_naks_sent, c.drop_bad_state), (1, 1000 - 17), "{c:?}");
+    assert_eq!(p.hosts[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Error));
+    // The queued READ responses went with the QP; the NAK for request 17 is what goes out.
+    let nak_invalid = Syndrome::Nak(uroce_wire::aeth::NakCode::INVALID_REQUEST).to_byte();
+    assert_eq!(
+        drain_sent(&mut p.hosts[B].dev, p.now),
+        [(Opcode::RC_ACKNOWLEDGE, Some(nak_invalid))]
+    );
+}
+
+/// A peer repeating one atomic request gets one answer however often it repeats it before the
+/// answer goes out (each repeat used to queue one more), and the atomic runs once.
+#[test]
+fn repeated_duplicates_queue_one_answer_each_not_one_per_copy() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mut wr = SendWr::new(1, WrOpcode::AtomicFetchAndAdd, vec![p.sge(A, 0, 8)]);
+    wr.remote = Some(p.remote(B, 0));
+    wr.compare_add = 1;
+    p.post_send(A, wr);
+    let mut request = Vec::new();
+    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut request).unwrap();
+    let src_a = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
+    let rx = RxInfo::new(src_a, p.hosts[B].dev.addr());
+    p.hosts[B].dev.handle_datagram(p.now, &rx, &request);
+    assert_eq!(drain_sent(&mut p.hosts[B].dev, p.now).len(), 1, "the atomic answered once");
+    for _ in 0..1000 {
+        p.hosts[B].dev.handle_datagram(p.now, &rx, &request);
+    }
+    let sent = drain_sent(&mut p.hosts[B].dev, p.now);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].0, Opcode::RC_ATOMIC_ACKNOWLEDGE);
+    assert_eq!(p.mem(B, 0, 8), &1u64.to_le_bytes(), "executed once");
 }
