@@ -460,7 +460,10 @@ impl RingBytes for Mapping {
 /// Takes the records published between `*head` and `tail` (at most [`RX_BUDGET`] packets)
 /// and hands each packet to `sink`; returns how many. `tail` comes from the producer, so
 /// nothing about it is trusted: a record that is not one this protocol writes is counted
-/// (`shm_rx_malformed`) and everything published is skipped.
+/// (`shm_rx_malformed`) and everything published is skipped. A tail behind the head means a
+/// tail published earlier was false (the producer's own only grows): the head goes back to
+/// it, so the ring works again from the producer's next record instead of waiting until the
+/// producer's tail passes the false one.
 fn drain<R: RingBytes + ?Sized>(
     own: IpAddr,
     ring: &R,
@@ -470,6 +473,9 @@ fn drain<R: RingBytes + ?Sized>(
     c: &mut NetCounters,
     sink: &mut Sink<'_>,
 ) -> usize {
+    if tail < *head {
+        *head = tail;
+    }
     let mut taken = 0;
     while *head < tail && taken < RX_BUDGET {
         match read_record(own, ring, *head, tail, buf) {
