@@ -1335,3 +1335,15 @@ pub fn answer_unclaimed(mad: &[u8]) -> Option<[u8; MAD_LEN]> {
     };
     CmMad { tid: m.tid, message }.to_bytes().ok()
 }
+#[cfg(test)]
+mod size_tests {
+    /// README's "Resource bounds" states what a connection costs; this keeps it true.
+    #[test]
+    fn a_connection_costs_what_the_readme_says() {
+        assert!(
+            size_of::<super::Conn>() <= 384,
+            "{} bytes: update README",
+            size_of::<super::Conn>()
+        );
+    }
+}

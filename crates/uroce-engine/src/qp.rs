@@ -615,3 +615,21 @@ impl Qp {
         may_send && self.req.rnr_resume.is_none_or(|(t, _)| t <= now)
     }
 }
+
+#[cfg(test)]
+mod size_tests {
+    /// README's "Resource bounds" states what a QP and its work requests cost; this keeps it
+    /// true.
+    #[test]
+    fn a_qp_and_its_work_requests_cost_what_the_readme_says() {
+        let sizes = [
+            ("a QP", size_of::<super::Qp>(), 1024),
+            ("a send WQE", size_of::<super::SendWqe>(), 160),
+            ("a receive WQE", size_of::<super::RecvWqe>(), 32),
+            ("a queued response", size_of::<super::Response>(), 40),
+        ];
+        for (what, size, stated) in sizes {
+            assert!(size <= stated, "{what} takes {size} bytes, README says {stated}: update it");
+        }
+    }
+}

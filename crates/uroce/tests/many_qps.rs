@@ -66,6 +66,13 @@ fn collect(cq: &Cq, n: usize) -> Vec<(WcOpcode, u64)> {
     done
 }
 
+/// This process's resident memory.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
 /// The message pair `pair` sends in direction `dir` in round `round`.
 fn message(pair: usize, dir: usize, round: usize) -> Vec<u8> {
     pattern(((pair as u64) << 8 | (dir as u64) << 4 | round as u64) + 1, SIZE)
@@ -78,6 +85,7 @@ fn soak(pairs: usize, [a, b]: [&str; 2]) {
     let mut sides = [Side::open(a, pairs), Side::open(b, pairs)];
     let fds_with_devices = open_fds();
     let (mut first, mut last) = (Duration::ZERO, Duration::ZERO);
+    let rss_before = rss_bytes();
     let started = Instant::now();
     for i in 0..pairs {
         let t = Instant::now();
@@ -95,6 +103,11 @@ fn soak(pairs: usize, [a, b]: [&str; 2]) {
             last += t.elapsed();
         }
     }
+    let per_pair = rss_bytes().saturating_sub(rss_before) / pairs as u64;
+    println!("resident memory per connected pair (a QP on each device): {per_pair} bytes");
+    // What the engine's QP, the runtime's and the API's handles cost, with queues of two;
+    // the crate documentation states it.
+    assert!(per_pair <= 8192, "a connected pair costs {per_pair} bytes");
     let window = pairs.min(1000) as u32;
     println!(
         "{pairs} pairs created in {:.2} s; per pair: first {window} {:.1} µs, last {window} {:.1} µs",
