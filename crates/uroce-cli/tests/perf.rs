@@ -73,6 +73,16 @@ fn list_names_every_test_once() {
 
 /// Runs `tests` with `options` against the server of `every_test_runs_once_against_a_server`;
 /// returns its JSON lines (it must succeed).
+fn root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    })
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 fn client_json(tests: &[&str], options: &[&str]) -> Vec<String> {
     let mut args = vec!["client", "127.0.0.23", "--port", "19801", "--local", "127.0.0.22"];
     args.extend(tests);
@@ -104,21 +114,60 @@ fn every_test_runs_once_against_a_server() {
         assert_eq!(!line.contains("\"latency\":null"), latency, "{line}");
         assert!(!line.contains("\"bytes\":0,"), "{line}: nothing moved");
     }
-    // Tuned sockets: busy-polling, bigger buffers, both test threads pinned.
-    let tuned = ["--busy-poll", "--sockbuf", "1M", "--pin", "0,1", "-n", "200"];
-    assert_eq!(client_json(&["tcp_lat", "udp_lat", "tcp_bw"], &tuned).len(), 3);
+    // Each option's effect, as the client measured it where the option acts ("applied"),
+    // against the same tests without it: an option parsed and then ignored fails here.
+    let applied = |tests: &[&str], options: &[&str]| -> Vec<serde_json::Value> {
+        let lines = client_json(tests, options);
+        assert_eq!(lines.len(), tests.len(), "{lines:?}");
+        lines
+            .iter()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["applied"].clone())
+            .collect()
+    };
+    let sockets = ["tcp_lat", "udp_lat", "tcp_bw"];
+    // Tuned sockets: busy-polling, 1 MiB buffers, the client's test thread pinned to CPU 0.
+    let tuned = applied(&sockets, &["--busy-poll", "--sockbuf", "1M", "--pin", "0,0", "-n", "200"]);
+    let plain = applied(&sockets, &["-n", "200"]);
+    for (name, (t, p)) in sockets.iter().zip(tuned.iter().zip(&plain)) {
+        // A ping-pong waits for every answer: busy-polling spins there (a stream spins only
+        // when the send buffer fills, which 200 messages do not).
+        if name.ends_with("_lat") {
+            assert!(t["would_block"].as_u64().unwrap() > 0, "{name}: busy-polling spun: {t}");
+        }
+        assert_eq!(p["would_block"], 0, "{name}: blocking sockets never spin: {p}");
+        // Linux reports twice the size asked for (its bookkeeping included); root may set any
+        // size, others up to the system's maximum.
+        assert_ne!(t["sockbuf"], p["sockbuf"], "{name}: the buffers changed");
+        if root() {
+            assert_eq!(t["sockbuf"], serde_json::json!([2 << 20, 2 << 20]), "{name}");
+        }
+        assert_eq!(t["cpus"], serde_json::json!([0]), "{name}: pinned");
+        assert!(p["cpus"].as_array().unwrap().len() >= 2 || num_cpus() == 1, "{name}: {p}");
+    }
     // Inline SENDs and post lists.
-    let inline = ["-s", "64", "--inline", "64", "--post-list", "4", "-n", "200"];
-    assert_eq!(client_json(&["rc_lat", "ud_lat", "rc_bw", "uc_bw"], &inline).len(), 4);
+    let rdma = ["rc_lat", "ud_lat", "rc_bw", "uc_bw"];
+    let tuned = applied(&rdma, &["-s", "64", "--inline", "64", "--post-list", "4", "-n", "200"]);
+    let plain = applied(&rdma, &["-s", "64", "-n", "200"]);
+    for (name, (t, p)) in rdma.iter().zip(tuned.iter().zip(&plain)) {
+        assert!(t["inline_posts"].as_u64().unwrap() >= 200, "{name}: SENDs went inline: {t}");
+        assert_eq!(p["inline_posts"], 0, "{name}: {p}");
+        if name.ends_with("_bw") {
+            assert_eq!(t["post_burst"], serde_json::json!([4, 4]), "{name}: lists of 4: {t}");
+            assert_eq!(p["post_burst"], serde_json::json!([1, 1]), "{name}: one at a time: {p}");
+        }
+    }
     // A local device address that is not this host's: one line, status 2.
     fails_with(
         &["client", "127.0.0.23", "--port", "19801", "--local", "192.0.2.1", "rc_lat"],
         "192.0.2.1 is not an address of this host",
     );
     // Streams spread over three QPs.
-    let qps = ["-s", "1K", "--qps", "3", "-n", "300"];
     let streams = ["rc_bw", "ud_bw", "rc_rdma_write_bw", "rc_bi_bw"];
-    assert_eq!(client_json(&streams, &qps).len(), 4);
+    let three = applied(&streams, &["-s", "1K", "--qps", "3", "-n", "300"]);
+    let one = applied(&streams, &["-s", "1K", "-n", "300"]);
+    for (name, (t, o)) in streams.iter().zip(three.iter().zip(&one)) {
+        assert_eq!((t["qps"].as_u64(), o["qps"].as_u64()), (Some(3), Some(1)), "{name}");
+    }
     // The table form has a header and a row per result.
     let out = uroce(&[
         "client",

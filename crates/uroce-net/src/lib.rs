@@ -152,8 +152,8 @@ pub fn random_u32() -> u32 {
 pub use ports::BindError;
 pub use sys::memory::Registry;
 pub use sys::{
-    EventFd, RawRegion, die_with_parent, interface_of, pin_current_thread, process_cpu_time,
-    set_socket_buffers,
+    EventFd, RawRegion, current_thread_cpus, die_with_parent, interface_of, pin_current_thread,
+    process_cpu_time, set_socket_buffers, socket_buffers,
 };
 pub use uroce_cm;
 

@@ -929,6 +929,34 @@ pub fn set_socket_buffers(sock: &impl AsRawFd, bytes: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// The send and receive buffer sizes the kernel gives `sock` (`SO_SNDBUF`, `SO_RCVBUF`; Linux
+/// reports twice what was asked, its bookkeeping included).
+pub fn socket_buffers(sock: &impl AsRawFd) -> io::Result<(usize, usize)> {
+    let fd = sock.as_raw_fd();
+    let get = |name| -> io::Result<usize> {
+        let mut value: libc::c_int = 0;
+        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `value` is a live c_int and `len` its size, as getsockopt(2) requires.
+        let ret = unsafe {
+            libc::getsockopt(fd, libc::SOL_SOCKET, name, (&raw mut value).cast(), &raw mut len)
+        };
+        check(ret)?;
+        Ok(usize::try_from(value).unwrap_or(0))
+    };
+    Ok((get(libc::SO_SNDBUF)?, get(libc::SO_RCVBUF)?))
+}
+
+/// The CPUs the calling thread may run on (`sched_getaffinity(2)`).
+pub fn current_thread_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain old data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: writes at most `size_of::<cpu_set_t>()` bytes into the live set; pid 0 is this
+    // thread.
+    check(unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) })?;
+    // SAFETY: CPU_ISSET reads the live set at an index below CPU_SETSIZE.
+    Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
 /// Pins the calling thread to CPU `cpu` (`sched_setaffinity(2)`).
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {

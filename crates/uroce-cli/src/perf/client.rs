@@ -100,6 +100,13 @@ fn reply(ctl: &mut Control, want: &str) -> Result<String, String> {
     Ok(rest.trim_start().to_string())
 }
 
+/// `measured`, with the CPUs the calling (test) thread may run on.
+fn with_cpus(measured: Result<Measured, String>) -> Result<Measured, String> {
+    let mut m = measured?;
+    m.applied.cpus = uroce_net::current_thread_cpus().map_err(|e| e.to_string())?;
+    Ok(m)
+}
+
 /// One test at one size.
 fn one(
     ctl: &mut Control,
@@ -119,7 +126,7 @@ fn one(
             ctl.send("peer -").map_err(e)?;
             reply(ctl, "go")?;
             let to = SocketAddr::new(server, port);
-            super::on_cpu(p.pin.map(|c| c.0), || sockets::client(to, test, p))?
+            super::on_cpu(p.pin.map(|c| c.0), || with_cpus(sockets::client(to, test, p)))?
         }
         (Some(_), Some(ctx)) => {
             let peers = endpoints_from_hex(&ready)?;
@@ -127,7 +134,11 @@ fn one(
             side.connect(&peers)?;
             ctl.send(&format!("peer {}", endpoints_hex(&mine))).map_err(e)?;
             reply(ctl, "go")?;
-            super::on_cpu(p.pin.map(|c| c.0), || rdma::client(&mut side, test, p))?
+            let mut m =
+                super::on_cpu(p.pin.map(|c| c.0), || with_cpus(rdma::client(&mut side, test, p)))?;
+            m.applied.qps = Some(side.qps_used());
+            m.applied.inline_posts = side.inline_posts();
+            m
         }
         (Some(_), None) => return Err("no RDMA device".into()),
     };
@@ -176,5 +187,6 @@ fn one(
         client_cpu,
         server_cpu,
         system_cpu,
+        applied: m.applied,
     })
 }

@@ -408,6 +408,42 @@ pub(crate) fn system_busy() -> Option<f64> {
     Some(busy as f64 / 100.0)
 }
 
+/// What the client side of a run saw of its options taking effect, measured where each acts
+/// rather than echoed from the command line: a test asserts on these.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Applied {
+    /// RDMA: QPs that work requests were posted on.
+    pub(crate) qps: Option<usize>,
+    /// RDMA: SENDs posted inline.
+    pub(crate) inline_posts: u64,
+    /// RDMA streams: the fewest and most work requests posted back to back once the window
+    /// was full (a post list of N posts N at a time).
+    pub(crate) post_burst: Option<(u64, u64)>,
+    /// TCP/UDP: calls on a non-blocking socket that found nothing to do (busy-polling spins).
+    pub(crate) would_block: u64,
+    /// TCP/UDP: the send and receive buffer sizes the kernel gave the socket.
+    pub(crate) sockbuf: Option<(usize, usize)>,
+    /// The CPUs the test thread could run on.
+    pub(crate) cpus: Vec<usize>,
+}
+
+impl Applied {
+    fn to_json(&self) -> String {
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "null".to_string());
+        let cpus: Vec<String> = self.cpus.iter().map(ToString::to_string).collect();
+        format!(
+            "{{\"qps\":{},\"inline_posts\":{},\"post_burst\":{},\"would_block\":{},\
+             \"sockbuf\":{},\"cpus\":[{}]}}",
+            opt(self.qps.map(|q| q.to_string())),
+            self.inline_posts,
+            opt(self.post_burst.map(|(a, b)| format!("[{a},{b}]"))),
+            self.would_block,
+            opt(self.sockbuf.map(|(snd, rcv)| format!("[{snd},{rcv}]"))),
+            cpus.join(",")
+        )
+    }
+}
+
 /// One measured result: a test at one size.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Outcome {
@@ -426,6 +462,8 @@ pub(crate) struct Outcome {
     /// System-wide busy CPU over the run, in core-seconds, if `/proc/stat` was readable and
     /// the run long enough for its 10 ms ticks to mean something (half a second).
     pub(crate) system_cpu: Option<f64>,
+    /// The client's options as they took effect.
+    pub(crate) applied: Applied,
 }
 
 impl Outcome {
@@ -463,41 +501,50 @@ impl Outcome {
 
     /// One JSON object, stable keys.
     pub(crate) fn to_json(&self) -> String {
+        // JSON has no infinity or NaN (a run that moved no bytes has no CPU per GB): null.
+        let n = |v: f64, prec: usize| {
+            if v.is_finite() { format!("{v:.prec$}") } else { "null".to_string() }
+        };
         let lat = self.latency.map_or_else(
             || "null".to_string(),
             |l| {
                 format!(
-                    "{{\"min_us\":{:.3},\"p50_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"max_us\":{:.3},\"mean_us\":{:.3}}}",
-                    l.min, l.p50, l.p99, l.p999, l.max, l.mean
+                    "{{\"min_us\":{},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},\"mean_us\":{}}}",
+                    n(l.min, 3),
+                    n(l.p50, 3),
+                    n(l.p99, 3),
+                    n(l.p999, 3),
+                    n(l.max, 3),
+                    n(l.mean, 3)
                 )
             },
         );
-        let sys = self
-            .system_cpu
-            .map_or_else(|| "null".to_string(), |s| format!("{:.4}", s / self.seconds));
+        let sys = self.system_cpu.map_or_else(|| "null".to_string(), |s| n(s / self.seconds, 4));
         format!(
-            "{{\"test\":\"{}\",\"size\":{},\"iterations\":{},\"seconds\":{:.6},\"bytes\":{},\
-             \"latency\":{lat},\"lost\":{},\"gbit_s\":{:.4},\"mib_s\":{:.2},\"msg_per_s\":{:.1},\
-             \"client_cpu\":{{\"user_s\":{:.4},\"sys_s\":{:.4},\"cores\":{:.4}}},\
-             \"server_cpu\":{{\"user_s\":{:.4},\"sys_s\":{:.4},\"cores\":{:.4}}},\
-             \"system_cores\":{sys},\"cpu_s_per_gb\":{:.4},\"cpu_us_per_msg\":{:.3}}}",
+            "{{\"test\":\"{}\",\"size\":{},\"iterations\":{},\"seconds\":{},\"bytes\":{},\
+             \"latency\":{lat},\"lost\":{},\"gbit_s\":{},\"mib_s\":{},\"msg_per_s\":{},\
+             \"client_cpu\":{{\"user_s\":{},\"sys_s\":{},\"cores\":{}}},\
+             \"server_cpu\":{{\"user_s\":{},\"sys_s\":{},\"cores\":{}}},\
+             \"system_cores\":{sys},\"cpu_s_per_gb\":{},\"cpu_us_per_msg\":{},\
+             \"applied\":{}}}",
             self.test,
             self.size,
             self.iters,
-            self.seconds,
+            n(self.seconds, 6),
             self.bytes,
             self.lost,
-            self.gbits(),
-            self.mib_s(),
-            self.msg_rate(),
-            self.client_cpu.user,
-            self.client_cpu.sys,
-            self.client_cpu.total() / self.seconds,
-            self.server_cpu.user,
-            self.server_cpu.sys,
-            self.server_cpu.total() / self.seconds,
-            self.cpu_per_gb(),
-            self.cpu_per_msg_us(),
+            n(self.gbits(), 4),
+            n(self.mib_s(), 2),
+            n(self.msg_rate(), 1),
+            n(self.client_cpu.user, 4),
+            n(self.client_cpu.sys, 4),
+            n(self.client_cpu.total() / self.seconds, 4),
+            n(self.server_cpu.user, 4),
+            n(self.server_cpu.sys, 4),
+            n(self.server_cpu.total() / self.seconds, 4),
+            n(self.cpu_per_gb(), 4),
+            n(self.cpu_per_msg_us(), 3),
+            self.applied.to_json(),
         )
     }
 }
@@ -564,6 +611,26 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_that_moved_nothing_is_still_valid_json() {
+        let o = Outcome {
+            test: "udp_lat",
+            size: 64,
+            iters: 0,
+            seconds: 1.0,
+            bytes: 0,
+            latency: None,
+            lost: 5,
+            client_cpu: Cpu { user: 0.1, sys: 0.0 },
+            server_cpu: Cpu::default(),
+            system_cpu: Some(0.5),
+            applied: Applied { cpus: vec![0, 1], ..Applied::default() },
+        };
+        let v: serde_json::Value = serde_json::from_str(&o.to_json()).expect("valid JSON");
+        assert_eq!(v["cpu_s_per_gb"], serde_json::Value::Null, "no bytes: no CPU per GB");
+        assert_eq!(v["applied"]["cpus"], serde_json::json!([0, 1]));
+    }
 
     #[test]
     fn percentiles_by_nearest_rank() {

@@ -77,6 +77,7 @@ fn row(
             client_cpu: Cpu::default(),
             server_cpu: Cpu::default(),
             system_cpu: None,
+            applied: super::Applied::default(),
         },
     }
 }

@@ -1,6 +1,7 @@
 //! The RDMA tests, both roles: a QP of the test's transport on each side, buffers, and the
 //! loops that move data and time it.
 
+use core::cell::Cell;
 use core::time::Duration;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -47,6 +48,10 @@ pub(crate) struct Side {
     inline: usize,
     /// Completions taken but not yet consumed.
     pending: Vec<WorkCompletion>,
+    /// Which of `qps` work was posted on (bit k: QP k; at most 64 QPs).
+    used: Cell<u64>,
+    /// SENDs posted inline.
+    inlined: Cell<u64>,
 }
 
 impl Side {
@@ -101,6 +106,8 @@ impl Side {
             events: p.events,
             inline: p.inline as usize,
             pending: Vec::new(),
+            used: Cell::new(0),
+            inlined: Cell::new(0),
         };
         Ok((side, endpoints))
     }
@@ -124,12 +131,27 @@ impl Side {
 
     /// The QP of ping-pongs and round trips.
     fn qp(&self) -> &Qp {
+        self.used.set(self.used.get() | 1);
         &self.qps[0]
     }
 
     /// The QP work request `k` of a stream goes on (round robin).
     fn qp_for(&self, k: u64) -> &Qp {
-        &self.qps[usize::try_from(k % self.qps.len() as u64).unwrap_or(0)]
+        let i = usize::try_from(k % self.qps.len() as u64).unwrap_or(0);
+        self.used.set(
+            self.used.get() | u32::try_from(i).ok().and_then(|i| 1u64.checked_shl(i)).unwrap_or(0),
+        );
+        &self.qps[i]
+    }
+
+    /// How many QPs work was posted on.
+    pub(crate) fn qps_used(&self) -> usize {
+        self.used.get().count_ones() as usize
+    }
+
+    /// How many SENDs went inline.
+    pub(crate) fn inline_posts(&self) -> u64 {
+        self.inlined.get()
     }
 
     /// Receive slots over all QPs.
@@ -150,6 +172,7 @@ impl Side {
             // Inline: the bytes are copied now, as the CPU writes them into the WQE on an RNIC.
             let data = self.buf.to_vec(0..len).map_err(|e| e.to_string())?;
             let to = self.ud.as_ref().map(|(ah, qpns)| (ah, peer_qpn(qpns, wr_id), QKEY));
+            self.inlined.set(self.inlined.get() + 1);
             return self.qp_for(wr_id).send_inline(wr_id, &data, to).map_err(|e| e.to_string());
         }
         let qp = self.qp_for(wr_id);
@@ -222,6 +245,8 @@ pub(crate) struct Measured {
     pub(crate) total_posted: u64,
     /// UC/UD ping-pong rounds that went unanswered (a message lost).
     pub(crate) lost: u64,
+    /// The options as they took effect on this side.
+    pub(crate) applied: super::Applied,
 }
 
 /// Whether the measured phase is over.
@@ -333,11 +358,18 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
                 }
                 // Post lists: work requests go out in groups of `post_list`.
                 let list = u64::from(p.post_list);
+                let before = posted;
                 while posted - done + list <= window {
                     for _ in 0..list {
                         post_stream(side, test.op, size, posted)?;
                         posted += 1;
                     }
+                }
+                // Bursts after the window first filled: what a post list changes.
+                let burst = posted - before;
+                if burst > 0 && before > 0 {
+                    let (lo, hi) = m.applied.post_burst.unwrap_or((burst, burst));
+                    m.applied.post_burst = Some((lo.min(burst), hi.max(burst)));
                 }
                 let wc = side.next()?;
                 if wc.opcode == WcOpcode::Recv {

@@ -3,11 +3,20 @@
 use core::time::Duration;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::rdma::Measured;
 use super::{Op, Params, Pattern, TestDef};
+
+/// Calls on a non-blocking socket that found nothing to do: what busy-polling spins on, and
+/// what shows `--busy-poll` took effect.
+static WOULD_BLOCK: AtomicU64 = AtomicU64::new(0);
+
+fn spun() {
+    WOULD_BLOCK.fetch_add(1, Ordering::Relaxed);
+    core::hint::spin_loop();
+}
 
 /// The server's data socket, bound before it answers `ready`.
 pub(crate) enum Listener {
@@ -48,9 +57,7 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
         match s.read(&mut buf[got..]) {
             Ok(0) => return Ok(false),
             Ok(n) => got += n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                core::hint::spin_loop();
-            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => spun(),
             Err(e) => return Err(e),
         }
     }
@@ -63,21 +70,19 @@ fn write_full(s: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
     while put < buf.len() {
         match s.write(&buf[put..]) {
             Ok(n) => put += n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                core::hint::spin_loop();
-            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => spun(),
             Err(e) => return Err(e),
         }
     }
     Ok(())
 }
 
-/// Applies the socket options of `p`: buffer sizes and busy-polling (non-blocking).
-fn tune(sock: &impl std::os::fd::AsRawFd, p: &Params) -> Result<(), String> {
+/// Applies the socket buffer sizes of `p`; returns the sizes the kernel then reports.
+fn tune(sock: &impl std::os::fd::AsRawFd, p: &Params) -> Result<(usize, usize), String> {
     if p.sockbuf > 0 {
         uroce_net::set_socket_buffers(sock, p.sockbuf).map_err(err)?;
     }
-    Ok(())
+    uroce_net::socket_buffers(sock).map_err(err)
 }
 
 /// The server's side: echoes (ping-pong) or sinks (stream) until the client is done. Returns
@@ -111,7 +116,7 @@ pub(crate) fn server(
                     let n = match s.read(&mut buf) {
                         Ok(n) => n,
                         Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                            core::hint::spin_loop();
+                            spun();
                             continue;
                         }
                         Err(e) => return Err(err(e)),
@@ -174,11 +179,12 @@ pub(crate) fn client(server: SocketAddr, test: &TestDef, p: &Params) -> Result<M
             m.seconds = start.elapsed().as_secs_f64();
             Ok::<(), String>(())
         };
+    let spins = WOULD_BLOCK.load(Ordering::Relaxed);
     match (test.op, test.pattern) {
         (Op::Tcp, pattern) => {
             let mut s = TcpStream::connect(server).map_err(err)?;
             s.set_nodelay(p.nodelay).map_err(err)?;
-            tune(&s, p)?;
+            m.applied.sockbuf = Some(tune(&s, p)?);
             s.set_nonblocking(p.busy_poll).map_err(err)?;
             let ping = pattern == Pattern::PingPong;
             measure(
@@ -205,7 +211,7 @@ pub(crate) fn client(server: SocketAddr, test: &TestDef, p: &Params) -> Result<M
                 .or_else(|_| UdpSocket::bind(("0.0.0.0", 0)))
                 .map_err(err)?;
             s.connect(server).map_err(err)?;
-            tune(&s, p)?;
+            m.applied.sockbuf = Some(tune(&s, p)?);
             s.set_read_timeout(Some(Duration::from_secs(1))).map_err(err)?;
             s.set_nonblocking(p.busy_poll).map_err(err)?;
             let ping = pattern == Pattern::PingPong;
@@ -219,22 +225,33 @@ pub(crate) fn client(server: SocketAddr, test: &TestDef, p: &Params) -> Result<M
                         Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
                         Err(e) => return Err(err(e)),
                     }
+                    // Busy-polling spins until the answer comes (or the second a blocking
+                    // receive would wait): a round whose answer is still on its way is not lost.
                     if ping {
-                        match s.recv(&mut back) {
-                            Ok(_) => {
-                                return Ok(Some(
-                                    u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX),
-                                ));
+                        loop {
+                            match s.recv(&mut back) {
+                                Ok(_) => {
+                                    return Ok(Some(
+                                        u64::try_from(t0.elapsed().as_nanos() / 2)
+                                            .unwrap_or(u64::MAX),
+                                    ));
+                                }
+                                Err(e)
+                                    if e.kind() == ErrorKind::WouldBlock
+                                        && t0.elapsed() < Duration::from_secs(1) =>
+                                {
+                                    spun();
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        ErrorKind::WouldBlock | ErrorKind::TimedOut
+                                    ) =>
+                                {
+                                    return Ok(None);
+                                }
+                                Err(e) => return Err(err(e)),
                             }
-                            Err(e)
-                                if matches!(
-                                    e.kind(),
-                                    ErrorKind::WouldBlock | ErrorKind::TimedOut
-                                ) =>
-                            {
-                                return Ok(None);
-                            }
-                            Err(e) => return Err(err(e)),
                         }
                     }
                     Ok(None)
@@ -245,5 +262,6 @@ pub(crate) fn client(server: SocketAddr, test: &TestDef, p: &Params) -> Result<M
         }
         _ => return Err(format!("{} is not a socket test", test.name)),
     }
+    m.applied.would_block = WOULD_BLOCK.load(Ordering::Relaxed) - spins;
     Ok(m)
 }
