@@ -132,9 +132,9 @@ fn uc_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRep
 
 /// A UD datagram (IBA 9.8.2; 10.2.5), already checked for transport, partition and state.
 ///
-/// The datagram (its DETH and Q_Key already checked) takes the next receive WQE: its first 40 bytes get
-/// the network header (`grh`), the payload follows, and the completion reports the GRH, the
-/// source QP and the payload length plus 40, as on hardware. With no receive WQE posted it is
+/// The datagram (its DETH and Q_Key already checked) takes the next receive WQE: its first 40
+/// bytes get the network header (`grh`), the payload follows, and the completion reports the
+/// GRH, the source QP and the payload length plus 40, as on hardware. With no receive WQE posted it is
 /// dropped (UD has no RNR NAK). UD has no sequence: each datagram that arrives is delivered,
 /// once per copy; loss and duplicates are the application's to handle, as on any UD fabric.
 ///
