@@ -47,46 +47,22 @@ fn connect(mtu: Mtu) -> [Side; 2] {
     let mut s = [side("127.0.0.2", 1, 0x10_0000), side("127.0.0.3", 2, 0x20_0000)];
     let (qpns, addrs) = ([s[0].qp, s[1].qp], [s[0].dev.addr(), s[1].dev.addr()]);
     for (i, h) in s.iter_mut().enumerate() {
-        let attr = |state| QpAttr { state: Some(state), ..QpAttr::default() };
         let access = Access::REMOTE_WRITE | Access::REMOTE_READ;
-        h.dev
-            .modify_qp(
-                h.qp,
-                &QpAttr {
-                    pkey_index: Some(0),
-                    port_num: Some(1),
-                    access_flags: Some(access),
-                    ..attr(QpState::Init)
-                },
-            )
-            .unwrap();
-        h.dev
-            .modify_qp(
-                h.qp,
-                &QpAttr {
-                    av: Some(AddressVector { dest: addrs[1 - i] }),
-                    path_mtu: Some(mtu),
-                    dest_qp_num: Some(qpns[1 - i]),
-                    rq_psn: Some(Psn::ZERO),
-                    max_dest_rd_atomic: Some(4),
-                    min_rnr_timer: Some(RnrTimer::from_masked(1)),
-                    ..attr(QpState::Rtr)
-                },
-            )
-            .unwrap();
-        h.dev
-            .modify_qp(
-                h.qp,
-                &QpAttr {
-                    sq_psn: Some(Psn::ZERO),
-                    timeout: Some(14),
-                    retry_cnt: Some(7),
-                    rnr_retry: Some(7),
-                    max_rd_atomic: Some(4),
-                    ..attr(QpState::Rts)
-                },
-            )
-            .unwrap();
+        h.dev.init_qp(h.qp, access, QKey(0)).unwrap();
+        let path = PathAttr {
+            dest: addrs[1 - i],
+            dest_qpn: qpns[1 - i],
+            mtu,
+            sq_psn: Psn::ZERO,
+            rq_psn: Psn::ZERO,
+        };
+        let reliability = Reliability {
+            min_rnr_timer: RnrTimer::from_masked(1),
+            max_rd_atomic: 4,
+            max_dest_rd_atomic: 4,
+            ..Reliability::default()
+        };
+        h.dev.connect_qp(h.qp, &path, &reliability).unwrap();
     }
     s
 }

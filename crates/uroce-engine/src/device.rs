@@ -1049,6 +1049,11 @@ impl<M: MemoryAccess> Device<M> {
         self.qps.get(&qpn.get()).map(|q| q.state)
     }
 
+    /// The transport of a QP.
+    pub fn qp_type(&self, qpn: Qpn) -> Option<QpType> {
+        self.qps.get(&qpn.get()).map(|q| q.init.qp_type)
+    }
+
     /// Moves a QP through its state machine (IBA 10.3; `ibv_modify_qp(3)`).
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), ModifyError> {
         let r = self.modify_qp_unwatched(qpn, attr);

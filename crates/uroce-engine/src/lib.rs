@@ -15,6 +15,7 @@
 //! `mr` checks every memory access, `qp` holds the state machine.
 #![forbid(unsafe_code)]
 
+pub mod bring_up;
 mod completer;
 pub mod counters;
 mod cq;
@@ -33,6 +34,7 @@ pub mod time;
 pub mod types;
 mod watch;
 
+pub use bring_up::{PathAttr, Reliability};
 pub use counters::{Counters, PacketFate, QpCounters};
 pub use device::{
     AsyncEvent, CreateError, DEVICE_ATTR, DestroyError, Device, DeviceAttr, DeviceConfig,

@@ -89,32 +89,23 @@ impl Pair {
         for (i, h) in hosts.iter_mut().enumerate() {
             let peer = 1 - i;
             let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-            let init = QpAttr {
-                pkey_index: Some(0),
-                port_num: Some(1),
-                access_flags: Some(all),
-                ..rc_attrs(QpState::Init)
+            h.dev.init_qp(h.qp, all, QKey(0)).unwrap();
+            let path = PathAttr {
+                dest: addrs[peer],
+                dest_qpn: qpns[peer],
+                mtu,
+                sq_psn: Psn::from_masked(0xFF_FFF0 + i as u32),
+                rq_psn: Psn::from_masked(0xFF_FFF0 + peer as u32),
             };
-            h.dev.modify_qp(h.qp, &init).unwrap();
-            let rtr = QpAttr {
-                av: Some(AddressVector { dest: addrs[peer] }),
-                path_mtu: Some(mtu),
-                dest_qp_num: Some(qpns[peer]),
-                rq_psn: Some(Psn::from_masked(0xFF_FFF0 + peer as u32)),
-                max_dest_rd_atomic: Some(4),
-                min_rnr_timer: Some(RnrTimer::from_masked(1)),
-                ..rc_attrs(QpState::Rtr)
+            let reliability = Reliability {
+                timeout: 10,
+                retry_cnt: 3,
+                rnr_retry: 3,
+                min_rnr_timer: RnrTimer::from_masked(1),
+                max_rd_atomic: 4,
+                max_dest_rd_atomic: 4,
             };
-            h.dev.modify_qp(h.qp, &rtr).unwrap();
-            let rts = QpAttr {
-                sq_psn: Some(Psn::from_masked(0xFF_FFF0 + i as u32)),
-                timeout: Some(10),
-                retry_cnt: Some(3),
-                rnr_retry: Some(3),
-                max_rd_atomic: Some(4),
-                ..rc_attrs(QpState::Rts)
-            };
-            h.dev.modify_qp(h.qp, &rts).unwrap();
+            h.dev.connect_qp(h.qp, &path, &reliability).unwrap();
         }
         Self {
             hosts,

@@ -62,34 +62,24 @@ fn pair() -> [Side; 2] {
         .collect();
     let (qpns, ips) = ([s[0].qp, s[1].qp], [s[0].dev.addr(), s[1].dev.addr()]);
     for (i, h) in s.iter_mut().enumerate() {
-        let attr = |state| QpAttr { state: Some(state), ..QpAttr::default() };
         let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-        let init = QpAttr {
-            pkey_index: Some(0),
-            port_num: Some(1),
-            access_flags: Some(all),
-            ..attr(QpState::Init)
+        h.dev.init_qp(h.qp, all, QKey(0)).unwrap();
+        let path = PathAttr {
+            dest: ips[1 - i],
+            dest_qpn: qpns[1 - i],
+            mtu: Mtu::Mtu256,
+            sq_psn: Psn::from_masked(100),
+            rq_psn: Psn::from_masked(100),
         };
-        h.dev.modify_qp(h.qp, &init).unwrap();
-        let rtr = QpAttr {
-            av: Some(AddressVector { dest: ips[1 - i] }),
-            path_mtu: Some(Mtu::Mtu256),
-            dest_qp_num: Some(qpns[1 - i]),
-            rq_psn: Some(Psn::from_masked(100)),
-            max_dest_rd_atomic: Some(4),
-            min_rnr_timer: Some(RnrTimer::from_masked(1)),
-            ..attr(QpState::Rtr)
+        let reliability = Reliability {
+            timeout: 4,
+            retry_cnt: 2,
+            rnr_retry: 2,
+            min_rnr_timer: RnrTimer::from_masked(1),
+            max_rd_atomic: 4,
+            max_dest_rd_atomic: 4,
         };
-        h.dev.modify_qp(h.qp, &rtr).unwrap();
-        let rts = QpAttr {
-            sq_psn: Some(Psn::from_masked(100)),
-            timeout: Some(4),
-            retry_cnt: Some(2),
-            rnr_retry: Some(2),
-            max_rd_atomic: Some(4),
-            ..attr(QpState::Rts)
-        };
-        h.dev.modify_qp(h.qp, &rts).unwrap();
+        h.dev.connect_qp(h.qp, &path, &reliability).unwrap();
     }
     s.try_into().ok().unwrap()
 }
@@ -244,12 +234,8 @@ fn ud_target(recvs: u64) -> (Device<VecMemory>, Qpn) {
         srq: None,
     };
     let qp = dev.create_qp(init).unwrap();
-    let attr = |state| QpAttr { state: Some(state), ..QpAttr::default() };
-    let qkey = Some(QKey(0x11));
-    let init = QpAttr { pkey_index: Some(0), port_num: Some(1), qkey, ..attr(QpState::Init) };
-    dev.modify_qp(qp, &init).unwrap();
-    dev.modify_qp(qp, &attr(QpState::Rtr)).unwrap();
-    dev.modify_qp(qp, &QpAttr { sq_psn: Some(Psn::ZERO), ..attr(QpState::Rts) }).unwrap();
+    dev.init_qp(qp, Access::NONE, QKey(0x11)).unwrap();
+    dev.ready_datagram_qp(qp, Psn::ZERO).unwrap();
     dev.attach_mcast(qp, "239.0.0.9".parse().unwrap()).unwrap();
     for k in 0..recvs {
         let sge = Sge { addr: BASE[1] + k * 256, length: 256, lkey: mr.lkey };

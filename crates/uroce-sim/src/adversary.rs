@@ -22,10 +22,10 @@ use core::ops::AddAssign;
 use std::collections::{HashMap, VecDeque};
 
 use uroce_engine::{
-    Access, AddressVector, AhAttr, AhHandle, Counters, CqHandle, Device, DeviceConfig, Duration,
-    Instant, LKey, MemoryRegion, Mtu, PacketFate, Psn, QKey, QpAttr, QpCap, QpInitAttr, QpState,
-    QpType, Qpn, RKey, RecvWr, RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, UdDest, VecMemory,
-    WcStatus, WorkCompletion, WrOpcode,
+    Access, AhAttr, AhHandle, Counters, CqHandle, Device, DeviceConfig, Duration, Instant, LKey,
+    MemoryRegion, Mtu, PacketFate, PathAttr, Psn, QKey, QpAttr, QpCap, QpInitAttr, QpState, QpType,
+    Qpn, RKey, RecvWr, Reliability, RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, UdDest,
+    VecMemory, WcStatus, WorkCompletion, WrOpcode,
 };
 use uroce_wire::ROCE_V2_PORT;
 use uroce_wire::icrc::{self, PseudoHeader};
@@ -260,30 +260,24 @@ fn bring_up(
     sq_psn: Psn,
     rq_psn: Psn,
 ) -> bool {
-    let attr = |state| QpAttr { state: Some(state), ..QpAttr::default() };
     let remote = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let mut init = QpAttr { pkey_index: Some(0), port_num: Some(1), ..attr(QpState::Init) };
-    let mut rtr = attr(QpState::Rtr);
-    let mut rts = QpAttr { sq_psn: Some(sq_psn), ..attr(QpState::Rts) };
-    match kind {
-        Kind::Ud => init.qkey = Some(QKEY),
-        Kind::Rc | Kind::Uc => {
-            init.access_flags = Some(if kind == Kind::Rc { remote } else { Access::REMOTE_WRITE });
-            rtr.av = Some(AddressVector { dest: peer.0 });
-            rtr.path_mtu = Some(Mtu::Mtu256);
-            rtr.dest_qp_num = Some(peer.1);
-            rtr.rq_psn = Some(rq_psn);
-        }
+    let access = if kind == Kind::Rc { remote } else { Access::REMOTE_WRITE };
+    if dev.init_qp(qp, access, QKEY).is_err() {
+        return false;
     }
-    if kind == Kind::Rc {
-        rtr.max_dest_rd_atomic = Some(2);
-        rtr.min_rnr_timer = Some(RnrTimer::from_masked(1));
-        rts.timeout = Some(4);
-        rts.retry_cnt = Some(2);
-        rts.rnr_retry = Some(2);
-        rts.max_rd_atomic = Some(2);
+    if kind == Kind::Ud {
+        return dev.ready_datagram_qp(qp, sq_psn).is_ok();
     }
-    [init, rtr, rts].iter().all(|a| dev.modify_qp(qp, a).is_ok())
+    let path = PathAttr { dest: peer.0, dest_qpn: peer.1, mtu: Mtu::Mtu256, sq_psn, rq_psn };
+    let reliability = Reliability {
+        timeout: 4,
+        retry_cnt: 2,
+        rnr_retry: 2,
+        min_rnr_timer: RnrTimer::from_masked(1),
+        max_rd_atomic: 2,
+        max_dest_rd_atomic: 2,
+    };
+    dev.connect_qp(qp, &path, &reliability).is_ok()
 }
 
 impl World {

@@ -21,9 +21,9 @@
 use std::net::IpAddr;
 
 use uroce_engine::{
-    Access, AddressVector, CqHandle, Device, DeviceConfig, Duration, Instant, MemoryRegion, Mtu,
-    Psn, QpAttr, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, RemoteAddr, RnrTimer, SendWr,
-    Sge, SrqHandle, VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    Access, CqHandle, Device, DeviceConfig, Duration, Instant, MemoryRegion, Mtu, PathAttr, Psn,
+    QKey, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, Reliability, RemoteAddr, RnrTimer,
+    SendWr, Sge, SrqHandle, VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, sweep};
 
@@ -178,42 +178,23 @@ fn setup_with(seed: u64, mtu: Mtu, qp_type: QpType) -> (Fabric<DeviceNode<VecMem
         let dev = &mut fabric.node_mut(i).dev;
         let qp = hosts[i].qp;
         let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-        let attr = |state| QpAttr { state: Some(state), ..QpAttr::default() };
-        dev.modify_qp(
-            qp,
-            &QpAttr {
-                pkey_index: Some(0),
-                port_num: Some(1),
-                access_flags: Some(all),
-                ..attr(QpState::Init)
-            },
-        )
-        .unwrap();
-        dev.modify_qp(
-            qp,
-            &QpAttr {
-                av: Some(AddressVector { dest: addrs[peer] }),
-                path_mtu: Some(mtu),
-                dest_qp_num: Some(hosts[peer].qp),
-                rq_psn: Some(start_psn[peer]),
-                max_dest_rd_atomic: Some(4),
-                min_rnr_timer: Some(RnrTimer::from_masked(1)),
-                ..attr(QpState::Rtr)
-            },
-        )
-        .unwrap();
-        dev.modify_qp(
-            qp,
-            &QpAttr {
-                sq_psn: Some(start_psn[i]),
-                timeout: Some(8),
-                retry_cnt: Some(7),
-                rnr_retry: Some(7),
-                max_rd_atomic: Some(4),
-                ..attr(QpState::Rts)
-            },
-        )
-        .unwrap();
+        dev.init_qp(qp, all, QKey(0)).unwrap();
+        let path = PathAttr {
+            dest: addrs[peer],
+            dest_qpn: hosts[peer].qp,
+            mtu,
+            sq_psn: start_psn[i],
+            rq_psn: start_psn[peer],
+        };
+        let reliability = Reliability {
+            timeout: 8,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: RnrTimer::from_masked(1),
+            max_rd_atomic: 4,
+            max_dest_rd_atomic: 4,
+        };
+        dev.connect_qp(qp, &path, &reliability).unwrap();
     }
     (fabric, hosts)
 }

@@ -48,12 +48,8 @@ struct UdHost {
 }
 
 fn ud_up(dev: &mut Device<VecMemory>, qp: Qpn, qkey: QKey) {
-    let attr = |state| QpAttr { state: Some(state), ..QpAttr::default() };
-    let init =
-        QpAttr { pkey_index: Some(0), port_num: Some(1), qkey: Some(qkey), ..attr(QpState::Init) };
-    dev.modify_qp(qp, &init).unwrap();
-    dev.modify_qp(qp, &attr(QpState::Rtr)).unwrap();
-    dev.modify_qp(qp, &QpAttr { sq_psn: Some(Psn::ZERO), ..attr(QpState::Rts) }).unwrap();
+    dev.init_qp(qp, Access::NONE, qkey).unwrap();
+    dev.ready_datagram_qp(qp, Psn::ZERO).unwrap();
 }
 
 /// Adds a device at `addr` with `qkeys.len()` UD QPs in RTS, one per Q_Key, their receives

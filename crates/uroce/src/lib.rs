@@ -586,20 +586,9 @@ impl<'a> QpBuilder<'a> {
             let qpn = e.create_qp(init)?;
             // A starting PSN nobody can predict (IBA 9.7.2), from the device's generator.
             let psn = e.random_psn();
-            let attr = QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port_num: Some(1),
-                access_flags: (!ud).then_some(self.access),
-                qkey: ud.then_some(self.qkey),
-                ..QpAttr::default()
-            };
-            e.modify_qp(qpn, &attr)?;
+            e.init_qp(qpn, self.access, self.qkey)?;
             if ud {
-                e.modify_qp(qpn, &QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() })?;
-                let rts =
-                    QpAttr { state: Some(QpState::Rts), sq_psn: Some(psn), ..QpAttr::default() };
-                e.modify_qp(qpn, &rts)?;
+                e.ready_datagram_qp(qpn, psn)?;
             }
             Ok((qpn, psn))
         })?;
@@ -775,31 +764,22 @@ impl Qp {
         if self.qp_type == QpType::Ud {
             return Ok(());
         }
-        let mtu = self.mtu.min(remote.mtu);
-        let reliable = self.qp_type == QpType::Rc;
+        let path = uroce_engine::PathAttr {
+            dest: remote.gid,
+            dest_qpn: remote.qpn,
+            mtu: self.mtu.min(remote.mtu),
+            sq_psn: self.psn,
+            rq_psn: remote.psn,
+        };
+        let reliability = uroce_engine::Reliability {
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
+            max_rd_atomic: self.max_rd_atomic,
+            ..uroce_engine::Reliability::default()
+        };
         self.ctx.dev.with(|s| -> Result<()> {
-            let e = s.engine();
-            let rtr = QpAttr {
-                state: Some(QpState::Rtr),
-                av: Some(uroce_engine::AddressVector { dest: remote.gid }),
-                path_mtu: Some(mtu),
-                dest_qp_num: Some(remote.qpn),
-                rq_psn: Some(remote.psn),
-                max_dest_rd_atomic: reliable.then_some(uroce_engine::qp::MAX_RD_ATOMIC),
-                min_rnr_timer: reliable.then_some(uroce_engine::RnrTimer::from_masked(12)),
-                ..QpAttr::default()
-            };
-            e.modify_qp(self.qpn, &rtr)?;
-            let rts = QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(self.psn),
-                timeout: reliable.then_some(self.timeout),
-                retry_cnt: reliable.then_some(self.retry_cnt),
-                rnr_retry: reliable.then_some(self.rnr_retry),
-                max_rd_atomic: reliable.then_some(self.max_rd_atomic),
-                ..QpAttr::default()
-            };
-            e.modify_qp(self.qpn, &rts)?;
+            s.engine().connect_qp(self.qpn, &path, &reliability)?;
             Ok(())
         })
     }
