@@ -286,3 +286,92 @@ proptest! {
         prop_assert!(mem[4 * 256..].iter().all(|&b| b == 0), "wrote outside the receive buffers");
     }
 }
+
+/// A UD SEND_ONLY from QP `src_qp` to `dest_qp` with `qkey` and `payload`, sealed for `dst`.
+fn ud_datagram(
+    src: SocketAddr,
+    dst: std::net::IpAddr,
+    dest_qp: Qpn,
+    qkey: QKey,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut p = vec![0x64, 0, 0xFF, 0xFF, 0];
+    p.extend_from_slice(&dest_qp.get().to_be_bytes()[1..]);
+    p.extend_from_slice(&[0, 0, 0, 7]); // no ACK request, PSN 7
+    p.extend_from_slice(&qkey.0.to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0x12, 0x34]); // source QP 0x1234
+    p.extend_from_slice(payload);
+    p.extend_from_slice(&[0; 4]);
+    reseal(src, SocketAddr::new(dst, ROCE_V2_PORT), &mut p);
+    p
+}
+
+/// A peer that floods a multicast group: the group holds at most `max_mcast_qp_attach` QPs
+/// (the next attach is refused by name), each datagram is offered once to each member, a
+/// member with no receive posted drops it and counts (UD has no queue to grow), and a QP
+/// outside the group still gets its own datagram in the middle of the flood.
+#[test]
+fn a_multicast_flood_is_bounded_by_the_attach_limit_and_starves_no_other_qp() {
+    let mut mem = VecMemory::new();
+    mem.insert(BASE[1], vec![0; LEN as usize]);
+    let mut dev = Device::new(DeviceConfig::new("127.0.0.3".parse().unwrap(), 9), mem);
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4096).unwrap();
+    let mr = dev.reg_mr(pd, BASE[1], LEN, Access::LOCAL_WRITE).unwrap();
+    let group: std::net::IpAddr = "239.0.0.77".parse().unwrap();
+    let limit = DEVICE_ATTR.max_mcast_qp_attach as usize;
+    let qps: Vec<Qpn> = (0..=limit)
+        .map(|k| {
+            let init = QpInitAttr {
+                qp_type: QpType::Ud,
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                cap: QpCap::default(),
+                sq_sig_all: true,
+                srq: None,
+            };
+            let qp = dev.create_qp(init).unwrap();
+            dev.init_qp(qp, Access::NONE, QKey(0x11)).unwrap();
+            dev.ready_datagram_qp(qp, Psn::ZERO).unwrap();
+            // Two receives of 128 bytes each, in slot k.
+            for r in 0..2u64 {
+                let at = BASE[1] + (k as u64 * 2 + r) * 128;
+                let sge = Sge { addr: at, length: 128, lkey: mr.lkey };
+                dev.post_recv(qp, RecvWr { wr_id: k as u64 * 2 + r, sg_list: vec![sge] }).unwrap();
+            }
+            qp
+        })
+        .collect();
+    let (members, outsider) = qps.split_at(limit);
+    for &qp in members {
+        dev.attach_mcast(qp, group).unwrap();
+    }
+    assert_eq!(
+        dev.attach_mcast(outsider[0], group),
+        Err(McastError::ExceedsLimit("max_mcast_qp_attach"))
+    );
+    let src = SocketAddr::new("127.0.0.2".parse().unwrap(), 0xC123);
+    let flood = ud_datagram(src, group, Qpn::MULTICAST, QKey(0x11), &[0xAB; 16]);
+    let own = ud_datagram(src, dev.addr(), outsider[0], QKey(0x11), &[0xCD; 16]);
+    const FLOOD: u64 = 1000;
+    for k in 0..FLOOD {
+        dev.handle_datagram(Instant::ZERO, &RxInfo::new(src, group), &flood);
+        if k == FLOOD / 2 {
+            dev.handle_datagram(Instant::ZERO, &RxInfo::new(src, dev.addr()), &own);
+        }
+    }
+    let mut wcs = Vec::new();
+    dev.poll_cq(cq, usize::MAX, &mut wcs);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::SUCCESS), "{wcs:?}");
+    let per_qp = |qp: Qpn| wcs.iter().filter(|w| w.qp_num == qp).count();
+    assert!(members.iter().all(|&qp| per_qp(qp) == 2), "two datagrams for each member");
+    assert_eq!(per_qp(outsider[0]), 1, "the QP outside the group got its own datagram");
+    let c = dev.counters();
+    assert_eq!(c.drop_rnr, limit as u64 * (FLOOD - 2), "the rest dropped at each member: {c:?}");
+    let mut buf = Vec::new();
+    assert!(dev.poll_transmit(Instant::ZERO, &mut buf).is_none(), "UD answers nothing");
+    let mem = dev.memory().buffer(BASE[1]).unwrap();
+    let used = (limit + 1) * 2 * 128;
+    assert!(mem[used..].iter().all(|&b| b == 0), "nothing written past the receive buffers");
+}
