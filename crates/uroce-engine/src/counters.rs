@@ -75,7 +75,7 @@ pub struct Counters {
     /// Dropped: a response (ACK, READ response, atomic ACK) that matches nothing outstanding.
     pub drop_stale_response: u64,
     /// Dropped: a duplicate READ or atomic whose saved responder resource is gone, or that
-    /// came while `max_qp_rd_atom` READ and atomic responses already wait to be sent.
+    /// came while the responder's queue of READ and atomic answers is at its bound (4,096).
     pub drop_dup_no_resource: u64,
     /// MADs received on QP1 (handed to the CM with [`crate::Device::poll_gsi`]).
     pub gsi_rcvd: u64,

@@ -16,7 +16,7 @@ use uroce_wire::{ExtHeaders, PacketRepr, Psn, aeth, atomic_ack_eth, bth};
 use crate::completer::{self, ScatterError, scatter};
 use crate::device::{AsyncEvent, Ctx, Transmit};
 use crate::memory::MemoryAccess;
-use crate::qp::{InMessage, MAX_RD_ATOMIC, NakSent, Qp, RecvWqe, Resource, ResourceKind, Response};
+use crate::qp::{InMessage, NakSent, Qp, RecvWqe, Resource, ResourceKind, Response};
 use crate::time::Instant;
 use crate::types::{Access, QpState, QpType, WcOpcode, WcStatus, WorkCompletion};
 
@@ -228,9 +228,9 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
             ctx.counters.drop_dup_no_resource += 1;
             return;
         };
-        // Answering it again while max_qp_rd_atom responses already wait would let a peer
-        // that repeats one request grow the queue without bound.
-        if queued_read_atomic(qp) >= usize::from(MAX_RD_ATOMIC) {
+        // Answering it again while the queue is at its bound would let a peer that repeats
+        // requests grow it without end.
+        if queued_read_atomic(qp) >= MAX_QUEUED_READ_ATOMIC {
             ctx.counters.drop_dup_no_resource += 1;
             return;
         }
@@ -395,11 +395,12 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
     // ChkLength: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one (IBA 9.7).
     let length_ok = if info.has(OpFlags::LAST) { len <= mtu } else { len == mtu };
     // ChkResource (IBA 9.5: a requester keeps at most the responder's resources of READ and
-    // atomic requests outstanding; rxe's RESPST_ERR_TOO_MANY_RDMA_ATM_REQ): no requester within
-    // max_qp_rd_atom has more responses waiting here than that, so a peer past it is refused
-    // rather than queued without bound.
+    // atomic requests outstanding; rxe's RESPST_ERR_TOO_MANY_RDMA_ATM_REQ). A peer far past
+    // any such limit is refused rather than queued without bound. The bound is not
+    // max_qp_rd_atom: ib_read_bw through uroce's own requester has been seen with 18 new READs
+    // waiting here, which is a requester question still open.
     let resources_ok = !(info.has(OpFlags::READ) || info.has(OpFlags::ATOMIC))
-        || queued_read_atomic(qp) < usize::from(MAX_RD_ATOMIC);
+        || queued_read_atomic(qp) < MAX_QUEUED_READ_ATOMIC;
     if !sequence_ok || !qp.access.contains(right) || !length_ok || !resources_ok {
         let recv = match qp.resp.current.take() {
             Some(InMessage::Send { wqe, .. }) => Some((wqe, WcStatus::REM_INV_REQ_ERR)),
@@ -660,6 +661,10 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
     let msn = qp.resp.msn;
     queue(qp, ctx, Response::Atomic { psn, orig, msn });
 }
+
+/// READ and atomic answers a QP's responder holds queued at most (about 160 KiB): far above
+/// what any requester keeps outstanding, a bound on what a peer can make it hold.
+pub(crate) const MAX_QUEUED_READ_ATOMIC: usize = 4096;
 
 /// READ and atomic responses queued and not yet all sent.
 fn queued_read_atomic(qp: &Qp) -> usize {

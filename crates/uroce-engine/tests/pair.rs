@@ -1399,7 +1399,7 @@ fn drain_sent(dev: &mut Device<VecMemory>, now: Instant) -> Vec<(Opcode, Option<
 /// A peer may have at most `max_qp_rd_atom` READ and atomic requests outstanding (IBA 9.5). A
 /// peer that ignores the limit and floods READ requests, with a valid R_Key and each at the
 /// expected PSN, faster than the responses go out gets an invalid-request NAK and an Error QP
-/// once 16 responses wait; before, every request queued one more response, without bound.
+/// once 4,096 answers wait; before, every request queued one more response, without bound.
 #[test]
 fn a_flood_of_read_requests_past_the_responder_resources_is_refused_not_queued() {
     let mut p = Pair::new(Mtu::Mtu1024);
@@ -1410,16 +1410,16 @@ fn a_flood_of_read_requests_past_the_responder_resources_is_refused_not_queued()
     let src_a = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
     let first = u32::from_be_bytes([0, request[9], request[10], request[11]]);
     let rx = RxInfo::new(src_a, p.hosts[B].dev.addr());
-    for k in 0..1000u32 {
+    for k in 0..5000u32 {
         let mut r = request.clone();
         r[9..12].copy_from_slice(&(first.wrapping_add(k) & 0xFF_FFFF).to_be_bytes()[1..]);
         reseal(src_a, dst_b, &mut r);
         p.hosts[B].dev.handle_datagram(p.now, &rx, &r);
     }
     let c = *p.hosts[B].dev.counters();
-    assert_eq!((c.err_naks_sent, c.drop_bad_state), (1, 1000 - 17), "{c:?}");
+    assert_eq!((c.err_naks_sent, c.drop_bad_state), (1, 5000 - 4097), "{c:?}");
     assert_eq!(p.hosts[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Error));
-    // The queued READ responses went with the QP; the NAK for request 17 is what goes out.
+    // The queued READ responses went with the QP; the NAK for request 4,097 is what goes out.
     let nak_invalid = Syndrome::Nak(uroce_wire::aeth::NakCode::INVALID_REQUEST).to_byte();
     assert_eq!(
         drain_sent(&mut p.hosts[B].dev, p.now),
