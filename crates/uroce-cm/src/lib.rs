@@ -1216,13 +1216,24 @@ impl Cm {
                 self.event(orphan, Event::Disconnected { id });
             }
             (Message::Dreq(_), ConnState::TimeWait) => {
-                // A duplicate DREQ (our DREP was lost) is answered with a DREP for it, as
-                // ib_cm's cm_dreq_handler does in TimeWait; never with what we sent last,
-                // which is our own DREQ when both ends released at once, and two ends each
-                // answering the other's DREQ with a DREQ never stop.
-                let (remote, remote_id) = (c.remote, c.remote_id);
-                let drep = Ids { local_comm_id: id, remote_comm_id: remote_id, private_data: &[] };
-                self.send(remote, CmMad { tid, message: Message::Drep(drep) });
+                // A duplicate DREQ (our DREP was lost) gets the answer we sent again. But when
+                // what we sent last is our own DREQ (both ends released at once and timed
+                // out), it gets a DREP for it, as ib_cm's cm_dreq_handler does in TimeWait:
+                // two ends answering each other's DREQ with their own never stop.
+                let own_dreq = c
+                    .sent
+                    .as_ref()
+                    .and_then(|b| CmMad::parse(b).ok())
+                    .is_some_and(|m| matches!(m.message, Message::Dreq(_)));
+                let (remote, remote_id, sent) = (c.remote, c.remote_id, c.sent);
+                if own_dreq {
+                    let drep =
+                        Ids { local_comm_id: id, remote_comm_id: remote_id, private_data: &[] };
+                    self.send(remote, CmMad { tid, message: Message::Drep(drep) });
+                } else if let Some(bytes) = sent {
+                    self.out.push_back((remote, bytes));
+                    self.counters.tx_mads += 1;
+                }
             }
             (Message::Dreq(_), ConnState::DreqRcvd) => {}
             (Message::Drep(_), ConnState::DreqSent) => {
