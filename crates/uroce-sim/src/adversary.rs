@@ -173,25 +173,26 @@ impl Default for Victim {
     }
 }
 
-struct Input<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// An adversary's input, read a byte at a time (both adversaries share it).
+pub(crate) struct Input<'a> {
+    pub(crate) bytes: &'a [u8],
+    pub(crate) at: usize,
 }
 
 impl Input<'_> {
-    fn next(&mut self) -> Option<u8> {
+    pub(crate) fn next(&mut self) -> Option<u8> {
         let b = self.bytes.get(self.at).copied();
         self.at += 1;
         b
     }
     /// The next byte, zero once the input is used up.
-    fn byte(&mut self) -> u8 {
+    pub(crate) fn byte(&mut self) -> u8 {
         self.next().unwrap_or(0)
     }
-    fn u16(&mut self) -> u16 {
+    pub(crate) fn u16(&mut self) -> u16 {
         u16::from_le_bytes([self.byte(), self.byte()])
     }
-    fn u32(&mut self) -> u32 {
+    pub(crate) fn u32(&mut self) -> u32 {
         u32::from_le_bytes([self.byte(), self.byte(), self.byte(), self.byte()])
     }
 }

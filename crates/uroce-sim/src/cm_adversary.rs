@@ -26,6 +26,7 @@ use uroce_wire::cm::{CmMad, TransportType};
 use uroce_wire::mad::MAD_LEN;
 use uroce_wire::{Psn, QKey, Qpn};
 
+use crate::adversary::Input;
 pub use crate::adversary::Violation;
 
 /// The service each CM listens on.
@@ -82,25 +83,6 @@ pub fn run(input: &[u8]) -> Result<Reached, Violation> {
     }
     w.heal()?;
     Ok(w.reached)
-}
-
-struct Input<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl Input<'_> {
-    fn next(&mut self) -> Option<u8> {
-        let b = self.bytes.get(self.at).copied();
-        self.at += 1;
-        b
-    }
-    fn byte(&mut self) -> u8 {
-        self.next().unwrap_or(0)
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes([self.byte(), self.byte(), self.byte(), self.byte()])
-    }
 }
 
 fn addr(i: usize) -> IpAddr {
