@@ -1,12 +1,15 @@
-//! Two devices wired back to back in virtual time, each rule of the RC transport exercised by a
-//! scripted scenario. (Random loss, reordering and the seed sweep are in `uroce-sim`.)
+//! Two devices back to back on the simulator's fabric, in virtual time, each rule of the RC
+//! and UC transports exercised by a scripted scenario. (Random loss, reordering and the seed
+//! sweep are in `uroce-sim`'s own tests.)
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 #![allow(clippy::cast_possible_truncation, reason = "test sizes and offsets are small")]
 
-use std::collections::VecDeque;
+use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
 
 use uroce_engine::*;
+use uroce_sim::{Action, Datagram, DeviceNode, Fabric, LinkConfig, Path};
 use uroce_wire::aeth::Syndrome;
 use uroce_wire::opcode::Opcode;
 use uroce_wire::{PacketRepr, ROCE_V2_PORT};
@@ -23,25 +26,30 @@ struct Host {
     mr: MemoryRegion,
 }
 
+/// What a test names on one side of a [`Pair`]; the device itself is the fabric's node.
+#[derive(Clone, Copy)]
+struct Ends {
+    pd: PdHandle,
+    cq: CqHandle,
+    qp: Qpn,
+    mr: MemoryRegion,
+}
+
+/// Two devices on the simulator's fabric, back to back over fault-free links: the scripted
+/// faults are the [`Filter`] (random loss, reordering and the seed sweep are in `uroce-sim`'s
+/// own tests).
 struct Pair {
-    hosts: [Host; 2],
-    now: Instant,
-    /// Packets on the wire: (deliver at, to, from, bytes).
-    wire: VecDeque<(Instant, usize, SocketAddr, Vec<u8>)>,
-    /// Decides the fate of each packet: return false to drop it.
-    filter: Filter,
-    delay: Duration,
-    /// Every packet sent: (when, from, opcode, psn, AETH syndrome byte).
-    log: Vec<(Instant, usize, Opcode, u32, Option<u8>)>,
-    /// Deliver as over an intact path: the ICRC zeroed on the way, and not checked
-    /// (`handle_datagram_intact`); `Some(false)`: zeroed, and checked as from the wire.
-    intact: Option<bool>,
+    net: Fabric<DeviceNode<VecMemory>>,
+    hosts: [Ends; 2],
 }
 
 const BUF: u64 = 1 << 20;
 
 /// Sees each packet sent (sender index, packet) and says whether it arrives.
 type Filter = Box<dyn FnMut(usize, &PacketRepr<'_>) -> bool>;
+
+/// One packet as it was sent: (when, from, opcode, PSN, AETH syndrome byte).
+type Logged = (Instant, usize, Opcode, u32, Option<u8>);
 
 fn host_of(addr: &str, seed: u64, base: u64, qp_type: QpType) -> Host {
     let ip: IpAddr = addr.parse().unwrap();
@@ -107,76 +115,92 @@ impl Pair {
             };
             h.dev.connect_qp(h.qp, &path, &reliability).unwrap();
         }
-        Self {
-            hosts,
-            now: Instant::ZERO,
-            wire: VecDeque::new(),
-            filter: Box::new(|_, _| true),
-            delay: Duration::from_micros(1),
-            log: Vec::new(),
-            intact: None,
-        }
+        let mut net = Fabric::new(0);
+        net.set_all_links(LinkConfig::default().delay(Duration::from_micros(1)));
+        net.record_sent(true);
+        let ends = hosts.map(|Host { dev, pd, cq, qp, mr }| {
+            net.add_node(DeviceNode::new(dev));
+            Ends { pd, cq, qp, mr }
+        });
+        Self { net, hosts: ends }
     }
 
     /// Moves packets and time until nothing is left to do or `limit` passes.
     fn run(&mut self, limit: Duration) {
-        let end = self.now + limit;
-        let mut buf = Vec::new();
-        loop {
-            for i in 0..2 {
-                let src_ip = self.hosts[i].dev.addr();
-                while let Some(tx) = self.hosts[i].dev.poll_transmit(self.now, &mut buf) {
-                    let parsed = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
-                    let syndrome = parsed.ext.aeth.map(|a| a.syndrome.to_byte());
-                    self.log.push((self.now, i, parsed.bth.opcode, parsed.bth.psn.get(), syndrome));
-                    let to = if tx.dst.ip() == self.hosts[0].dev.addr() { 0 } else { 1 };
-                    assert_eq!(tx.dst.port(), ROCE_V2_PORT);
-                    if (self.filter)(i, &parsed) {
-                        let from = SocketAddr::new(src_ip, tx.src_port);
-                        self.wire.push_back((self.now + self.delay, to, from, buf.clone()));
-                    }
-                }
-            }
-            let next_wire = self.wire.front().map(|w| w.0);
-            let next_timer = [0, 1].iter().filter_map(|&i| self.hosts[i].dev.poll_timeout()).min();
-            let Some(next) = [next_wire, next_timer].into_iter().flatten().min() else {
-                return;
-            };
-            if next > end {
-                return;
-            }
-            self.now = self.now.max(next);
-            while self.wire.front().is_some_and(|w| w.0 <= self.now) {
-                let (_, to, from, mut bytes) = self.wire.pop_front().unwrap();
-                let rx = RxInfo::new(from, self.hosts[to].dev.addr());
-                if self.intact.is_some() {
-                    let n = bytes.len();
-                    bytes[n - 4..].fill(0);
-                }
-                if self.intact == Some(true) {
-                    self.hosts[to].dev.handle_datagram_intact(self.now, &rx, &bytes);
-                } else {
-                    self.hosts[to].dev.handle_datagram(self.now, &rx, &bytes);
-                }
-            }
-            for h in &mut self.hosts {
-                if h.dev.poll_timeout().is_some_and(|t| t <= self.now) {
-                    h.dev.handle_timeout(self.now);
-                }
-            }
+        let deadline = self.net.now() + limit;
+        self.net.run_until_idle(deadline);
+    }
+
+    fn now(&self) -> Instant {
+        self.net.now()
+    }
+
+    /// Every packet sent so far.
+    fn log(&self) -> Vec<Logged> {
+        let parse = |s: &uroce_sim::Sent| {
+            let p = PacketRepr::parse_ignoring_icrc(&s.datagram.payload).unwrap().repr;
+            let syndrome = p.ext.aeth.map(|a| a.syndrome.to_byte());
+            (s.at, s.from, p.bth.opcode, p.bth.psn.get(), syndrome)
+        };
+        self.net.sent().iter().map(parse).collect()
+    }
+
+    /// Decides from now on, for every packet either side sends, whether it arrives.
+    fn set_filter(&mut self, filter: Filter) {
+        let shared = Rc::new(RefCell::new(filter));
+        for from in [A, B] {
+            let filter = Rc::clone(&shared);
+            self.net.set_filter(from, 1 - from, move |d: &Datagram, _| {
+                let packet = PacketRepr::parse_ignoring_icrc(&d.payload).unwrap().repr;
+                if (filter.borrow_mut())(from, &packet) { Action::Pass } else { Action::Drop }
+            });
+        }
+    }
+
+    /// The one-way delay of both directions.
+    fn set_delay(&mut self, delay: Duration) {
+        self.net.set_all_links(LinkConfig::default().delay(delay));
+    }
+
+    /// Takes the packet `from` sends next into `buf`, by hand, past the fabric: returns the
+    /// datagram's (source, destination).
+    fn take(&mut self, from: usize, buf: &mut Vec<u8>) -> (SocketAddr, SocketAddr) {
+        let now = self.now();
+        let dev = &mut self.net[from].dev;
+        let tx = dev.poll_transmit(now, buf).unwrap();
+        (SocketAddr::new(dev.addr(), tx.src_port), tx.dst)
+    }
+
+    /// Hands `packet` from `src` to device `to` now, as if it had arrived.
+    fn hand(&mut self, to: usize, src: SocketAddr, packet: &[u8]) {
+        let now = self.now();
+        let dev = &mut self.net[to].dev;
+        dev.handle_datagram(now, &RxInfo::new(src, dev.addr()), packet);
+    }
+
+    /// What `from` sends now, by hand: (opcode, AETH syndrome byte) of each packet.
+    fn drain_sent(&mut self, from: usize) -> Vec<(Opcode, Option<u8>)> {
+        let now = self.now();
+        drain_sent(&mut self.net[from].dev, now)
+    }
+
+    /// How packets reach both devices.
+    fn set_path(&mut self, path: Path) {
+        for i in [A, B] {
+            self.net[i].path = path;
         }
     }
 
     fn cq(&mut self, i: usize) -> Vec<WorkCompletion> {
         let mut out = Vec::new();
-        let h = &mut self.hosts[i];
-        h.dev.poll_cq(h.cq, usize::MAX, &mut out);
+        let cq = self.hosts[i].cq;
+        self.net[i].dev.poll_cq(cq, usize::MAX, &mut out);
         out
     }
 
     fn mem(&mut self, i: usize, offset: u64, len: usize) -> &mut [u8] {
         let base = self.hosts[i].mr.addr;
-        let buf = self.hosts[i].dev.memory_mut().buffer_mut(base).unwrap();
+        let buf = self.net[i].dev.memory_mut().buffer_mut(base).unwrap();
         &mut buf[offset as usize..offset as usize + len]
     }
 
@@ -192,13 +216,13 @@ impl Pair {
 
     fn post_recv(&mut self, i: usize, wr_id: u64, offset: u64, len: u32) {
         let sge = self.sge(i, offset, len);
-        let h = &mut self.hosts[i];
-        h.dev.post_recv(h.qp, RecvWr { wr_id, sg_list: vec![sge] }).unwrap();
+        let qp = self.hosts[i].qp;
+        self.net[i].dev.post_recv(qp, RecvWr { wr_id, sg_list: vec![sge] }).unwrap();
     }
 
     fn post_send(&mut self, i: usize, wr: SendWr) {
-        let h = &mut self.hosts[i];
-        h.dev.post_send(h.qp, wr).unwrap();
+        let qp = self.hosts[i].qp;
+        self.net[i].dev.post_send(qp, wr).unwrap();
     }
 }
 
@@ -253,24 +277,24 @@ fn statuses(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
 #[test]
 fn an_intact_path_skips_the_icrc_and_only_it() {
     let mut p = Pair::new(Mtu::Mtu1024);
-    p.intact = Some(true);
+    p.set_path(Path::Intact);
     let data = fill(&mut p, A, 0, 10_000, 3);
     p.post_send(A, write_wr(&p, 1, 0, 0x1000, 10_000));
     p.run(Duration::from_millis(10));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
     assert_eq!(p.mem(B, 0x1000, 10_000), &data[..]);
-    assert_eq!(p.hosts[B].dev.counters().icrc_errors, 0);
+    assert_eq!(p.net[B].dev.counters().icrc_errors, 0);
     // Still checked: a WRITE outside the region is a remote access error, not a write.
     p.post_send(A, write_wr(&p, 2, 0, BUF - 8, 64));
     p.run(Duration::from_millis(10));
     assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::REM_ACCESS_ERR)]);
 
     let mut p = Pair::new(Mtu::Mtu1024);
-    p.intact = Some(false);
+    p.set_path(Path::ZeroIcrcOnWire);
     fill(&mut p, A, 0, 10_000, 3);
     p.post_send(A, write_wr(&p, 1, 0, 0x1000, 10_000));
     p.run(Duration::from_millis(1));
-    assert!(p.hosts[B].dev.counters().icrc_errors > 0);
+    assert!(p.net[B].dev.counters().icrc_errors > 0);
     assert!(p.cq(A).is_empty(), "nothing was acknowledged");
 }
 
@@ -284,7 +308,7 @@ fn write_and_read_move_bytes_across_psn_wrap() {
     assert!(p.cq(B).is_empty(), "a WRITE without immediate completes nothing at the target");
     assert_eq!(p.mem(B, 0x1000, 100_000), &data[..]);
     // The PSNs started at 2^24 - 16: the write crossed the wrap.
-    assert!(p.log.iter().any(|&(_, _, _, psn, _)| psn == 0));
+    assert!(p.log().iter().any(|&(_, _, _, psn, _)| psn == 0));
 
     let back = fill(&mut p, B, 0x4_0000, 5000, 9);
     p.post_send(A, read_wr(&p, 2, 0x8_0000, 0x4_0000, 5000));
@@ -322,7 +346,7 @@ fn atomics_apply_exactly_once_even_when_the_ack_is_lost() {
     // Lose the first atomic ACK: the requester's tail-loss probe resends the FETCH_ADD well
     // before the ACK timeout, and the responder must answer from its saved result without
     // adding again.
-    p.filter = drop_once(|_, pkt| pkt.bth.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE);
+    p.set_filter(drop_once(|_, pkt| pkt.bth.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE));
     let mut wr = SendWr::new(1, WrOpcode::AtomicFetchAndAdd, vec![p.sge(A, 0x10, 8)]);
     wr.remote = Some(p.remote(B, 0x100));
     wr.compare_add = 2;
@@ -331,8 +355,8 @@ fn atomics_apply_exactly_once_even_when_the_ack_is_lost() {
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
     assert_eq!(u64::from_ne_bytes(p.mem(A, 0x10, 8).try_into().unwrap()), 40, "original value");
     assert_eq!(u64::from_ne_bytes(p.mem(B, 0x100, 8).try_into().unwrap()), 42, "added once");
-    assert_eq!(p.hosts[B].dev.counters().dup_req, 1);
-    let a = *p.hosts[A].dev.counters();
+    assert_eq!(p.net[B].dev.counters().dup_req, 1);
+    let a = *p.net[A].dev.counters();
     assert_eq!((a.tail_probes, a.ack_timeouts), (1, 0));
 
     let mut wr = SendWr::new(2, WrOpcode::AtomicCmpAndSwp, vec![p.sge(A, 0x18, 8)]);
@@ -361,7 +385,7 @@ fn drop_once(mut pick: impl FnMut(usize, &PacketRepr<'_>) -> bool + 'static) -> 
 fn write_20_packets(filter: Filter, time: Duration) -> Pair {
     let mut p = Pair::new(Mtu::Mtu256);
     let data = fill(&mut p, A, 0, 256 * 20, 3);
-    p.filter = filter;
+    p.set_filter(filter);
     p.post_send(A, write_wr(&p, 1, 0, 0, 256 * 20));
     p.run(time);
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
@@ -376,8 +400,8 @@ fn a_lost_packet_is_nak_ed_once_and_resent_go_back_n() {
         drop_once(|from, pkt| from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_MIDDLE),
         Duration::from_millis(10),
     );
-    let b = *p.hosts[B].dev.counters();
-    let a = *p.hosts[A].dev.counters();
+    let b = *p.net[B].dev.counters();
+    let a = *p.net[A].dev.counters();
     assert_eq!(b.rcv_seq_err, 1, "one NAK per gap");
     assert!(b.drop_out_of_sequence > 0, "later packets dropped until the gap is filled");
     assert_eq!(a.seq_naks_rcvd, 1);
@@ -390,18 +414,18 @@ fn a_lost_read_response_is_recovered() {
     let mut p = Pair::new(Mtu::Mtu512);
     let data = fill(&mut p, B, 0, 512 * 6, 5);
     let mut n = 0;
-    p.filter = Box::new(move |from, pkt| {
+    p.set_filter(Box::new(move |from, pkt| {
         if from == B && pkt.bth.opcode == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
             n += 1;
             return n != 2;
         }
         true
-    });
+    }));
     p.post_send(A, read_wr(&p, 1, 0x1000, 0, 512 * 6));
     p.run(Duration::from_millis(50));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
     assert_eq!(p.mem(A, 0x1000, 512 * 6), &data[..]);
-    assert!(p.hosts[B].dev.counters().dup_req >= 1, "the READ was replayed");
+    assert!(p.net[B].dev.counters().dup_req >= 1, "the READ was replayed");
 }
 
 #[test]
@@ -410,16 +434,16 @@ fn rnr_nak_waits_the_coded_time_then_succeeds() {
     fill(&mut p, A, 0, 64, 1);
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     p.run(Duration::from_micros(5));
-    assert!(p.hosts[A].dev.counters().rnr_naks_rcvd >= 1);
+    assert!(p.net[A].dev.counters().rnr_naks_rcvd >= 1);
     p.post_recv(B, 9, 0x100, 64);
     p.run(Duration::from_millis(10));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
     assert_eq!(statuses(&p.cq(B)), [(9, WcStatus::SUCCESS)]);
     // Every retry waits the responder's min_rnr_timer (code 1: 10 µs) after the RNR NAK.
     let naks: Vec<Instant> =
-        p.log.iter().filter(|e| e.4.is_some_and(|s| s >> 5 == 1)).map(|e| e.0).collect();
+        p.log().iter().filter(|e| e.4.is_some_and(|s| s >> 5 == 1)).map(|e| e.0).collect();
     let sends: Vec<Instant> =
-        p.log.iter().filter(|e| e.2 == Opcode::RC_SEND_ONLY).map(|e| e.0).collect();
+        p.log().iter().filter(|e| e.2 == Opcode::RC_SEND_ONLY).map(|e| e.0).collect();
     assert!(!naks.is_empty());
     assert_eq!(sends.len(), naks.len() + 1);
     for (nak, resend) in naks.iter().zip(&sends[1..]) {
@@ -440,9 +464,9 @@ fn rnr_retries_exhausted_end_in_rnr_retry_exc_err_and_flush() {
     p.post_send(A, second);
     p.run(Duration::from_secs(1));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::RNR_RETRY_EXC_ERR), (2, WcStatus::WR_FLUSH_ERR)]);
-    assert_eq!(p.hosts[A].dev.qp_state(p.hosts[A].qp), Some(QpState::Error));
+    assert_eq!(p.net[A].dev.qp_state(p.hosts[A].qp), Some(QpState::Error));
     // rnr_retry 3: the first try and three retries.
-    assert_eq!(p.hosts[A].dev.counters().rnr_naks_rcvd, 4);
+    assert_eq!(p.net[A].dev.counters().rnr_naks_rcvd, 4);
 }
 
 /// A lost last packet leaves no gap for the responder to see, so no NAK comes: the tail-loss
@@ -453,7 +477,7 @@ fn a_lost_tail_is_probed_for_before_the_ack_timeout() {
         drop_once(|from, pkt| from == A && pkt.bth.opcode == Opcode::RC_RDMA_WRITE_LAST),
         Duration::from_micros(1500),
     );
-    let a = *p.hosts[A].dev.counters();
+    let a = *p.net[A].dev.counters();
     assert_eq!((a.tail_probes, a.ack_timeouts, a.retransmitted_pkts), (1, 0, 1));
 }
 
@@ -471,7 +495,7 @@ fn a_lost_nak_is_asked_for_again_by_the_probe() {
         Box::new(move |from, pkt| lose_request(from, pkt) && lose_nak(from, pkt)),
         Duration::from_micros(1500),
     );
-    let (a, b) = (*p.hosts[A].dev.counters(), *p.hosts[B].dev.counters());
+    let (a, b) = (*p.net[A].dev.counters(), *p.net[B].dev.counters());
     assert_eq!((a.tail_probes, a.ack_timeouts, a.seq_naks_rcvd), (1, 0, 1));
     assert_eq!(b.rcv_seq_err, 1, "one gap");
 }
@@ -480,13 +504,13 @@ fn a_lost_nak_is_asked_for_again_by_the_probe() {
 fn a_dead_link_ends_in_retry_exc_err_after_exactly_retry_cnt_retries() {
     let mut p = Pair::new(Mtu::Mtu1024);
     p.post_recv(B, 1, 0, 64);
-    p.filter = Box::new(|from, _| from != A);
+    p.set_filter(Box::new(|from, _| from != A));
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
-    let t0 = p.now;
+    let t0 = p.now();
     p.run(Duration::from_secs(10));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::RETRY_EXC_ERR), (2, WcStatus::WR_FLUSH_ERR)]);
-    let c = *p.hosts[A].dev.counters();
+    let c = *p.net[A].dev.counters();
     // retry_cnt 3: three timeouts each start a retry; the fourth ends the WQE.
     assert_eq!((c.ack_timeouts, c.retry_exceeded), (4, 1));
     // Before the first timeout the tail-loss probe sends the last SEND again, three times
@@ -495,8 +519,8 @@ fn a_dead_link_ends_in_retry_exc_err_after_exactly_retry_cnt_retries() {
     assert_eq!(c.retransmitted_pkts, 3 * 2 + 3, "both SENDs go again on every retry");
     // Four timeouts of 4.096 µs × 2^10 each.
     let timeout = Duration::from_nanos(4096 << 10);
-    assert!(p.now - t0 >= timeout.saturating_mul(4), "took {}", p.now - t0);
-    assert!(p.now - t0 < timeout.saturating_mul(5));
+    assert!(p.now() - t0 >= timeout.saturating_mul(4), "took {}", p.now() - t0);
+    assert!(p.now() - t0 < timeout.saturating_mul(5));
 }
 
 #[test]
@@ -508,8 +532,8 @@ fn receive_buffer_too_small_is_loc_len_err_there_and_rem_inv_req_err_here() {
     p.run(Duration::from_millis(10));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::REM_INV_REQ_ERR)]);
     assert_eq!(statuses(&p.cq(B)), [(5, WcStatus::LOC_LEN_ERR), (6, WcStatus::WR_FLUSH_ERR)]);
-    assert_eq!(p.hosts[A].dev.qp_state(p.hosts[A].qp), Some(QpState::Error));
-    assert_eq!(p.hosts[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Error));
+    assert_eq!(p.net[A].dev.qp_state(p.hosts[A].qp), Some(QpState::Error));
+    assert_eq!(p.net[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Error));
 }
 
 /// Remote accesses that must be refused: the target's memory stays untouched.
@@ -526,21 +550,19 @@ fn bad_rkeys_bounds_rights_and_revoked_regions_are_rem_access_err_and_touch_noth
         }),
         ("revoked region", |p, _| {
             let lkey = p.hosts[B].mr.lkey;
-            p.hosts[B].dev.dereg_mr(lkey).unwrap();
+            p.net[B].dev.dereg_mr(lkey).unwrap();
         }),
         ("region of another PD", |p, wr| {
-            let h = &mut p.hosts[B];
-            let pd2 = h.dev.alloc_pd();
-            let mr = h
-                .dev
+            let (h, dev) = (p.hosts[B], &mut p.net[B].dev);
+            let pd2 = dev.alloc_pd();
+            let mr = dev
                 .reg_mr(pd2, h.mr.addr, 4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
                 .unwrap();
             wr.remote.as_mut().unwrap().rkey = mr.rkey;
         }),
         ("region without remote write", |p, wr| {
-            let h = &mut p.hosts[B];
-            let mr = h
-                .dev
+            let (h, dev) = (p.hosts[B], &mut p.net[B].dev);
+            let mr = dev
                 .reg_mr(h.pd, h.mr.addr, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ)
                 .unwrap();
             wr.remote.as_mut().unwrap().rkey = mr.rkey;
@@ -549,15 +571,15 @@ fn bad_rkeys_bounds_rights_and_revoked_regions_are_rem_access_err_and_touch_noth
     for (what, twist) in cases {
         let mut p = Pair::new(Mtu::Mtu1024);
         fill(&mut p, A, 0, 16, 1);
-        let before = p.hosts[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap().to_vec();
+        let before = p.net[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap().to_vec();
         let mut wr = write_wr(&p, 1, 0, 0, 16);
         twist(&mut p, &mut wr);
         p.post_send(A, wr);
         p.run(Duration::from_millis(10));
         assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::REM_ACCESS_ERR)], "{what}");
-        let after = p.hosts[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap();
+        let after = p.net[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap();
         assert!(after == &before[..], "{what}: memory was written");
-        assert_eq!(p.hosts[B].dev.counters().err_naks_sent, 1, "{what}");
+        assert_eq!(p.net[B].dev.counters().err_naks_sent, 1, "{what}");
     }
 }
 
@@ -585,12 +607,12 @@ fn memory_unmapped_after_registration_fails_each_access_and_raises_the_event() {
     for (what, post) in cases {
         let mut p = Pair::new(Mtu::Mtu1024);
         let addr = p.hosts[B].mr.addr;
-        p.hosts[B].dev.memory_mut().unmap(addr);
+        p.net[B].dev.memory_mut().unmap(addr);
         let wr = post(&p);
         p.post_send(A, wr);
         p.run(Duration::from_millis(10));
         assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::REM_ACCESS_ERR)], "{what}");
-        let (b, qp) = (&mut p.hosts[B].dev, p.hosts[B].qp);
+        let (b, qp) = (&mut p.net[B].dev, p.hosts[B].qp);
         assert_eq!(b.poll_async_event(), Some(AsyncEvent::QpAccessError(qp)), "{what}");
         assert_eq!(b.qp_state(qp), Some(QpState::Error), "{what}");
         assert_eq!(b.counters().memory_faults, 1, "{what}");
@@ -599,21 +621,21 @@ fn memory_unmapped_after_registration_fails_each_access_and_raises_the_event() {
     let mut p = Pair::new(Mtu::Mtu1024);
     p.post_recv(B, 5, 0, 100);
     let addr = p.hosts[B].mr.addr;
-    p.hosts[B].dev.memory_mut().unmap(addr);
+    p.net[B].dev.memory_mut().unmap(addr);
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     p.run(Duration::from_millis(10));
     assert_eq!(statuses(&p.cq(B)), [(5, WcStatus::LOC_PROT_ERR)]);
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::REM_OP_ERR)]);
-    assert_eq!(p.hosts[B].dev.counters().memory_faults, 1);
+    assert_eq!(p.net[B].dev.counters().memory_faults, 1);
     // The QP's own SEND from memory that is gone fails at once, and nothing is sent.
     let mut p = Pair::new(Mtu::Mtu1024);
     let addr = p.hosts[A].mr.addr;
-    p.hosts[A].dev.memory_mut().unmap(addr);
+    p.net[A].dev.memory_mut().unmap(addr);
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     p.run(Duration::from_millis(10));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::LOC_PROT_ERR)]);
-    assert!(p.log.is_empty());
-    assert_eq!(p.hosts[A].dev.counters().memory_faults, 1);
+    assert!(p.log().is_empty());
+    assert_eq!(p.net[A].dev.counters().memory_faults, 1);
 }
 
 #[test]
@@ -624,7 +646,7 @@ fn a_bad_lkey_is_loc_prot_err_and_nothing_is_sent() {
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![sge]));
     p.run(Duration::from_millis(10));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::LOC_PROT_ERR)]);
-    assert!(p.log.is_empty());
+    assert!(p.log().is_empty());
 }
 
 #[test]
@@ -678,12 +700,12 @@ fn psns_far_out_of_window_and_wrong_qpns_are_dropped_and_counted() {
     for (shift, what) in [(0x40_0000u32, "ahead"), (0xC0_0000, "behind"), (0, "qpn")] {
         let mut q = Pair::new(Mtu::Mtu1024);
         q.post_recv(B, 1, 0, 64);
-        let before = q.hosts[B].dev.memory().buffer(q.hosts[B].mr.addr).unwrap().to_vec();
+        let before = q.net[B].dev.memory().buffer(q.hosts[B].mr.addr).unwrap().to_vec();
         let qpn_b = q.hosts[B].qp;
         q.post_send(A, SendWr::new(1, WrOpcode::Send, vec![q.sge(A, 0, 64)]));
         // Take the packet off A by hand and forge it.
         let mut buf = Vec::new();
-        let tx = q.hosts[A].dev.poll_transmit(q.now, &mut buf).unwrap();
+        let tx = q.take(A, &mut buf);
         let mut repr = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
         let payload = repr.payload.to_vec();
         repr.payload = &payload;
@@ -692,22 +714,22 @@ fn psns_far_out_of_window_and_wrong_qpns_are_dropped_and_counted() {
         } else {
             repr.bth.psn = repr.bth.psn.add(shift);
         }
-        let src = SocketAddr::new(q.hosts[A].dev.addr(), tx.src_port);
-        let dst = SocketAddr::new(q.hosts[B].dev.addr(), ROCE_V2_PORT);
+        let src = tx.0;
+        let dst = SocketAddr::new(q.net[B].dev.addr(), ROCE_V2_PORT);
         let pseudo = uroce_wire::icrc::PseudoHeader::for_endpoints(src, dst).unwrap();
         let mut out = vec![0u8; repr.buffer_len().unwrap()];
         repr.emit(&pseudo, &mut out).unwrap();
         for _ in 0..3 {
-            q.hosts[B].dev.handle_datagram(q.now, &RxInfo::new(src, q.hosts[B].dev.addr()), &out);
+            q.hand(B, src, &out);
         }
-        let c = *q.hosts[B].dev.counters();
+        let c = *q.net[B].dev.counters();
         match what {
             "ahead" => assert_eq!((c.rcv_seq_err, c.drop_out_of_sequence), (1, 2)),
             "behind" => assert_eq!(c.dup_req, 3),
             _ => assert_eq!(c.drop_unknown_qp, 3),
         }
         assert!(q.cq(B).is_empty(), "{what}: nothing delivered");
-        assert!(q.hosts[B].dev.memory().buffer(q.hosts[B].mr.addr).unwrap() == &before[..]);
+        assert!(q.net[B].dev.memory().buffer(q.hosts[B].mr.addr).unwrap() == &before[..]);
     }
 }
 
@@ -717,12 +739,12 @@ fn corrupted_packets_fail_the_icrc_and_are_counted() {
     p.post_recv(B, 1, 0, 64);
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     let mut buf = Vec::new();
-    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
-    let src = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
+    let tx = p.take(A, &mut buf);
+    let src = tx.0;
     buf[20] ^= 1;
-    p.hosts[B].dev.handle_datagram(p.now, &RxInfo::new(src, p.hosts[B].dev.addr()), &buf);
-    p.hosts[B].dev.handle_datagram(p.now, &RxInfo::new(src, p.hosts[B].dev.addr()), &buf[..7]);
-    let c = *p.hosts[B].dev.counters();
+    p.hand(B, src, &buf);
+    p.hand(B, src, &buf[..7]);
+    let c = *p.net[B].dev.counters();
     assert_eq!((c.icrc_errors, c.drop_malformed, c.rcvd_pkts), (1, 1, 0));
 }
 
@@ -735,9 +757,9 @@ fn icrcs_for_linux_gso_identifications_pass_and_others_are_refused() {
     p.post_recv(B, 1, 0, 64);
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     let mut buf = Vec::new();
-    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
-    let src = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
-    let dst = SocketAddr::new(p.hosts[B].dev.addr(), ROCE_V2_PORT);
+    let tx = p.take(A, &mut buf);
+    let src = tx.0;
+    let dst = SocketAddr::new(p.net[B].dev.addr(), ROCE_V2_PORT);
     let sealed = |id: u16| {
         let mut b = buf.clone();
         let pseudo = uroce_wire::icrc::PseudoHeader::for_endpoints(src, dst).unwrap();
@@ -746,14 +768,14 @@ fn icrcs_for_linux_gso_identifications_pass_and_others_are_refused() {
         b[end..].copy_from_slice(&uroce_wire::icrc::to_wire(crc));
         b
     };
-    let rx = RxInfo::new(src, p.hosts[B].dev.addr());
+    let rx = RxInfo::new(src, p.net[B].dev.addr());
     for id in [128, 200, 0x69c5] {
-        p.hosts[B].dev.handle_datagram(p.now, &rx, &sealed(id));
+        p.hand(B, rx.src, &sealed(id));
     }
-    let c = *p.hosts[B].dev.counters();
+    let c = *p.net[B].dev.counters();
     assert_eq!((c.drop_unexpected_ip_id, c.icrc_errors, c.rcvd_pkts), (3, 0, 0));
-    p.hosts[B].dev.handle_datagram(p.now, &rx, &sealed(5));
-    let c = *p.hosts[B].dev.counters();
+    p.hand(B, rx.src, &sealed(5));
+    let c = *p.net[B].dev.counters();
     assert_eq!((c.drop_unexpected_ip_id, c.icrc_errors, c.rcvd_pkts), (3, 0, 1));
     assert_eq!(statuses(&p.cq(B)), [(1, WcStatus::SUCCESS)]);
 }
@@ -771,8 +793,8 @@ fn inline_data_is_copied_at_post_time() {
     assert_eq!(p.mem(B, 0, 12), b"inline bytes");
     let mut big = SendWr::new(2, WrOpcode::Send, vec![]);
     big.inline_data = Some(vec![0; 257]);
-    let h = &mut p.hosts[A];
-    assert_eq!(h.dev.post_send(h.qp, big), Err(PostError::InlineTooLong));
+    let (h, dev) = (p.hosts[A], &mut p.net[A].dev);
+    assert_eq!(dev.post_send(h.qp, big), Err(PostError::InlineTooLong));
 }
 
 #[test]
@@ -788,13 +810,14 @@ fn unsignaled_successes_complete_nothing() {
 
 /// The first packet each of the given opcodes was sent at.
 fn first_sent(p: &Pair, from: usize, op: Opcode) -> Instant {
-    p.log.iter().find(|e| e.1 == from && e.2 == op).unwrap().0
+    p.log().iter().find(|e| e.1 == from && e.2 == op).unwrap().0
 }
 
 #[test]
 fn a_fenced_request_waits_for_earlier_reads() {
     let mut p = Pair::new(Mtu::Mtu1024);
-    p.delay = Duration::from_micros(10);
+    let delay = Duration::from_micros(10);
+    p.set_delay(delay);
     p.post_send(A, read_wr(&p, 1, 0x1000, 0, 4000));
     let mut wr = write_wr(&p, 2, 0, 0x8000, 8);
     wr.flags = SendFlags::SIGNALED | SendFlags::FENCE;
@@ -803,11 +826,11 @@ fn a_fenced_request_waits_for_earlier_reads() {
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]);
     let last_response = first_sent(&p, B, Opcode::RC_RDMA_READ_RESPONSE_LAST);
     let write = first_sent(&p, A, Opcode::RC_RDMA_WRITE_ONLY);
-    assert!(write >= last_response + p.delay, "the WRITE left before the READ completed");
+    assert!(write >= last_response + delay, "the WRITE left before the READ completed");
 
     // Without the fence the WRITE goes right behind the READ request.
     let mut q = Pair::new(Mtu::Mtu1024);
-    q.delay = Duration::from_micros(10);
+    q.set_delay(Duration::from_micros(10));
     q.post_send(A, read_wr(&q, 1, 0x1000, 0, 4000));
     q.post_send(A, write_wr(&q, 2, 0, 0x8000, 8));
     q.run(Duration::from_millis(1));
@@ -817,9 +840,9 @@ fn a_fenced_request_waits_for_earlier_reads() {
 #[test]
 fn max_rd_atomic_limits_outstanding_reads() {
     let mut p = Pair::new(Mtu::Mtu1024);
-    p.delay = Duration::from_micros(10);
+    p.set_delay(Duration::from_micros(10));
     let qp = p.hosts[A].qp;
-    p.hosts[A]
+    p.net[A]
         .dev
         .modify_qp(qp, &QpAttr { max_rd_atomic: Some(2), ..rc_attrs(QpState::Rts) })
         .unwrap();
@@ -829,7 +852,7 @@ fn max_rd_atomic_limits_outstanding_reads() {
     p.run(Duration::from_millis(1));
     assert_eq!(p.cq(A).len(), 4);
     let requests: Vec<Instant> = p
-        .log
+        .log()
         .iter()
         .filter(|e| e.1 == A && e.2 == Opcode::RC_RDMA_READ_REQUEST)
         .map(|e| e.0)
@@ -842,7 +865,7 @@ fn max_rd_atomic_limits_outstanding_reads() {
 #[test]
 fn post_checks_name_the_rule_broken() {
     let mut p = Pair::new(Mtu::Mtu1024);
-    let h = &mut p.hosts[A];
+    let (h, dev) = (p.hosts[A], &mut p.net[A].dev);
     let mr = h.mr;
     let huge = vec![
         Sge { addr: mr.addr, length: 1 << 30, lkey: mr.lkey },
@@ -850,16 +873,16 @@ fn post_checks_name_the_rule_broken() {
         Sge { addr: mr.addr, length: 1, lkey: mr.lkey },
     ];
     assert_eq!(
-        h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::Send, huge)),
+        dev.post_send(h.qp, SendWr::new(1, WrOpcode::Send, huge)),
         Err(PostError::MessageTooLong)
     );
     assert_eq!(
-        h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::RdmaWrite, vec![])),
+        dev.post_send(h.qp, SendWr::new(1, WrOpcode::RdmaWrite, vec![])),
         Err(PostError::MissingRemote)
     );
     let five = vec![Sge { addr: mr.addr, length: 1, lkey: mr.lkey }; 5];
     assert_eq!(
-        h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::Send, five)),
+        dev.post_send(h.qp, SendWr::new(1, WrOpcode::Send, five)),
         Err(PostError::TooManySge)
     );
     let mut atomic = SendWr::new(
@@ -868,16 +891,16 @@ fn post_checks_name_the_rule_broken() {
         vec![Sge { addr: mr.addr, length: 4, lkey: mr.lkey }],
     );
     atomic.remote = Some(RemoteAddr { addr: 0, rkey: mr.rkey });
-    assert_eq!(h.dev.post_send(h.qp, atomic), Err(PostError::BadAtomicSge));
+    assert_eq!(dev.post_send(h.qp, atomic), Err(PostError::BadAtomicSge));
     assert_eq!(
-        h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::SendWithImm, vec![])),
+        dev.post_send(h.qp, SendWr::new(1, WrOpcode::SendWithImm, vec![])),
         Err(PostError::MissingImm)
     );
     for k in 0..256 {
-        h.dev.post_send(h.qp, SendWr::new(k, WrOpcode::Send, vec![])).unwrap();
+        dev.post_send(h.qp, SendWr::new(k, WrOpcode::Send, vec![])).unwrap();
     }
     assert_eq!(
-        h.dev.post_send(h.qp, SendWr::new(9, WrOpcode::Send, vec![])),
+        dev.post_send(h.qp, SendWr::new(9, WrOpcode::Send, vec![])),
         Err(PostError::QueueFull)
     );
 }
@@ -923,8 +946,8 @@ fn an_rnr_nak_stands_for_the_packets_behind_it() {
     p.post_recv(B, 7, 0x1000, 1000);
     p.run(Duration::from_millis(1));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
-    let b = *p.hosts[B].dev.counters();
-    let a = *p.hosts[A].dev.counters();
+    let b = *p.net[B].dev.counters();
+    let a = *p.net[A].dev.counters();
     assert!(b.rnr_naks_sent >= 1);
     assert_eq!(b.rcv_seq_err, 0, "no sequence NAK on top of the RNR NAK");
     assert_eq!(b.drop_out_of_sequence, 3 * b.rnr_naks_sent, "the rest of each try dropped");
@@ -935,12 +958,12 @@ fn an_rnr_nak_stands_for_the_packets_behind_it() {
 fn rnr_retry_seven_retries_forever() {
     let mut p = Pair::new(Mtu::Mtu1024);
     let qp = p.hosts[A].qp;
-    p.hosts[A].dev.modify_qp(qp, &QpAttr { rnr_retry: Some(7), ..rc_attrs(QpState::Rts) }).unwrap();
+    p.net[A].dev.modify_qp(qp, &QpAttr { rnr_retry: Some(7), ..rc_attrs(QpState::Rts) }).unwrap();
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
     // min_rnr_timer code 1 is 10 µs: 10 ms is hundreds of RNR NAKs.
     p.run(Duration::from_millis(10));
     assert!(p.cq(A).is_empty(), "still retrying");
-    assert!(p.hosts[A].dev.counters().rnr_naks_rcvd > 100);
+    assert!(p.net[A].dev.counters().rnr_naks_rcvd > 100);
     p.post_recv(B, 1, 0, 8);
     p.run(Duration::from_millis(1));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
@@ -949,24 +972,22 @@ fn rnr_retry_seven_retries_forever() {
 #[test]
 fn send_queue_drain_finishes_started_work_and_starts_nothing_new() {
     let mut p = Pair::new(Mtu::Mtu1024);
-    p.delay = Duration::from_micros(10);
+    p.set_delay(Duration::from_micros(10));
     p.post_send(A, write_wr(&p, 1, 0, 0, 8));
     let mut buf = Vec::new();
-    let now = p.now;
     // The first WRITE goes on the wire; then the QP drains.
-    let tx = p.hosts[A].dev.poll_transmit(now, &mut buf).unwrap();
+    let (src, _) = p.take(A, &mut buf);
     let qp = p.hosts[A].qp;
-    p.hosts[A].dev.modify_qp(qp, &rc_attrs(QpState::Sqd)).unwrap();
+    p.net[A].dev.modify_qp(qp, &rc_attrs(QpState::Sqd)).unwrap();
     p.post_send(A, write_wr(&p, 2, 0, 8, 8));
-    let src = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
-    p.hosts[B].dev.handle_datagram(now, &RxInfo::new(src, p.hosts[B].dev.addr()), &buf);
+    p.hand(B, src, &buf);
     p.run(Duration::from_millis(1));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)], "the started WRITE completes");
     assert!(
-        !p.log.iter().any(|e| e.1 == A && e.2 == Opcode::RC_RDMA_WRITE_ONLY),
+        !p.log().iter().any(|e| e.1 == A && e.2 == Opcode::RC_RDMA_WRITE_ONLY),
         "nothing new started"
     );
-    p.hosts[A].dev.modify_qp(qp, &rc_attrs(QpState::Rts)).unwrap();
+    p.net[A].dev.modify_qp(qp, &rc_attrs(QpState::Rts)).unwrap();
     p.run(Duration::from_millis(1));
     assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
 }
@@ -1018,9 +1039,9 @@ fn uc_delivers_without_acknowledgements() {
     assert_eq!((recv[0].wr_id, recv[0].byte_len, recv[0].imm), (9, 1000, Some([0, 0, 0, 1])));
     assert_eq!(p.mem(B, 0x1000, 1000), &data[..]);
     assert_eq!(p.mem(B, 0x8000, 1000), &data[..]);
-    assert!(p.log.iter().all(|e| e.1 == A), "UC sends no ACKs");
-    assert!(p.log.iter().all(|e| e.2.0 & 0xE0 == 0x20), "UC opcodes");
-    assert!(p.log.iter().all(|e| e.4.is_none()));
+    assert!(p.log().iter().all(|e| e.1 == A), "UC sends no ACKs");
+    assert!(p.log().iter().all(|e| e.2.0 & 0xE0 == 0x20), "UC opcodes");
+    assert!(p.log().iter().all(|e| e.4.is_none()));
 }
 
 #[test]
@@ -1029,7 +1050,7 @@ fn uc_a_lost_packet_drops_the_message_and_its_receive_takes_the_next() {
     fill(&mut p, A, 0, 1000, 1);
     let second = fill(&mut p, A, 0x4000, 300, 2);
     p.post_recv(B, 7, 0x1000, 1000);
-    p.filter = drop_once(|_, pkt| pkt.bth.opcode == Opcode::UC_SEND_MIDDLE);
+    p.set_filter(drop_once(|_, pkt| pkt.bth.opcode == Opcode::UC_SEND_MIDDLE));
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 1000)]));
     p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0x4000, 300)]));
     p.run(Duration::from_millis(1));
@@ -1038,7 +1059,7 @@ fn uc_a_lost_packet_drops_the_message_and_its_receive_takes_the_next() {
     assert_eq!(recv.len(), 1, "the broken message never completes");
     assert_eq!((recv[0].wr_id, recv[0].byte_len), (7, 300), "its receive took the next message");
     assert_eq!(p.mem(B, 0x1000, 300), &second[..]);
-    let c = *p.hosts[B].dev.counters();
+    let c = *p.net[B].dev.counters();
     assert_eq!(c.rcv_seq_err, 1);
     assert!(c.drop_out_of_sequence >= 1);
 }
@@ -1046,29 +1067,29 @@ fn uc_a_lost_packet_drops_the_message_and_its_receive_takes_the_next() {
 #[test]
 fn uc_refuses_read_and_atomics_and_drops_what_it_cannot_place() {
     let mut p = Pair::connected(Mtu::Mtu1024, QpType::Uc);
-    let h = &mut p.hosts[A];
+    let (h, dev) = (p.hosts[A], &mut p.net[A].dev);
     let mut read = SendWr::new(
         1,
         WrOpcode::RdmaRead,
         vec![Sge { addr: h.mr.addr, length: 8, lkey: h.mr.lkey }],
     );
     read.remote = Some(RemoteAddr { addr: 0, rkey: h.mr.rkey });
-    assert_eq!(h.dev.post_send(h.qp, read), Err(PostError::UnsupportedOpcode));
+    assert_eq!(dev.post_send(h.qp, read), Err(PostError::UnsupportedOpcode));
     // No receive posted: the SEND is dropped, no RNR NAK.
     p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
     // A forged rkey: the WRITE is dropped, the QP lives on, memory untouched.
-    let before = p.hosts[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap().to_vec();
+    let before = p.net[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap().to_vec();
     let mut wr = write_wr(&p, 3, 0, 0, 8);
     wr.remote.as_mut().unwrap().rkey.0 ^= 1;
     p.post_send(A, wr);
     p.run(Duration::from_millis(1));
     assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS), (3, WcStatus::SUCCESS)]);
     assert!(p.cq(B).is_empty());
-    assert!(p.hosts[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap() == &before[..]);
-    let c = *p.hosts[B].dev.counters();
+    assert!(p.net[B].dev.memory().buffer(p.hosts[B].mr.addr).unwrap() == &before[..]);
+    let c = *p.net[B].dev.counters();
     assert_eq!((c.drop_rnr, c.rnr_naks_sent, c.drop_uc_invalid), (1, 0, 1));
-    assert_eq!(p.hosts[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Rts));
-    assert!(p.log.iter().all(|e| e.1 == A));
+    assert_eq!(p.net[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Rts));
+    assert!(p.log().iter().all(|e| e.1 == A));
 }
 
 #[test]
@@ -1079,25 +1100,25 @@ fn an_armed_cq_notifies_once_and_solicited_only_waits_for_se_or_an_error() {
         p.post_recv(B, k, 0x1000 * (k + 1), 64);
     }
     // Armed for solicited only: a plain SEND does not fire it, a solicited one does.
-    assert!(p.hosts[B].dev.req_notify_cq(cq_b, true));
+    assert!(p.net[B].dev.req_notify_cq(cq_b, true));
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
     p.run(Duration::from_millis(1));
-    assert_eq!(p.hosts[B].dev.poll_cq_event(), None);
+    assert_eq!(p.net[B].dev.poll_cq_event(), None);
     let mut se = SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 8)]);
     se.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
     p.post_send(A, se);
     p.run(Duration::from_millis(1));
-    assert_eq!(p.hosts[B].dev.poll_cq_event(), Some(cq_b));
-    assert_eq!(p.hosts[B].dev.poll_cq_event(), None);
+    assert_eq!(p.net[B].dev.poll_cq_event(), Some(cq_b));
+    assert_eq!(p.net[B].dev.poll_cq_event(), None);
     // One notification per arming: the next completion, unarmed, raises nothing.
     p.post_send(A, SendWr::new(3, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
     p.run(Duration::from_millis(1));
-    assert_eq!(p.hosts[B].dev.poll_cq_event(), None);
+    assert_eq!(p.net[B].dev.poll_cq_event(), None);
     // Armed for any completion: the next one fires it.
-    p.hosts[B].dev.req_notify_cq(cq_b, false);
+    p.net[B].dev.req_notify_cq(cq_b, false);
     p.post_send(A, SendWr::new(4, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
     p.run(Duration::from_millis(1));
-    assert_eq!(p.hosts[B].dev.poll_cq_event(), Some(cq_b));
+    assert_eq!(p.net[B].dev.poll_cq_event(), Some(cq_b));
     assert_eq!(p.cq(B).len(), 4);
 }
 
@@ -1109,8 +1130,8 @@ fn transport_errors_and_cq_overflow_raise_async_events() {
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
     p.run(Duration::from_secs(1));
     assert_eq!(p.cq(A)[0].status, WcStatus::RNR_RETRY_EXC_ERR);
-    assert_eq!(p.hosts[A].dev.poll_async_event(), Some(AsyncEvent::QpFatal(p.hosts[A].qp)));
-    assert_eq!(p.hosts[A].dev.poll_async_event(), None);
+    assert_eq!(p.net[A].dev.poll_async_event(), Some(AsyncEvent::QpFatal(p.hosts[A].qp)));
+    assert_eq!(p.net[A].dev.poll_async_event(), None);
     // Moving a QP to Error by hand is not a fatal event.
     let qp = h.qp;
     h.dev.modify_qp(qp, &rc_attrs(QpState::Error)).unwrap();
@@ -1122,7 +1143,7 @@ fn the_first_packet_at_a_qp_in_rtr_raises_comm_established() {
     let mut p = Pair::new(Mtu::Mtu1024);
     // Put B back to RTR: reset it and bring it up to RTR only.
     let (qp_a, qp_b) = (p.hosts[A].qp, p.hosts[B].qp);
-    let b = &mut p.hosts[B].dev;
+    let b = &mut p.net[B].dev;
     b.modify_qp(qp_b, &rc_attrs(QpState::Reset)).unwrap();
     let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     b.modify_qp(
@@ -1154,8 +1175,8 @@ fn the_first_packet_at_a_qp_in_rtr_raises_comm_established() {
         [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)],
         "RTR responds"
     );
-    assert_eq!(p.hosts[B].dev.poll_async_event(), Some(AsyncEvent::CommEstablished(qp_b)));
-    assert_eq!(p.hosts[B].dev.poll_async_event(), None, "once");
+    assert_eq!(p.net[B].dev.poll_async_event(), Some(AsyncEvent::CommEstablished(qp_b)));
+    assert_eq!(p.net[B].dev.poll_async_event(), None, "once");
 }
 
 /// Brings `qp` on `dev` to RTS, connected to `peer_qpn` at `peer`.
@@ -1192,10 +1213,10 @@ fn connect_rc(dev: &mut Device<VecMemory>, qp: Qpn, peer: IpAddr, peer_qpn: Qpn)
 #[test]
 fn qps_share_a_receive_queue_with_its_limit_rnr_and_last_wqe_events() {
     let mut p = Pair::new(Mtu::Mtu1024);
-    let (ip_a, ip_b) = (p.hosts[A].dev.addr(), p.hosts[B].dev.addr());
-    let srq = p.hosts[B].dev.create_srq(p.hosts[B].pd, 8, 1).unwrap();
+    let (ip_a, ip_b) = (p.net[A].dev.addr(), p.net[B].dev.addr());
+    let srq = p.net[B].dev.create_srq(p.hosts[B].pd, 8, 1).unwrap();
     let mut make = |i: usize, srq: Option<SrqHandle>| {
-        let h = &mut p.hosts[i];
+        let (h, dev) = (p.hosts[i], &mut p.net[i].dev);
         let init = QpInitAttr {
             qp_type: QpType::Rc,
             pd: h.pd,
@@ -1205,68 +1226,68 @@ fn qps_share_a_receive_queue_with_its_limit_rnr_and_last_wqe_events() {
             sq_sig_all: true,
             srq,
         };
-        h.dev.create_qp(init).unwrap()
+        dev.create_qp(init).unwrap()
     };
     let (a1, a2, b1, b2) = (make(A, None), make(A, None), make(B, Some(srq)), make(B, Some(srq)));
-    connect_rc(&mut p.hosts[A].dev, a1, ip_b, b1);
-    connect_rc(&mut p.hosts[A].dev, a2, ip_b, b2);
-    connect_rc(&mut p.hosts[B].dev, b1, ip_a, a1);
-    connect_rc(&mut p.hosts[B].dev, b2, ip_a, a2);
+    connect_rc(&mut p.net[A].dev, a1, ip_b, b1);
+    connect_rc(&mut p.net[A].dev, a2, ip_b, b2);
+    connect_rc(&mut p.net[B].dev, b1, ip_a, a1);
+    connect_rc(&mut p.net[B].dev, b2, ip_a, a2);
     let mr_b = p.hosts[B].mr;
     for k in 0..3u64 {
         let sge = Sge { addr: mr_b.addr + 0x100 * k, length: 64, lkey: mr_b.lkey };
-        p.hosts[B].dev.post_srq_recv(srq, RecvWr { wr_id: k, sg_list: vec![sge] }).unwrap();
+        p.net[B].dev.post_srq_recv(srq, RecvWr { wr_id: k, sg_list: vec![sge] }).unwrap();
     }
-    assert!(p.hosts[B].dev.arm_srq_limit(srq, 2));
+    assert!(p.net[B].dev.arm_srq_limit(srq, 2));
     let sge = p.sge(A, 0, 8);
     for (wr_id, qp) in [(10, a1), (11, a2), (12, a1)] {
-        p.hosts[A].dev.post_send(qp, SendWr::new(wr_id, WrOpcode::Send, vec![sge])).unwrap();
+        p.net[A].dev.post_send(qp, SendWr::new(wr_id, WrOpcode::Send, vec![sge])).unwrap();
         p.run(Duration::from_micros(100));
     }
     let recv = p.cq(B);
     let got: Vec<(u64, Qpn)> = recv.iter().map(|w| (w.wr_id, w.qp_num)).collect();
     assert_eq!(got, [(0, b1), (1, b2), (2, b1)], "one pool, taken in order by both QPs");
-    assert_eq!(p.hosts[B].dev.poll_async_event(), Some(AsyncEvent::SrqLimitReached(srq)));
-    assert_eq!(p.hosts[B].dev.poll_async_event(), None, "once per arming");
+    assert_eq!(p.net[B].dev.poll_async_event(), Some(AsyncEvent::SrqLimitReached(srq)));
+    assert_eq!(p.net[B].dev.poll_async_event(), None, "once per arming");
     // An empty SRQ answers RNR NAK; a receive posted later is taken by the retry.
-    p.hosts[A].dev.post_send(a2, SendWr::new(13, WrOpcode::Send, vec![sge])).unwrap();
+    p.net[A].dev.post_send(a2, SendWr::new(13, WrOpcode::Send, vec![sge])).unwrap();
     p.run(Duration::from_micros(100));
-    assert!(p.hosts[B].dev.counters().rnr_naks_sent >= 1);
+    assert!(p.net[B].dev.counters().rnr_naks_sent >= 1);
     let sge_b = Sge { addr: mr_b.addr + 0x400, length: 64, lkey: mr_b.lkey };
-    p.hosts[B].dev.post_srq_recv(srq, RecvWr { wr_id: 3, sg_list: vec![sge_b] }).unwrap();
+    p.net[B].dev.post_srq_recv(srq, RecvWr { wr_id: 3, sg_list: vec![sge_b] }).unwrap();
     p.run(Duration::from_millis(1));
     assert_eq!(p.cq(B).iter().map(|w| (w.wr_id, w.qp_num)).collect::<Vec<_>>(), [(3, b2)]);
     assert_eq!(p.cq(A).len(), 4);
     // Receives go to the SRQ, not the QP; a QP leaving leaves the SRQ's WQEs to the others.
-    let h = &mut p.hosts[B];
-    assert_eq!(h.dev.post_recv(b1, RecvWr { wr_id: 9, sg_list: vec![] }), Err(PostError::UsesSrq));
-    h.dev.post_srq_recv(srq, RecvWr { wr_id: 4, sg_list: vec![sge_b] }).unwrap();
-    h.dev.modify_qp(b1, &rc_attrs(QpState::Error)).unwrap();
-    assert_eq!(h.dev.poll_async_event(), Some(AsyncEvent::LastWqeReached(b1)));
-    assert_eq!(h.dev.srq_len(srq), 1, "not flushed");
+    let dev = &mut p.net[B].dev;
+    assert_eq!(dev.post_recv(b1, RecvWr { wr_id: 9, sg_list: vec![] }), Err(PostError::UsesSrq));
+    dev.post_srq_recv(srq, RecvWr { wr_id: 4, sg_list: vec![sge_b] }).unwrap();
+    dev.modify_qp(b1, &rc_attrs(QpState::Error)).unwrap();
+    assert_eq!(dev.poll_async_event(), Some(AsyncEvent::LastWqeReached(b1)));
+    assert_eq!(dev.srq_len(srq), 1, "not flushed");
 }
 
 #[test]
 fn per_qp_counters_add_up_to_the_device_counters() {
     let mut p = Pair::new(Mtu::Mtu1024);
     let mut n = 0;
-    p.filter = Box::new(move |from, _| {
+    p.set_filter(Box::new(move |from, _| {
         n += 1;
         !(from == A && n == 3)
-    });
+    }));
     p.post_recv(B, 1, 0, 8192);
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 5000)]));
     p.run(Duration::from_millis(100));
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
     for i in [A, B] {
-        let d = &p.hosts[i].dev;
+        let d = &p.net[i].dev;
         let (q, c) = (d.qp_counters(p.hosts[i].qp).unwrap(), d.counters());
         assert_eq!((q.sent_pkts, q.sent_bytes), (c.sent_pkts, c.sent_bytes));
         assert_eq!((q.rcvd_pkts, q.rcvd_bytes), (c.rcvd_pkts, c.rcvd_bytes));
         assert_eq!(q.retransmitted_pkts, c.retransmitted_pkts);
         assert_eq!(q.rcv_seq_err, c.rcv_seq_err);
     }
-    let qa = p.hosts[A].dev.qp_counters(p.hosts[A].qp).unwrap();
+    let qa = p.net[A].dev.qp_counters(p.hosts[A].qp).unwrap();
     assert!(qa.retransmitted_pkts > 0 && qa.seq_naks_rcvd == 1, "{qa:?}");
 }
 
@@ -1276,13 +1297,13 @@ fn losses_shrink_the_window_so_go_back_n_resends_less() {
     // 512 KiB WRITEs: 512 packets each; every 100th request packet from A is lost.
     let data = fill(&mut p, A, 0, 512 << 10, 3);
     let mut n = 0u32;
-    p.filter = Box::new(move |from, _| {
+    p.set_filter(Box::new(move |from, _| {
         if from != A {
             return true;
         }
         n += 1;
         !n.is_multiple_of(100)
-    });
+    }));
     for k in 0..4 {
         p.post_send(A, write_wr(&p, k, 0, 0x1000, 512 << 10));
     }
@@ -1290,7 +1311,7 @@ fn losses_shrink_the_window_so_go_back_n_resends_less() {
     let done = statuses(&p.cq(A));
     assert_eq!(done, (0..4).map(|k| (k, WcStatus::SUCCESS)).collect::<Vec<_>>());
     assert_eq!(p.mem(B, 0x1000, 512 << 10), &data[..]);
-    let c = *p.hosts[A].dev.counters();
+    let c = *p.net[A].dev.counters();
     // With the device's full window of 256 packets every loss would resend about that many;
     // the loss-driven window keeps the waste to a fraction of it.
     assert!(c.seq_naks_rcvd >= 10, "{c:?}");
@@ -1305,26 +1326,26 @@ fn losses_shrink_the_window_so_go_back_n_resends_less() {
 #[test]
 fn qp1_carries_mads_as_gmps_and_counts_what_is_not_one() {
     let mut p = Pair::new(Mtu::Mtu1024);
-    let b_addr = p.hosts[B].dev.addr();
-    let a_addr = p.hosts[A].dev.addr();
+    let b_addr = p.net[B].dev.addr();
+    let a_addr = p.net[A].dev.addr();
     let mad = uroce_wire::examples::sample_cm_messages()[0];
-    p.hosts[A].dev.gsi_send(b_addr, &mad);
+    p.net[A].dev.gsi_send(b_addr, &mad);
     let mut buf = Vec::new();
-    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
-    assert_eq!(tx.dst, SocketAddr::new(b_addr, ROCE_V2_PORT));
+    let tx = p.take(A, &mut buf);
+    assert_eq!(tx.1, SocketAddr::new(b_addr, ROCE_V2_PORT));
     let parsed = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
     assert_eq!(uroce_wire::mad::gmp_payload(&parsed).unwrap(), &mad[..]);
-    let src = SocketAddr::new(a_addr, tx.src_port);
+    let src = tx.0;
     let rx = RxInfo::new(src, b_addr);
-    p.hosts[B].dev.handle_datagram(p.now, &rx, &buf);
-    let got = p.hosts[B].dev.poll_gsi().unwrap();
+    p.hand(B, rx.src, &buf);
+    let got = p.net[B].dev.poll_gsi().unwrap();
     assert_eq!((got.from, got.mad), (a_addr, mad));
-    assert!(p.hosts[B].dev.poll_gsi().is_none());
+    assert!(p.net[B].dev.poll_gsi().is_none());
 
     // Corrupted: the ICRC catches it. A UD SEND to QP1 with another Q_Key is no GMP.
     let mut bad = buf.clone();
     bad[40] ^= 1;
-    p.hosts[B].dev.handle_datagram(p.now, &rx, &bad);
+    p.hand(B, rx.src, &bad);
     let mut m = parsed;
     let mut deth = m.ext.deth.unwrap();
     deth.qkey = QKey(0x1234);
@@ -1334,11 +1355,11 @@ fn qp1_carries_mads_as_gmps_and_counts_what_is_not_one() {
             .unwrap();
     let mut forged = vec![0; m.buffer_len().unwrap()];
     m.emit(&pseudo, &mut forged).unwrap();
-    p.hosts[B].dev.handle_datagram(p.now, &rx, &forged);
-    let c = *p.hosts[B].dev.counters();
+    p.hand(B, rx.src, &forged);
+    let c = *p.net[B].dev.counters();
     assert_eq!((c.gsi_rcvd, c.icrc_errors, c.drop_not_gmp), (1, 1, 1));
-    assert!(p.hosts[B].dev.poll_gsi().is_none());
-    assert_eq!(p.hosts[A].dev.counters().gsi_sent, 1);
+    assert!(p.net[B].dev.poll_gsi().is_none());
+    assert_eq!(p.net[A].dev.counters().gsi_sent, 1);
 }
 
 /// A NAK names the PSN the responder expects, which must still be unacknowledged: an old RNR
@@ -1350,28 +1371,28 @@ fn qp1_carries_mads_as_gmps_and_counts_what_is_not_one() {
 #[test]
 fn an_rnr_nak_for_an_acknowledged_psn_is_stale_and_the_qp_still_completes() {
     let mut p = Pair::new(Mtu::Mtu1024);
-    let dst_a = SocketAddr::new(p.hosts[A].dev.addr(), ROCE_V2_PORT);
+    let dst_a = SocketAddr::new(p.net[A].dev.addr(), ROCE_V2_PORT);
     p.post_recv(B, 1, 0, 64);
     p.post_recv(B, 2, 64, 64);
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     // By hand: the SEND to B, B's ACK back to A (kept).
     let mut buf = Vec::new();
-    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
-    let from_a = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
-    p.hosts[B].dev.handle_datagram(p.now, &RxInfo::new(from_a, p.hosts[B].dev.addr()), &buf);
-    let tx = p.hosts[B].dev.poll_transmit(p.now, &mut buf).unwrap();
-    let src_b = SocketAddr::new(p.hosts[B].dev.addr(), tx.src_port);
+    let tx = p.take(A, &mut buf);
+    let from_a = tx.0;
+    p.hand(B, from_a, &buf);
+    let tx = p.take(B, &mut buf);
+    let src_b = tx.0;
     let mut ack = buf.clone();
-    p.hosts[A].dev.handle_datagram(p.now, &RxInfo::new(src_b, p.hosts[A].dev.addr()), &ack);
+    p.hand(A, src_b, &ack);
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
     // The second SEND is lost; then the old ACK comes back as an RNR NAK for the first.
     p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
-    p.hosts[A].dev.poll_transmit(p.now, &mut buf).unwrap();
+    p.take(A, &mut buf);
     ack[12] = 0x21; // AETH syndrome: RNR NAK, timer code 1
     reseal(src_b, dst_a, &mut ack);
-    let stale = p.hosts[A].dev.counters().drop_stale_response;
-    p.hosts[A].dev.handle_datagram(p.now, &RxInfo::new(src_b, p.hosts[A].dev.addr()), &ack);
-    assert_eq!(p.hosts[A].dev.counters().drop_stale_response, stale + 1);
+    let stale = p.net[A].dev.counters().drop_stale_response;
+    p.hand(A, src_b, &ack);
+    assert_eq!(p.net[A].dev.counters().drop_stale_response, stale + 1);
     p.run(Duration::from_secs(1));
     assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
     assert_eq!(statuses(&p.cq(B)), [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]);
@@ -1403,28 +1424,25 @@ fn drain_sent(dev: &mut Device<VecMemory>, now: Instant) -> Vec<(Opcode, Option<
 #[test]
 fn a_flood_of_read_requests_past_the_responder_resources_is_refused_not_queued() {
     let mut p = Pair::new(Mtu::Mtu1024);
-    let dst_b = SocketAddr::new(p.hosts[B].dev.addr(), ROCE_V2_PORT);
+    let dst_b = SocketAddr::new(p.net[B].dev.addr(), ROCE_V2_PORT);
     p.post_send(A, read_wr(&p, 1, 0, 0, 64));
     let mut request = Vec::new();
-    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut request).unwrap();
-    let src_a = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
+    let tx = p.take(A, &mut request);
+    let src_a = tx.0;
     let first = u32::from_be_bytes([0, request[9], request[10], request[11]]);
-    let rx = RxInfo::new(src_a, p.hosts[B].dev.addr());
+    let rx = RxInfo::new(src_a, p.net[B].dev.addr());
     for k in 0..5000u32 {
         let mut r = request.clone();
         r[9..12].copy_from_slice(&(first.wrapping_add(k) & 0xFF_FFFF).to_be_bytes()[1..]);
         reseal(src_a, dst_b, &mut r);
-        p.hosts[B].dev.handle_datagram(p.now, &rx, &r);
+        p.hand(B, rx.src, &r);
     }
-    let c = *p.hosts[B].dev.counters();
+    let c = *p.net[B].dev.counters();
     assert_eq!((c.err_naks_sent, c.drop_bad_state), (1, 5000 - 4097), "{c:?}");
-    assert_eq!(p.hosts[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Error));
+    assert_eq!(p.net[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Error));
     // The queued READ responses went with the QP; the NAK for request 4,097 is what goes out.
     let nak_invalid = Syndrome::Nak(uroce_wire::aeth::NakCode::INVALID_REQUEST).to_byte();
-    assert_eq!(
-        drain_sent(&mut p.hosts[B].dev, p.now),
-        [(Opcode::RC_ACKNOWLEDGE, Some(nak_invalid))]
-    );
+    assert_eq!(p.drain_sent(B), [(Opcode::RC_ACKNOWLEDGE, Some(nak_invalid))]);
 }
 
 /// A peer repeating one atomic request gets one answer however often it repeats it before the
@@ -1437,15 +1455,15 @@ fn repeated_duplicates_queue_one_answer_each_not_one_per_copy() {
     wr.compare_add = 1;
     p.post_send(A, wr);
     let mut request = Vec::new();
-    let tx = p.hosts[A].dev.poll_transmit(p.now, &mut request).unwrap();
-    let src_a = SocketAddr::new(p.hosts[A].dev.addr(), tx.src_port);
-    let rx = RxInfo::new(src_a, p.hosts[B].dev.addr());
-    p.hosts[B].dev.handle_datagram(p.now, &rx, &request);
-    assert_eq!(drain_sent(&mut p.hosts[B].dev, p.now).len(), 1, "the atomic answered once");
+    let tx = p.take(A, &mut request);
+    let src_a = tx.0;
+    let rx = RxInfo::new(src_a, p.net[B].dev.addr());
+    p.hand(B, rx.src, &request);
+    assert_eq!(p.drain_sent(B).len(), 1, "the atomic answered once");
     for _ in 0..1000 {
-        p.hosts[B].dev.handle_datagram(p.now, &rx, &request);
+        p.hand(B, rx.src, &request);
     }
-    let sent = drain_sent(&mut p.hosts[B].dev, p.now);
+    let sent = p.drain_sent(B);
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert_eq!(sent[0].0, Opcode::RC_ATOMIC_ACKNOWLEDGE);
     assert_eq!(p.mem(B, 0, 8), &1u64.to_le_bytes(), "executed once");

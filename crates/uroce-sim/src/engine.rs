@@ -15,12 +15,34 @@ pub struct DeviceNode<M> {
     /// Take packets as a scatter/gather runtime does ([`Device::poll_transmit_gather`]).
     gather: bool,
     pieces: Vec<uroce_engine::device::Piece>,
+    /// How datagrams reach the device.
+    pub path: Path,
+}
+
+/// The path datagrams take to a [`DeviceNode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Path {
+    /// A network: the sender's ICRC arrives and the receiver checks it.
+    #[default]
+    Wire,
+    /// A path that guarantees integrity, as shared memory does: the ICRC is left out (zeroed
+    /// on the way) and the receiver is told not to check it ([`Device::handle_datagram_intact`]).
+    Intact,
+    /// The ICRC zeroed on the way but the packet taken as from a network: what a receiver sees
+    /// if an intact path's packets reach it over the wire. Every one must fail the ICRC check.
+    ZeroIcrcOnWire,
 }
 
 impl<M: MemoryAccess> DeviceNode<M> {
     /// Wraps a device.
     pub fn new(dev: Device<M>) -> Self {
-        Self { dev, buf: Vec::with_capacity(4200), gather: false, pieces: Vec::new() }
+        Self {
+            dev,
+            buf: Vec::with_capacity(4200),
+            gather: false,
+            pieces: Vec::new(),
+            path: Path::Wire,
+        }
     }
 
     /// Takes packets with their payload left in memory, as the socket runtime does, and
@@ -38,7 +60,18 @@ impl<M: MemoryAccess> Node for DeviceNode<M> {
     }
 
     fn handle_datagram(&mut self, now: Instant, d: &Datagram) {
-        self.dev.handle_datagram(now, &RxInfo::new(d.src, d.dst.ip()), &d.payload);
+        let rx = RxInfo::new(d.src, d.dst.ip());
+        if self.path == Path::Wire {
+            self.dev.handle_datagram(now, &rx, &d.payload);
+            return;
+        }
+        let mut packet = d.payload.clone();
+        let icrc = packet.len().saturating_sub(4);
+        packet[icrc..].fill(0);
+        match self.path {
+            Path::Intact => self.dev.handle_datagram_intact(now, &rx, &packet),
+            _ => self.dev.handle_datagram(now, &rx, &packet),
+        }
     }
 
     fn joined(&self, group: IpAddr) -> bool {

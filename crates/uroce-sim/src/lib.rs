@@ -54,7 +54,7 @@
 pub mod adversary;
 pub mod cm_adversary;
 mod engine;
-pub use engine::DeviceNode;
+pub use engine::{DeviceNode, Path};
 
 use core::net::{IpAddr, SocketAddr};
 use core::ops::{AddAssign, Range};
@@ -338,6 +338,19 @@ pub struct Fabric<N: Node> {
     unroutable: u64,
     capture: Option<PcapWriter<Box<dyn Write>>>,
     capture_error: Option<io::Error>,
+    /// Every datagram sent, when [`Fabric::record_sent`] asked for it.
+    sent: Option<Vec<Sent>>,
+}
+
+/// A datagram as it left its sender (before any fault), kept by [`Fabric::record_sent`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    /// The virtual time it was sent at.
+    pub at: Instant,
+    /// The index of the node that sent it.
+    pub from: usize,
+    /// The datagram itself.
+    pub datagram: Datagram,
 }
 
 impl<N: Node> Fabric<N> {
@@ -355,6 +368,7 @@ impl<N: Node> Fabric<N> {
             unroutable: 0,
             capture: None,
             capture_error: None,
+            sent: None,
         }
     }
 
@@ -466,6 +480,18 @@ impl<N: Node> Fabric<N> {
         Ok(())
     }
 
+    /// Keeps every datagram sent from now on in memory, in order, as it leaves its sender (before
+    /// any fault, like a capture), for a test to read back with [`Fabric::sent`]; `false` stops
+    /// and forgets them.
+    pub fn record_sent(&mut self, on: bool) {
+        self.sent = on.then(Vec::new);
+    }
+
+    /// The datagrams recorded since [`Fabric::record_sent`] (none if it was not called).
+    pub fn sent(&self) -> &[Sent] {
+        self.sent.as_deref().unwrap_or_default()
+    }
+
     /// Stops capturing and flushes. Returns the first error met while capturing, if any: a write
     /// error, or a datagram the pcap writer cannot frame (which also stopped the capture).
     pub fn finish_capture(&mut self) -> io::Result<()> {
@@ -520,6 +546,20 @@ impl<N: Node> Fabric<N> {
         false
     }
 
+    /// Handles events until none is pending (returns true, the clock at the last event handled)
+    /// or the next lies beyond `deadline` (returns false, the clock left before it): what a
+    /// scripted test wants after posting work, "run until the network is quiet".
+    pub fn run_until_idle(&mut self, deadline: Instant) -> bool {
+        loop {
+            self.process();
+            match self.next_event() {
+                Some(t) if t <= deadline => self.now = t,
+                Some(_) => return false,
+                None => return true,
+            }
+        }
+    }
+
     /// Runs every event in the next `span` of virtual time and leaves the clock at its end.
     pub fn run_for(&mut self, span: Duration) {
         let deadline = self.now + span;
@@ -559,6 +599,9 @@ impl<N: Node> Fabric<N> {
 
     /// Captures `datagram`, routes it and puts it (and any duplicate) in flight.
     fn send(&mut self, from: usize, datagram: Datagram) {
+        if let Some(sent) = &mut self.sent {
+            sent.push(Sent { at: self.now, from, datagram: datagram.clone() });
+        }
         if let Some(capture) = &mut self.capture {
             let ts = core::time::Duration::from_nanos(self.now.as_nanos());
             if let Err(e) = capture.write_roce(ts, datagram.src, datagram.dst, &datagram.payload) {
@@ -602,6 +645,22 @@ impl<N: Node> Fabric<N> {
     fn enqueue(&mut self, at: Instant, flight: InFlight) {
         self.in_flight.insert((at, self.next_seq), flight);
         self.next_seq += 1;
+    }
+}
+
+/// `fabric[i]` is [`Fabric::node`]`(i)`: a field of a node can then be borrowed beside other
+/// state of the test (`p.net[0].dev.post_send(p.qp, …)`).
+impl<N: Node> core::ops::Index<usize> for Fabric<N> {
+    type Output = N;
+
+    fn index(&self, index: usize) -> &N {
+        self.node(index)
+    }
+}
+
+impl<N: Node> core::ops::IndexMut<usize> for Fabric<N> {
+    fn index_mut(&mut self, index: usize) -> &mut N {
+        self.node_mut(index)
     }
 }
 
