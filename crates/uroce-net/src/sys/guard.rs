@@ -303,14 +303,18 @@ mod tests {
         assert_eq!(out, [7; 16]);
         // SAFETY: as above.
         unsafe { readable(p, page) }.unwrap();
-        // SAFETY: unmaps the page this test mapped; nothing refers to it after.
-        assert_eq!(unsafe { libc::munmap(p.cast(), page) }, 0);
-        // SAFETY: the page is unmapped: exactly the fault these report.
+        // Takes every access right away rather than unmapping: an unmapped address can be
+        // handed at once to another test thread's mmap, which made this test fail at random.
+        // SAFETY: the page is this test's own; nothing else refers to it.
+        assert_eq!(unsafe { libc::mprotect(p.cast(), page, libc::PROT_NONE) }, 0);
+        // SAFETY: the page cannot be accessed: exactly the fault these report.
         assert_eq!(unsafe { read_from(p, &mut out) }, Err(Fault));
         // SAFETY: as above.
         assert_eq!(unsafe { write_to(p, &[1; 16]) }, Err(Fault));
         // SAFETY: as above.
         assert_eq!(unsafe { readable(p.wrapping_add(5), 10) }, Err(Fault));
+        // SAFETY: unmaps the page this test mapped; nothing refers to it after.
+        assert_eq!(unsafe { libc::munmap(p.cast(), page) }, 0);
     }
 
     /// A write into a read-only page fails; the read of it works.
