@@ -180,8 +180,12 @@ impl Pair {
 
     /// What `from` sends now, by hand: (opcode, AETH syndrome byte) of each packet.
     fn drain_sent(&mut self, from: usize) -> Vec<(Opcode, Option<u8>)> {
-        let now = self.now();
-        drain_sent(&mut self.net[from].dev, now)
+        let (now, mut buf, mut sent) = (self.now(), Vec::new(), Vec::new());
+        while self.net[from].dev.poll_transmit(now, &mut buf).is_some() {
+            let p = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
+            sent.push((p.bth.opcode, p.ext.aeth.map(|a| a.syndrome.to_byte())));
+        }
+        sent
     }
 
     /// How packets reach both devices.
@@ -705,7 +709,7 @@ fn psns_far_out_of_window_and_wrong_qpns_are_dropped_and_counted() {
         q.post_send(A, SendWr::new(1, WrOpcode::Send, vec![q.sge(A, 0, 64)]));
         // Take the packet off A by hand and forge it.
         let mut buf = Vec::new();
-        let tx = q.take(A, &mut buf);
+        let (src, _) = q.take(A, &mut buf);
         let mut repr = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
         let payload = repr.payload.to_vec();
         repr.payload = &payload;
@@ -714,7 +718,6 @@ fn psns_far_out_of_window_and_wrong_qpns_are_dropped_and_counted() {
         } else {
             repr.bth.psn = repr.bth.psn.add(shift);
         }
-        let src = tx.0;
         let dst = SocketAddr::new(q.net[B].dev.addr(), ROCE_V2_PORT);
         let pseudo = uroce_wire::icrc::PseudoHeader::for_endpoints(src, dst).unwrap();
         let mut out = vec![0u8; repr.buffer_len().unwrap()];
@@ -739,8 +742,7 @@ fn corrupted_packets_fail_the_icrc_and_are_counted() {
     p.post_recv(B, 1, 0, 64);
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     let mut buf = Vec::new();
-    let tx = p.take(A, &mut buf);
-    let src = tx.0;
+    let (src, _) = p.take(A, &mut buf);
     buf[20] ^= 1;
     p.hand(B, src, &buf);
     p.hand(B, src, &buf[..7]);
@@ -757,8 +759,7 @@ fn icrcs_for_linux_gso_identifications_pass_and_others_are_refused() {
     p.post_recv(B, 1, 0, 64);
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     let mut buf = Vec::new();
-    let tx = p.take(A, &mut buf);
-    let src = tx.0;
+    let (src, _) = p.take(A, &mut buf);
     let dst = SocketAddr::new(p.net[B].dev.addr(), ROCE_V2_PORT);
     let sealed = |id: u16| {
         let mut b = buf.clone();
@@ -768,13 +769,12 @@ fn icrcs_for_linux_gso_identifications_pass_and_others_are_refused() {
         b[end..].copy_from_slice(&uroce_wire::icrc::to_wire(crc));
         b
     };
-    let rx = RxInfo::new(src, p.net[B].dev.addr());
     for id in [128, 200, 0x69c5] {
-        p.hand(B, rx.src, &sealed(id));
+        p.hand(B, src, &sealed(id));
     }
     let c = *p.net[B].dev.counters();
     assert_eq!((c.drop_unexpected_ip_id, c.icrc_errors, c.rcvd_pkts), (3, 0, 0));
-    p.hand(B, rx.src, &sealed(5));
+    p.hand(B, src, &sealed(5));
     let c = *p.net[B].dev.counters();
     assert_eq!((c.drop_unexpected_ip_id, c.icrc_errors, c.rcvd_pkts), (3, 0, 1));
     assert_eq!(statuses(&p.cq(B)), [(1, WcStatus::SUCCESS)]);
@@ -1331,13 +1331,11 @@ fn qp1_carries_mads_as_gmps_and_counts_what_is_not_one() {
     let mad = uroce_wire::examples::sample_cm_messages()[0];
     p.net[A].dev.gsi_send(b_addr, &mad);
     let mut buf = Vec::new();
-    let tx = p.take(A, &mut buf);
-    assert_eq!(tx.1, SocketAddr::new(b_addr, ROCE_V2_PORT));
+    let (src, dst) = p.take(A, &mut buf);
+    assert_eq!(dst, SocketAddr::new(b_addr, ROCE_V2_PORT));
     let parsed = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
     assert_eq!(uroce_wire::mad::gmp_payload(&parsed).unwrap(), &mad[..]);
-    let src = tx.0;
-    let rx = RxInfo::new(src, b_addr);
-    p.hand(B, rx.src, &buf);
+    p.hand(B, src, &buf);
     let got = p.net[B].dev.poll_gsi().unwrap();
     assert_eq!((got.from, got.mad), (a_addr, mad));
     assert!(p.net[B].dev.poll_gsi().is_none());
@@ -1345,7 +1343,7 @@ fn qp1_carries_mads_as_gmps_and_counts_what_is_not_one() {
     // Corrupted: the ICRC catches it. A UD SEND to QP1 with another Q_Key is no GMP.
     let mut bad = buf.clone();
     bad[40] ^= 1;
-    p.hand(B, rx.src, &bad);
+    p.hand(B, src, &bad);
     let mut m = parsed;
     let mut deth = m.ext.deth.unwrap();
     deth.qkey = QKey(0x1234);
@@ -1355,7 +1353,7 @@ fn qp1_carries_mads_as_gmps_and_counts_what_is_not_one() {
             .unwrap();
     let mut forged = vec![0; m.buffer_len().unwrap()];
     m.emit(&pseudo, &mut forged).unwrap();
-    p.hand(B, rx.src, &forged);
+    p.hand(B, src, &forged);
     let c = *p.net[B].dev.counters();
     assert_eq!((c.gsi_rcvd, c.icrc_errors, c.drop_not_gmp), (1, 1, 1));
     assert!(p.net[B].dev.poll_gsi().is_none());
@@ -1377,11 +1375,9 @@ fn an_rnr_nak_for_an_acknowledged_psn_is_stale_and_the_qp_still_completes() {
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
     // By hand: the SEND to B, B's ACK back to A (kept).
     let mut buf = Vec::new();
-    let tx = p.take(A, &mut buf);
-    let from_a = tx.0;
+    let (from_a, _) = p.take(A, &mut buf);
     p.hand(B, from_a, &buf);
-    let tx = p.take(B, &mut buf);
-    let src_b = tx.0;
+    let (src_b, _) = p.take(B, &mut buf);
     let mut ack = buf.clone();
     p.hand(A, src_b, &ack);
     assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
@@ -1406,17 +1402,6 @@ fn reseal(src: SocketAddr, dst: SocketAddr, packet: &mut [u8]) {
     packet[n..].copy_from_slice(&uroce_wire::icrc::to_wire(crc));
 }
 
-/// What `dev` sends now: (opcode, AETH syndrome byte) of each packet.
-fn drain_sent(dev: &mut Device<VecMemory>, now: Instant) -> Vec<(Opcode, Option<u8>)> {
-    let mut buf = Vec::new();
-    let mut sent = Vec::new();
-    while dev.poll_transmit(now, &mut buf).is_some() {
-        let p = PacketRepr::parse_ignoring_icrc(&buf).unwrap().repr;
-        sent.push((p.bth.opcode, p.ext.aeth.map(|a| a.syndrome.to_byte())));
-    }
-    sent
-}
-
 /// A peer may have at most `max_qp_rd_atom` READ and atomic requests outstanding (IBA 9.5). A
 /// peer that ignores the limit and floods READ requests, with a valid R_Key and each at the
 /// expected PSN, faster than the responses go out gets an invalid-request NAK and an Error QP
@@ -1427,15 +1412,13 @@ fn a_flood_of_read_requests_past_the_responder_resources_is_refused_not_queued()
     let dst_b = SocketAddr::new(p.net[B].dev.addr(), ROCE_V2_PORT);
     p.post_send(A, read_wr(&p, 1, 0, 0, 64));
     let mut request = Vec::new();
-    let tx = p.take(A, &mut request);
-    let src_a = tx.0;
+    let (src_a, _) = p.take(A, &mut request);
     let first = u32::from_be_bytes([0, request[9], request[10], request[11]]);
-    let rx = RxInfo::new(src_a, p.net[B].dev.addr());
     for k in 0..5000u32 {
         let mut r = request.clone();
         r[9..12].copy_from_slice(&(first.wrapping_add(k) & 0xFF_FFFF).to_be_bytes()[1..]);
         reseal(src_a, dst_b, &mut r);
-        p.hand(B, rx.src, &r);
+        p.hand(B, src_a, &r);
     }
     let c = *p.net[B].dev.counters();
     assert_eq!((c.err_naks_sent, c.drop_bad_state), (1, 5000 - 4097), "{c:?}");
@@ -1455,13 +1438,11 @@ fn repeated_duplicates_queue_one_answer_each_not_one_per_copy() {
     wr.compare_add = 1;
     p.post_send(A, wr);
     let mut request = Vec::new();
-    let tx = p.take(A, &mut request);
-    let src_a = tx.0;
-    let rx = RxInfo::new(src_a, p.net[B].dev.addr());
-    p.hand(B, rx.src, &request);
+    let (src_a, _) = p.take(A, &mut request);
+    p.hand(B, src_a, &request);
     assert_eq!(p.drain_sent(B).len(), 1, "the atomic answered once");
     for _ in 0..1000 {
-        p.hand(B, rx.src, &request);
+        p.hand(B, src_a, &request);
     }
     let sent = p.drain_sent(B);
     assert_eq!(sent.len(), 1, "{sent:?}");

@@ -61,16 +61,10 @@ impl<M: MemoryAccess> Node for DeviceNode<M> {
 
     fn handle_datagram(&mut self, now: Instant, d: &Datagram) {
         let rx = RxInfo::new(d.src, d.dst.ip());
-        if self.path == Path::Wire {
-            self.dev.handle_datagram(now, &rx, &d.payload);
-            return;
-        }
-        let mut packet = d.payload.clone();
-        let icrc = packet.len().saturating_sub(4);
-        packet[icrc..].fill(0);
         match self.path {
-            Path::Intact => self.dev.handle_datagram_intact(now, &rx, &packet),
-            _ => self.dev.handle_datagram(now, &rx, &packet),
+            Path::Wire => self.dev.handle_datagram(now, &rx, &d.payload),
+            Path::Intact => self.dev.handle_datagram_intact(now, &rx, &zero_icrc(&d.payload)),
+            Path::ZeroIcrcOnWire => self.dev.handle_datagram(now, &rx, &zero_icrc(&d.payload)),
         }
     }
 
@@ -108,4 +102,12 @@ impl<M: MemoryAccess> Node for DeviceNode<M> {
     fn handle_timeout(&mut self, now: Instant) {
         self.dev.handle_timeout(now);
     }
+}
+
+/// `packet` with its ICRC (the last four bytes) zeroed, as a path that leaves it out sends it.
+fn zero_icrc(packet: &[u8]) -> Vec<u8> {
+    let mut packet = packet.to_vec();
+    let icrc = packet.len().saturating_sub(4);
+    packet[icrc..].fill(0);
+    packet
 }
