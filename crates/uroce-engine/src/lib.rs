@@ -20,6 +20,7 @@ mod completer;
 pub mod counters;
 mod cq;
 pub mod device;
+pub mod faults;
 pub mod gsi;
 pub mod inspect;
 pub mod memory;

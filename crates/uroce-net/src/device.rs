@@ -27,11 +27,11 @@ use crate::fabric::shm::Shm;
 use crate::fabric::tap::Tap;
 use crate::fabric::udp::{Offloads, Udp};
 use crate::fabric::{Fabric, Outgoing};
-use crate::faults::Faults;
 use crate::host::{HostDir, SlotId};
 use crate::inspect::{Answering, QpSnapshot, Snapshot};
 use crate::sys::memory::Registry;
 use crate::sys::{self, EventFd, RawRegion};
+use uroce_engine::faults::Faults;
 use uroce_wire::icrc::Ipv4IdPolicy;
 
 /// How a device is opened. [`Options::from_env`] reads `UROCE_PCAP` and `UROCE_FAULTS`.

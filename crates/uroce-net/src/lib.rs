@@ -130,7 +130,6 @@ mod cm;
 pub mod config;
 mod device;
 mod fabric;
-mod faults;
 mod host;
 pub mod inspect;
 pub mod mappings;
@@ -142,7 +141,7 @@ pub use cm::{PortBinding, node_guid};
 pub use device::{
     Channel, CmSink, EnvError, NetCounters, NetDevice, OpenError, Options, State, SubscriberId,
 };
-pub use faults::{Faults, FaultsError};
+pub use uroce_engine::faults::{Faults, FaultsError};
 
 /// 32 bits of the operating system's randomness (for choices a peer must not predict, such as
 /// an RDMA CM connection's first PSN), or 0 if the OS has none to give.

@@ -98,6 +98,8 @@ pub trait Node {
     }
 }
 
+pub use uroce_engine::faults::Faults;
+use uroce_engine::faults::{flip_bit, random_bit};
 pub use uroce_engine::seeded::Rng;
 
 /// How a directed link treats the datagrams sent on it. Build one from [`LinkConfig::default`]
@@ -107,10 +109,7 @@ pub use uroce_engine::seeded::Rng;
 pub struct LinkConfig {
     delay: Duration,
     jitter: Duration,
-    loss: f64,
-    duplicate: f64,
-    corrupt: f64,
-    reorder: f64,
+    faults: Faults,
     reorder_delay: Duration,
     dead: Vec<(Instant, Instant)>,
 }
@@ -120,10 +119,7 @@ impl Default for LinkConfig {
         Self {
             delay: Duration::from_micros(2),
             jitter: Duration::ZERO,
-            loss: 0.0,
-            duplicate: 0.0,
-            corrupt: 0.0,
-            reorder: 0.0,
+            faults: Faults::default(),
             reorder_delay: Duration::ZERO,
             dead: Vec::new(),
         }
@@ -155,7 +151,7 @@ impl LinkConfig {
     /// Drops each datagram with probability `p`. Panics if `p` is not in 0..=1.
     #[must_use]
     pub fn loss(mut self, p: f64) -> Self {
-        self.loss = probability("loss", p);
+        self.faults.loss = probability("loss", p);
         self
     }
 
@@ -163,7 +159,7 @@ impl LinkConfig {
     /// jitter. Panics if `p` is not in 0..=1.
     #[must_use]
     pub fn duplicate(mut self, p: f64) -> Self {
-        self.duplicate = probability("duplicate", p);
+        self.faults.dup = probability("duplicate", p);
         self
     }
 
@@ -171,7 +167,7 @@ impl LinkConfig {
     /// (the ICRC must catch it); empty payloads are left alone. Panics if `p` is not in 0..=1.
     #[must_use]
     pub fn corrupt(mut self, p: f64) -> Self {
-        self.corrupt = probability("corrupt", p);
+        self.faults.corrupt = probability("corrupt", p);
         self
     }
 
@@ -179,7 +175,20 @@ impl LinkConfig {
     /// overtake it. Panics if `p` is not in 0..=1.
     #[must_use]
     pub fn reorder(mut self, p: f64, hold: Duration) -> Self {
-        self.reorder = probability("reorder", p);
+        self.faults.reorder = probability("reorder", p);
+        self.reorder_delay = hold;
+        self
+    }
+
+    /// All four random faults at once, in the runtime's terms (`UROCE_FAULTS`, so a fault mix
+    /// measured on real sockets can be replayed here), with `hold` as the extra delay of a
+    /// reordered datagram. Panics if a probability is not in 0..=1.
+    #[must_use]
+    pub fn faults(mut self, faults: Faults, hold: Duration) -> Self {
+        if let Err(e) = faults.check() {
+            panic!("LinkConfig::faults: {e}");
+        }
+        self.faults = faults;
         self.reorder_delay = hold;
         self
     }
@@ -278,7 +287,7 @@ impl Link {
     ) -> Option<(Instant, Option<Instant>)> {
         let index = self.stats.sent;
         self.stats.sent += 1;
-        let (mut extra, mut corrupt) = (Duration::ZERO, false);
+        let (mut extra, mut forced_corrupt) = (Duration::ZERO, false);
         match self.filter.as_mut().map_or(Action::Pass, |f| f(datagram, index)) {
             Action::Pass => {}
             Action::Drop => {
@@ -286,31 +295,32 @@ impl Link {
                 return None;
             }
             Action::Delay(d) => extra = d,
-            Action::Corrupt => corrupt = true,
+            Action::Corrupt => forced_corrupt = true,
         }
         let (cfg, rng) = (&self.config, &mut self.rng);
         if cfg.is_dead_at(now) {
             self.stats.dropped_dead += 1;
             return None;
         }
-        if rng.gen_bool(cfg.loss) {
+        let fate = cfg.faults.fate(rng, datagram.payload.len());
+        if fate.drop {
             self.stats.lost += 1;
             return None;
         }
-        corrupt |= rng.gen_bool(cfg.corrupt);
-        if corrupt && !datagram.payload.is_empty() {
-            let bit = rng.gen_range(0..datagram.payload.len() as u64 * 8);
-            let byte = usize::try_from(bit / 8).expect("bit / 8 < payload.len(), a usize");
-            datagram.payload[byte] ^= 1 << (bit % 8);
+        // A filter's Corrupt flips a bit of its own when the random draw did not.
+        let len = datagram.payload.len();
+        let flip = fate.flip.or_else(|| forced_corrupt.then(|| random_bit(rng, len)).flatten());
+        if let Some(bit) = flip {
+            flip_bit(&mut datagram.payload, bit);
             self.stats.corrupted += 1;
         }
         let mut delay = cfg.delay + extra;
-        if rng.gen_bool(cfg.reorder) {
+        if fate.hold {
             delay = delay + cfg.reorder_delay;
             self.stats.reordered += 1;
         }
         let at = now + delay + cfg.jitter_sample(rng);
-        let copy = rng.gen_bool(cfg.duplicate).then(|| now + delay + cfg.jitter_sample(rng));
+        let copy = fate.duplicate.then(|| now + delay + cfg.jitter_sample(rng));
         self.stats.duplicated += u64::from(copy.is_some());
         Some((at, copy))
     }
@@ -1062,5 +1072,28 @@ mod tests {
     #[should_panic(expected = "LinkConfig::loss")]
     fn probability_outside_unit_interval_panics() {
         let _ = LinkConfig::default().loss(1.5);
+    }
+
+    #[test]
+    fn runtime_faults_replay_on_a_link_as_the_setters_configure_them() {
+        let mix = Faults { loss: 0.05, dup: 0.05, reorder: 0.05, corrupt: 0.05 };
+        let hold = Duration::from_micros(20);
+        let by_setters = LinkConfig::default().loss(0.05).duplicate(0.05).corrupt(0.05);
+        let runs = [LinkConfig::default().faults(mix, hold), by_setters.reorder(0.05, hold)];
+        let [a, b] = runs.map(|cfg| {
+            let mut f = pair(9, cfg, false);
+            numbered(&mut f, 2_000, Duration::from_nanos(100));
+            run_idle(&mut f);
+            (f.link_stats(0, 1), f.node(1).received.clone())
+        });
+        assert!(a.0.lost > 0 && a.0.duplicated > 0 && a.0.corrupted > 0 && a.0.reordered > 0);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    #[should_panic(expected = "LinkConfig::faults: dup=NaN")]
+    fn faults_that_are_not_probabilities_panic() {
+        let _ = LinkConfig::default()
+            .faults(Faults { dup: f64::NAN, ..Faults::default() }, Duration::ZERO);
     }
 }

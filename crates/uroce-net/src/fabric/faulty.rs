@@ -1,13 +1,15 @@
 //! Fault injection (`UROCE_FAULTS`): loss, duplication, reordering and corruption of what the
-//! wrapped fabric sends and delivers, drawn from a seeded generator.
+//! wrapped fabric sends and delivers, drawn as the simulator draws its links' faults
+//! ([`uroce_engine::faults`]). Holding back here means sending after the next datagram.
 
 use core::net::{IpAddr, SocketAddr};
 
+use uroce_engine::faults::{Faults, flip_bit};
+use uroce_engine::seeded::Rng;
 use uroce_engine::{Instant, RxInfo};
 
 use super::{Fabric, Outgoing, Sink, with_icrc};
 use crate::device::NetCounters;
-use crate::faults::{FaultRng, Faults};
 use crate::sys::memory::Registry;
 
 /// A fabric with faults.
@@ -16,7 +18,7 @@ pub(crate) struct Faulty<F> {
     /// The device's address, the source of what it sends.
     local: IpAddr,
     faults: Faults,
-    rng: FaultRng,
+    rng: Rng,
     /// A packet held back to be sent after the next one (reordering).
     held: Option<Outgoing>,
     staged: Vec<Outgoing>,
@@ -24,7 +26,7 @@ pub(crate) struct Faulty<F> {
 
 impl<F: Fabric> Faulty<F> {
     pub(crate) fn new(inner: F, local: IpAddr, faults: Faults, seed: u64) -> Self {
-        let (rng, held, staged) = (FaultRng::new(seed), None, Vec::new());
+        let (rng, held, staged) = (Rng::new(seed), None, Vec::new());
         Self { inner, local, faults, rng, held, staged }
     }
 }
@@ -35,16 +37,16 @@ impl<F: Fabric> Fabric for Faulty<F> {
             // A corrupted packet must fail its ICRC at the receiver: compute it first.
             o.fill_icrc(mem, SocketAddr::new(self.local, o.port));
             o.materialize(mem);
-            let fate = self.rng.fate(&self.faults, o.bytes.len());
+            let fate = self.faults.fate(&mut self.rng, o.bytes.len());
             if fate.drop {
                 c.fault_drops += 1;
                 continue;
             }
             if let Some(bit) = fate.flip {
-                o.bytes[bit / 8] ^= 1 << (bit % 8);
+                flip_bit(&mut o.bytes, bit);
                 c.fault_corruptions += 1;
             }
-            if fate.dup {
+            if fate.duplicate {
                 c.fault_dups += 1;
                 let copy = Outgoing { bytes: o.bytes.clone(), pieces: Vec::new(), ..o };
                 self.staged.push(copy);
@@ -71,7 +73,7 @@ impl<F: Fabric> Fabric for Faulty<F> {
         let (faults, rng) = (&self.faults, &mut self.rng);
         let mut side = NetCounters::default();
         let n = self.inner.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8], intact| {
-            let fate = rng.fate(faults, bytes.len());
+            let fate = faults.fate(rng, bytes.len());
             if fate.drop {
                 side.fault_drops += 1;
                 return;
@@ -81,7 +83,7 @@ impl<F: Fabric> Fabric for Faulty<F> {
                 Some(bit) => {
                     // With a valid ICRC, so the receiver's check catches the flip.
                     let mut copy = if intact { with_icrc(rx, bytes) } else { bytes.to_vec() };
-                    copy[bit / 8] ^= 1 << (bit % 8);
+                    flip_bit(&mut copy, bit);
                     side.fault_corruptions += 1;
                     corrupted = copy;
                     (&corrupted[..], false)
@@ -89,7 +91,7 @@ impl<F: Fabric> Fabric for Faulty<F> {
                 None => (bytes, intact),
             };
             sink(rx, bytes, intact);
-            if fate.dup {
+            if fate.duplicate {
                 side.fault_dups += 1;
                 sink(rx, bytes, intact);
             }
