@@ -27,13 +27,22 @@
 //!
 //! # Bounds
 //!
-//! At most [`Config::max_connections`] connections exist at once (REQs beyond are rejected
-//! with "no resources"), and a listener holds at most its backlog of requests the consumer has
-//! not answered. Every MAD refused is counted in [`Counters`], by reason.
+//! At most [`Config::max_connections`] connections exist at once, and at most
+//! [`Config::max_connections_per_remote`] of them that one remote address asked for: a REQ
+//! past either is rejected with "no resources", so one peer cannot take every connection from
+//! the others. A listener holds at most its backlog of requests the consumer has not
+//! answered. SIDR requests are bounded the same way ([`MAX_SIDR`], [`MAX_SIDR_PER_REMOTE`]).
+//! Every MAD refused is counted in [`Counters`], by reason. What a MAD costs does not grow
+//! with the number of connections: connections are found by comm ID, by the peer's comm ID
+//! and by the peer's QP, and timers are kept by deadline.
 #![forbid(unsafe_code)]
 
+mod timers;
+
 use core::net::IpAddr;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use timers::Timers;
 
 pub use uroce_engine::{Duration, Instant};
 use uroce_wire::cm::{
@@ -67,11 +76,16 @@ pub struct Config {
     pub packet_lifetime: u8,
     /// Connections at once, in every state.
     pub max_connections: usize,
+    /// Connections at once that one remote address asked for (passive ones, in every state
+    /// until forgotten): a REQ past it is rejected, so a peer that floods requests leaves room
+    /// for the others. Connections the consumer asks for do not count.
+    pub max_connections_per_remote: usize,
 }
 
 impl Config {
     /// What uroce uses: response timeout 2^18 × 4.096 µs (1.07 s), 15 retries, packet
-    /// lifetime 2^14 × 4.096 µs (67 ms), 65,536 connections.
+    /// lifetime 2^14 × 4.096 µs (67 ms), 65,536 connections, a quarter of them (16,384)
+    /// with any one remote address.
     pub const fn new(id_prefix: u8, id_seed: u32, ca_guid: u64) -> Self {
         Self {
             id_prefix,
@@ -81,6 +95,7 @@ impl Config {
             max_cm_retries: 15,
             packet_lifetime: 14,
             max_connections: 65_536,
+            max_connections_per_remote: 16_384,
         }
     }
 }
@@ -357,8 +372,13 @@ pub struct Counters {
     pub dup_req: u64,
     /// REQs and SIDR_REQs for a service nobody listens on (answered with REJ or SIDR_REP).
     pub no_listener: u64,
-    /// REQs refused because the listener's backlog or the connection limit is full.
+    /// REQs (and SIDR_REQs) refused because the listener's backlog or the connection limit
+    /// is full.
     pub backlog_full: u64,
+    /// REQs and SIDR_REQs refused because their sender holds its share already
+    /// ([`Config::max_connections_per_remote`], [`MAX_SIDR_PER_REMOTE`]) (answered with REJ "no resources" or
+    /// SIDR_REP "no QP").
+    pub remote_full: u64,
     /// REQs refused as stale: the QP is in a live connection already (IBA 12.9.8.3.1).
     pub stale: u64,
 }
@@ -374,7 +394,6 @@ struct Conn {
     remote_qpn: Qpn,
     /// The message sent last that awaits an answer, for retransmission and duplicates.
     sent: Option<[u8; MAD_LEN]>,
-    deadline: Option<Instant>,
     /// The wait for one answer, and how many retries remain.
     wait: Duration,
     retries_left: u8,
@@ -387,7 +406,6 @@ struct Conn {
 struct SidrOut {
     remote: IpAddr,
     sent: [u8; MAD_LEN],
-    deadline: Instant,
     retries_left: u8,
 }
 
@@ -414,16 +432,36 @@ pub struct Cm {
     conns: BTreeMap<CommId, Conn>,
     /// Passive connections by the peer's address and comm ID: duplicate REQs.
     by_remote: HashMap<(IpAddr, CommId), CommId>,
+    /// Connections by the peer's address and QP, once known: stale REQs.
+    by_qp: BTreeSet<(IpAddr, Qpn, CommId)>,
+    /// What each remote address holds here; an address holding nothing has no entry.
+    load: HashMap<IpAddr, Load>,
+    /// The deadline of every connection and outgoing SIDR request that waits for one (their
+    /// IDs come from one space, [`Cm::alloc_id`]).
+    timers: Timers<u32>,
     listeners: HashMap<u64, Listener>,
     sidr_out: BTreeMap<u32, SidrOut>,
     sidr_in: BTreeMap<u32, SidrIn>,
+    /// Unanswered SIDR requests by the requester's address and request ID: duplicates.
+    sidr_in_by_remote: HashMap<(IpAddr, u32), u32>,
     out: VecDeque<Outgoing>,
     events: VecDeque<Event>,
     counters: Counters,
 }
 
 /// How many SIDR requests (each way) may be outstanding.
-const MAX_SIDR: usize = 4096;
+pub const MAX_SIDR: usize = 4096;
+
+/// How many unanswered SIDR requests one remote address may have here: a quarter of them.
+pub const MAX_SIDR_PER_REMOTE: usize = MAX_SIDR / 4;
+
+/// What one remote address made a CM hold.
+#[derive(Debug, Clone, Copy, Default)]
+struct Load {
+    /// Passive connections, in every state.
+    conns: usize,
+    sidr_in: usize,
+}
 
 impl Cm {
     /// A CM with no connections.
@@ -434,9 +472,13 @@ impl Cm {
             next_tid: u64::from(config.id_seed) << 8,
             conns: BTreeMap::new(),
             by_remote: HashMap::new(),
+            by_qp: BTreeSet::new(),
+            load: HashMap::new(),
+            timers: Timers::new(),
             listeners: HashMap::new(),
             sidr_out: BTreeMap::new(),
             sidr_in: BTreeMap::new(),
+            sidr_in_by_remote: HashMap::new(),
             out: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
@@ -464,6 +506,69 @@ impl Cm {
         self.conns.len()
     }
 
+    /// Connections `remote` asked for (passive ones) held, in every state.
+    pub fn connections_from(&self, remote: IpAddr) -> usize {
+        self.load.get(&remote).map_or(0, |l| l.conns)
+    }
+
+    /// Unanswered SIDR requests from `remote`.
+    pub fn sidr_requests_from(&self, remote: IpAddr) -> usize {
+        self.load.get(&remote).map_or(0, |l| l.sidr_in)
+    }
+
+    /// Whether anything at all is held: connections, SIDR requests either way, timers,
+    /// or per-address bookkeeping. Listeners do not count.
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+            && self.sidr_out.is_empty()
+            && self.sidr_in.is_empty()
+            && self.by_remote.is_empty()
+            && self.by_qp.is_empty()
+            && self.load.is_empty()
+            && self.sidr_in_by_remote.is_empty()
+            && self.timers.len() == 0
+    }
+
+    /// Takes in a new connection and what indexes it.
+    fn hold(&mut self, id: CommId, c: Conn) {
+        if c.passive {
+            self.load.entry(c.remote).or_default().conns += 1;
+            self.by_remote.insert((c.remote, c.remote_id), id);
+            self.by_qp.insert((c.remote, c.remote_qpn, id));
+        }
+        self.conns.insert(id, c);
+    }
+
+    /// Lets go of a connection and everything that indexes it.
+    fn forget(&mut self, id: CommId) {
+        let Some(c) = self.conns.remove(&id) else { return };
+        if c.passive {
+            self.by_remote.remove(&(c.remote, c.remote_id));
+            self.unload(c.remote, |l| l.conns -= 1);
+        }
+        self.by_qp.remove(&(c.remote, c.remote_qpn, id));
+        self.timers.set(id, None);
+    }
+
+    fn unload(&mut self, remote: IpAddr, f: impl FnOnce(&mut Load)) {
+        if let Some(l) = self.load.get_mut(&remote) {
+            f(l);
+            if l.conns == 0 && l.sidr_in == 0 {
+                self.load.remove(&remote);
+            }
+        }
+    }
+
+    /// Whether `remote` holds its share already (connections, or SIDR requests when `sidr`).
+    fn remote_full(&self, remote: IpAddr, sidr: bool) -> bool {
+        let l = self.load.get(&remote).copied().unwrap_or_default();
+        if sidr {
+            l.sidr_in >= MAX_SIDR_PER_REMOTE
+        } else {
+            l.conns >= self.config.max_connections_per_remote
+        }
+    }
+
     /// Whether someone listens on `service_id` here.
     pub fn is_listening(&self, service_id: u64) -> bool {
         self.listeners.contains_key(&service_id)
@@ -474,7 +579,10 @@ impl Cm {
             self.next_id = self.next_id.wrapping_add(1);
             let low = self.next_id & 0xFF_FFFF;
             let id = (u32::from(self.config.id_prefix) << 24) | low;
-            if low != 0 && !self.conns.contains_key(&id) && !self.sidr_out.contains_key(&id) {
+            let taken = self.conns.contains_key(&id)
+                || self.sidr_out.contains_key(&id)
+                || self.sidr_in.contains_key(&id);
+            if low != 0 && !taken {
                 return id;
             }
         }
@@ -570,7 +678,8 @@ impl Cm {
         let wait = exp_time(c.response_timeout) + self.lifetime();
         let retries = c.max_cm_retries;
         let sent = self.send(p.remote, CmMad { tid, message: Message::Req(req) });
-        self.conns.insert(
+        self.timers.set(id, Some(now + wait));
+        self.hold(
             id,
             Conn {
                 remote: p.remote,
@@ -581,7 +690,6 @@ impl Cm {
                 passive: false,
                 remote_qpn: Qpn::from_masked(0),
                 sent,
-                deadline: Some(now + wait),
                 wait,
                 retries_left: retries,
                 timewait: exp_time(p.local_ack_timeout.saturating_add(1))
@@ -624,7 +732,7 @@ impl Cm {
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = ConnState::RepSent;
             c.sent = sent;
-            c.deadline = Some(now + c.wait);
+            self.timers.set(id, Some(now + c.wait));
         }
         Ok(())
     }
@@ -673,8 +781,8 @@ impl Cm {
             c.state = ConnState::Established;
             // Kept to answer a duplicate REP (our RTU was lost).
             c.sent = sent;
-            c.deadline = None;
         }
+        self.timers.set(id, None);
         self.event(orphan, Event::Established { id });
         Ok(())
     }
@@ -687,8 +795,8 @@ impl Cm {
             return Err(Error::InvalidState(id, c.state));
         }
         c.state = ConnState::Established;
-        c.deadline = None;
         let orphan = c.orphan;
+        self.timers.set(id, None);
         self.event(orphan, Event::Established { id });
         Ok(())
     }
@@ -716,8 +824,8 @@ impl Cm {
                     c.sent = sent;
                     c.wait = wait;
                     c.retries_left = retries;
-                    c.deadline = Some(now + wait);
                 }
+                self.timers.set(id, Some(now + wait));
                 Ok(())
             }
             ConnState::DreqRcvd => {
@@ -768,7 +876,8 @@ impl Cm {
         };
         let deadline = now + exp_time(self.config.response_timeout) + self.lifetime();
         let retries_left = self.config.max_cm_retries;
-        self.sidr_out.insert(id, SidrOut { remote, sent, deadline, retries_left });
+        self.sidr_out.insert(id, SidrOut { remote, sent, retries_left });
+        self.timers.set(id, Some(deadline));
         Ok(id)
     }
 
@@ -781,10 +890,12 @@ impl Cm {
         qkey: QKey,
         private_data: &[u8],
     ) -> Result<(), Error> {
-        let r = self.sidr_in.remove(&id).ok_or(Error::UnknownId(id))?;
         if private_data.len() > uroce_wire::cm::private_len::SIDR_REP {
             return Err(Error::PrivateDataTooLong);
         }
+        let r = self.sidr_in.remove(&id).ok_or(Error::UnknownId(id))?;
+        self.sidr_in_by_remote.remove(&(r.remote, r.request_id));
+        self.unload(r.remote, |l| l.sidr_in -= 1);
         self.send_sidr_rep(
             r.remote,
             r.tid,
@@ -810,38 +921,35 @@ impl Cm {
 
     /// The earliest instant at which [`Cm::handle_timeout`] has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let conns = self.conns.values().filter_map(|c| c.deadline);
-        conns.chain(self.sidr_out.values().map(|s| s.deadline)).min()
+        self.timers.next()
     }
 
-    /// Runs the timers due at `now`: retransmissions, given-up handshakes, TimeWait's end.
+    /// Runs the timers due at `now`, earliest first: retransmissions, given-up handshakes,
+    /// TimeWait's end, SIDR requests retried or given up.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<CommId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
-            .map(|(&id, _)| id)
-            .collect();
-        for id in due {
-            self.conn_timeout(now, id);
-        }
-        let due: Vec<u32> =
-            self.sidr_out.iter().filter(|(_, s)| s.deadline <= now).map(|(&id, _)| id).collect();
-        let wait = exp_time(self.config.response_timeout) + self.lifetime();
-        for id in due {
-            let Some(s) = self.sidr_out.get_mut(&id) else { continue };
-            if s.retries_left == 0 {
-                self.sidr_out.remove(&id);
-                self.events.push_back(Event::SidrTimeout { id });
-                continue;
+        for id in self.timers.take_due(now) {
+            if self.conns.contains_key(&id) {
+                self.conn_timeout(now, id);
+            } else {
+                self.sidr_timeout(now, id);
             }
-            s.retries_left -= 1;
-            s.deadline = now + wait;
-            let (to, bytes) = (s.remote, s.sent);
-            self.out.push_back((to, bytes));
-            self.counters.tx_mads += 1;
-            self.counters.retransmits += 1;
         }
+    }
+
+    fn sidr_timeout(&mut self, now: Instant, id: u32) {
+        let Some(s) = self.sidr_out.get_mut(&id) else { return };
+        if s.retries_left == 0 {
+            self.sidr_out.remove(&id);
+            self.events.push_back(Event::SidrTimeout { id });
+            return;
+        }
+        s.retries_left -= 1;
+        let (to, bytes) = (s.remote, s.sent);
+        self.out.push_back((to, bytes));
+        self.counters.tx_mads += 1;
+        self.counters.retransmits += 1;
+        let wait = exp_time(self.config.response_timeout) + self.lifetime();
+        self.timers.set(id, Some(now + wait));
     }
 
     fn conn_timeout(&mut self, now: Instant, id: CommId) {
@@ -854,7 +962,7 @@ impl Cm {
         }
         if c.retries_left > 0 {
             c.retries_left -= 1;
-            c.deadline = Some(now + c.wait);
+            self.timers.set(id, Some(now + c.wait));
             if let Some(bytes) = c.sent {
                 self.out.push_back((c.remote, bytes));
                 self.counters.tx_mads += 1;
@@ -875,14 +983,15 @@ impl Cm {
                 self.enter_timewait(now, id);
                 self.event(orphan, Event::Disconnected { id });
             }
-            _ => c.deadline = None,
+            // Every other state waits for nothing (its timer was taken as it came due).
+            _ => {}
         }
     }
 
     fn enter_timewait(&mut self, now: Instant, id: CommId) {
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = ConnState::TimeWait;
-            c.deadline = Some(now + c.timewait);
+            self.timers.set(id, Some(now + c.timewait));
             c.retries_left = 0;
         }
     }
@@ -895,14 +1004,6 @@ impl Cm {
             c.sent = None;
         }
         self.enter_timewait(now, id);
-    }
-
-    fn forget(&mut self, id: CommId) {
-        if let Some(c) = self.conns.remove(&id)
-            && c.passive
-        {
-            self.by_remote.remove(&(c.remote, c.remote_id));
-        }
     }
 
     fn unpend(&mut self, service: u64) {
@@ -1019,11 +1120,12 @@ impl Cm {
             return;
         }
         // IBA 12.9.8.3.1: a REQ naming a QP already in a live connection with us is stale.
-        let stale = self.conns.values().any(|c| {
-            c.remote == from
-                && c.remote_qpn == r.local_qpn
-                && matches!(c.state, ConnState::Established | ConnState::RepSent)
-        });
+        let qp = (from, r.local_qpn);
+        let stale = self
+            .by_qp
+            .range((qp.0, qp.1, CommId::MIN)..=(qp.0, qp.1, CommId::MAX))
+            .filter_map(|&(_, _, id)| self.conns.get(&id))
+            .any(|c| matches!(c.state, ConnState::Established | ConnState::RepSent));
         if stale {
             self.counters.stale += 1;
             self.send_rej(from, tid, 0, r.local_comm_id, MsgRef::Req, reason::STALE_CONN, &[]);
@@ -1047,10 +1149,17 @@ impl Cm {
             self.send_rej(from, tid, 0, r.local_comm_id, MsgRef::Req, reason::NO_RESOURCES, &[]);
             return;
         }
-        l.pending += 1;
+        if self.remote_full(from, false) {
+            self.counters.remote_full += 1;
+            self.send_rej(from, tid, 0, r.local_comm_id, MsgRef::Req, reason::NO_RESOURCES, &[]);
+            return;
+        }
+        if let Some(l) = self.listeners.get_mut(&r.service_id) {
+            l.pending += 1;
+        }
         let id = self.alloc_id();
         let wait = exp_time(r.local_cm_response_timeout) + self.lifetime();
-        self.conns.insert(
+        self.hold(
             id,
             Conn {
                 remote: from,
@@ -1061,7 +1170,6 @@ impl Cm {
                 passive: true,
                 remote_qpn: r.local_qpn,
                 sent: None,
-                deadline: None,
                 wait,
                 retries_left: r.max_cm_retries,
                 timewait: exp_time(r.primary.local_ack_timeout.saturating_add(1))
@@ -1069,7 +1177,6 @@ impl Cm {
                 orphan: false,
             },
         );
-        self.by_remote.insert((from, r.local_comm_id), id);
         let info = RequestInfo {
             service_id: r.service_id,
             remote_qpn: r.local_qpn,
@@ -1141,11 +1248,11 @@ impl Cm {
             {
                 c.state = ConnState::MraReqRcvd;
                 let l = exp_time(self.config.packet_lifetime);
-                c.deadline = Some(now + exp_time(x.service_timeout) + l + l);
+                self.timers.set(id, Some(now + exp_time(x.service_timeout) + l + l));
             }
             (Message::Mra(x), ConnState::RepSent) if x.message == MsgRef::Rep => {
                 let l = exp_time(self.config.packet_lifetime);
-                c.deadline = Some(now + exp_time(x.service_timeout) + l + l);
+                self.timers.set(id, Some(now + exp_time(x.service_timeout) + l + l));
             }
             (Message::Rej(x), ConnState::ReqSent | ConnState::MraReqRcvd | ConnState::RepSent) => {
                 let passive = c.passive;
@@ -1162,8 +1269,9 @@ impl Cm {
                 c.remote_id = r.local_comm_id;
                 c.remote_qpn = r.local_qpn;
                 c.state = ConnState::RepRcvd;
-                c.deadline = None;
                 c.sent = None;
+                self.by_qp.insert((c.remote, r.local_qpn, id));
+                self.timers.set(id, None);
                 let info = ReplyInfo {
                     remote_qpn: r.local_qpn,
                     starting_psn: r.starting_psn,
@@ -1185,7 +1293,7 @@ impl Cm {
             (Message::Rep(_), ConnState::RepRcvd) => {}
             (Message::Rtu(_), ConnState::RepSent) => {
                 c.state = ConnState::Established;
-                c.deadline = None;
+                self.timers.set(id, None);
                 self.event(orphan, Event::Established { id });
             }
             (Message::Rtu(_), ConnState::Established) => {}
@@ -1195,7 +1303,7 @@ impl Cm {
                 // A DREQ overtaking the RTU says the active side is established: so are we.
                 let overtook = c.state == ConnState::RepSent;
                 c.state = ConnState::DreqRcvd;
-                c.deadline = None;
+                self.timers.set(id, None);
                 if overtook {
                     self.event(orphan, Event::Established { id });
                 }
@@ -1246,38 +1354,26 @@ impl Cm {
     }
 
     fn on_sidr_req(&mut self, from: IpAddr, tid: u64, s: &SidrReq<'_>) {
-        if self.sidr_in.values().any(|r| r.remote == from && r.request_id == s.request_id) {
+        if self.sidr_in_by_remote.contains_key(&(from, s.request_id)) {
             self.counters.dup_req += 1;
             return;
         }
-        if !self.listeners.contains_key(&s.service_id) {
+        // IBA 12.11.2, table 118: the SIDR_REP's status says why no QP is named.
+        let refusal = if !self.listeners.contains_key(&s.service_id) {
             self.counters.no_listener += 1;
-            let status = sidr_status::UNSUPPORTED_SERVICE;
-            self.send_sidr_rep(
-                from,
-                tid,
-                s.request_id,
-                s.service_id,
-                status,
-                Qpn::from_masked(0),
-                QKey(0),
-                &[],
-            );
-            return;
-        }
-        if self.sidr_in.len() >= MAX_SIDR {
+            Some(sidr_status::UNSUPPORTED_SERVICE)
+        } else if self.sidr_in.len() >= MAX_SIDR {
             self.counters.backlog_full += 1;
-            let status = sidr_status::NO_QP;
-            self.send_sidr_rep(
-                from,
-                tid,
-                s.request_id,
-                s.service_id,
-                status,
-                Qpn::from_masked(0),
-                QKey(0),
-                &[],
-            );
+            Some(sidr_status::NO_QP)
+        } else if self.remote_full(from, true) {
+            self.counters.remote_full += 1;
+            Some(sidr_status::NO_QP)
+        } else {
+            None
+        };
+        if let Some(status) = refusal {
+            let (id, service, none) = (s.request_id, s.service_id, Qpn::from_masked(0));
+            self.send_sidr_rep(from, tid, id, service, status, none, QKey(0), &[]);
             return;
         }
         let id = self.alloc_id();
@@ -1285,6 +1381,8 @@ impl Cm {
             id,
             SidrIn { remote: from, request_id: s.request_id, service_id: s.service_id, tid },
         );
+        self.sidr_in_by_remote.insert((from, s.request_id), id);
+        self.load.entry(from).or_default().sidr_in += 1;
         self.events.push_back(Event::SidrRequest {
             id,
             from,
@@ -1299,6 +1397,7 @@ impl Cm {
             return;
         }
         self.sidr_out.remove(&s.request_id);
+        self.timers.set(s.request_id, None);
         self.events.push_back(Event::SidrReply {
             id: s.request_id,
             status: s.status,

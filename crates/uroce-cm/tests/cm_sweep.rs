@@ -1,139 +1,74 @@
-//! The CM in virtual time between two hosts over a network that drops, duplicates and reorders
-//! MADs: handshakes, rejections and releases for many seeds at 0–10 % loss, every invariant
-//! checked; and peers that vanish mid-handshake or mid-release, where both sides must hear
-//! of the failure.
+//! The CM in virtual time between two hosts over the simulator's fabric, whose links drop,
+//! duplicate and reorder MADs: handshakes, rejections and releases for many seeds at 0–10 %
+//! loss, every invariant checked; peers that vanish mid-handshake or mid-release, where both
+//! sides must hear of the failure; and a peer that floods requests, which gets its share and
+//! no more.
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 #![allow(clippy::cast_possible_truncation, reason = "small test indices and seeds")]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use uroce_cm::{
     AcceptParams, Cm, CommId, Config, ConnectParams, Duration, Event, Instant, RequestInfo,
 };
-use uroce_engine::seeded::Rng;
-use uroce_wire::cm::{TransportType, reason};
+use uroce_sim::{CmNode, Fabric, Faults, LinkConfig};
+use uroce_wire::cm::{CmMad, Message, TransportType, reason};
 use uroce_wire::{Psn, Qpn};
-
-#[derive(Clone, Copy)]
-struct Faults {
-    loss: f64,
-    dup: f64,
-    /// Up to this much extra delay per MAD: reorders.
-    jitter_us: u64,
-}
 
 const SERVICE: u64 = 0x0106_1c06;
 
-struct Host {
-    addr: IpAddr,
-    cm: Cm,
-    events: Vec<Event>,
+/// Two CMs, A (node 0, 10.0.0.1) and B (node 1, 10.0.0.2), on links with a 5 µs delay, up to
+/// `jitter_us` more (which reorders), and `faults`.
+fn net(seed: u64, faults: Faults, jitter_us: u64) -> Fabric<CmNode> {
+    let mut f = Fabric::new(seed);
+    let link = LinkConfig::default()
+        .delay(Duration::from_micros(5))
+        .jitter(Duration::from_micros(jitter_us))
+        .faults(faults, Duration::ZERO);
+    f.set_all_links(link);
+    for (addr, prefix, id_seed) in
+        [("10.0.0.1", 1, seed as u32), ("10.0.0.2", 2, (seed >> 7) as u32)]
+    {
+        let cm = Cm::new(Config::new(prefix, id_seed, 0x1000 + u64::from(prefix)));
+        f.add_node(CmNode::new(addr.parse().unwrap(), cm));
+    }
+    f
 }
 
-struct Net {
-    now: Instant,
-    hosts: [Host; 2],
-    /// In flight: delivery time, sequence (for a stable order), destination host, MAD.
-    flight: BTreeMap<(Instant, u64), (usize, IpAddr, [u8; 256])>,
-    seq: u64,
-    rng: Rng,
-    faults: Faults,
-    /// Host `i` is cut off from the network (vanished).
-    cut: [bool; 2],
-    /// The transaction ID of each DREQ sent, by its sender's comm ID: a DREP must carry it.
-    dreq_tids: HashMap<u32, u64>,
+fn perfect(seed: u64) -> Fabric<CmNode> {
+    net(seed, Faults::default(), 0)
 }
 
-impl Net {
-    fn new(seed: u64, faults: Faults) -> Self {
-        let a: IpAddr = "10.0.0.1".parse().unwrap();
-        let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let host = |addr, prefix, seed| Host {
-            addr,
-            cm: Cm::new(Config::new(prefix, seed, 0x1000 + u64::from(prefix))),
-            events: Vec::new(),
-        };
-        Self {
-            now: Instant::ZERO,
-            hosts: [host(a, 1, seed as u32), host(b, 2, (seed >> 7) as u32)],
-            flight: BTreeMap::new(),
-            seq: 0,
-            rng: Rng::new(seed),
-            faults,
-            cut: [false; 2],
-            dreq_tids: HashMap::new(),
-        }
-    }
+fn addrs(f: &Fabric<CmNode>) -> (IpAddr, IpAddr) {
+    use uroce_sim::Node;
+    (f[0].addr(), f[1].addr())
+}
 
-    fn index_of(&self, addr: IpAddr) -> usize {
-        usize::from(self.hosts[1].addr == addr)
-    }
+/// Cuts every link (both hosts vanish from the network), or heals them.
+fn cut(f: &mut Fabric<CmNode>, cut: bool) {
+    let loss = if cut { 1.0 } else { 0.0 };
+    f.set_all_links(LinkConfig::default().delay(Duration::from_micros(5)).loss(loss));
+}
 
-    /// Moves every MAD the CMs want to send into the network.
-    fn collect(&mut self) {
-        for i in 0..2 {
-            while let Some((to, mad)) = self.hosts[i].cm.poll_transmit() {
-                let from = self.hosts[i].addr;
-                let j = self.index_of(to);
-                if self.cut[i] || self.cut[j] || self.rng.gen_bool(self.faults.loss) {
-                    continue;
-                }
-                let copies = if self.rng.gen_bool(self.faults.dup) { 2 } else { 1 };
-                for _ in 0..copies {
-                    let delay = 5 + self.rng.gen_range(0..self.faults.jitter_us + 1);
-                    self.seq += 1;
-                    let at = self.now + Duration::from_micros(delay);
-                    self.flight.insert((at, self.seq), (j, from, mad));
+/// Every DREP carries the transaction ID of the DREQ it answers (IBA 12.6.11), checked on
+/// everything the CMs sent.
+fn check_drep_tids(f: &Fabric<CmNode>, seed: u64) {
+    let mut dreq_tids: HashMap<(usize, CommId), u64> = HashMap::new();
+    for sent in f.sent() {
+        let Ok(m) = CmMad::parse(&sent.datagram.payload) else { continue };
+        match m.message {
+            Message::Dreq(d) => {
+                dreq_tids.insert((sent.from, d.local_comm_id), m.tid);
+            }
+            Message::Drep(d) => {
+                if let Some(&t) = dreq_tids.get(&(1 - sent.from, d.remote_comm_id)) {
+                    assert_eq!(m.tid, t, "seed {seed}: a DREP carries its DREQ's transaction ID");
                 }
             }
+            _ => {}
         }
-    }
-
-    /// Advances to the next MAD or timer; false when nothing is left to happen before `until`.
-    fn step(&mut self, until: Instant) -> bool {
-        self.collect();
-        let next_mad = self.flight.keys().next().map(|k| k.0);
-        let next_timer = self.hosts.iter().filter_map(|h| h.cm.poll_timeout()).min();
-        let Some(next) = [next_mad, next_timer].into_iter().flatten().min() else {
-            return false;
-        };
-        if next > until {
-            return false;
-        }
-        self.now = self.now.max(next);
-        while let Some(entry) = self.flight.first_entry() {
-            if entry.key().0 > self.now {
-                break;
-            }
-            let (j, from, mad) = entry.remove();
-            if let Ok(m) = uroce_wire::cm::CmMad::parse(&mad) {
-                match m.message {
-                    uroce_wire::cm::Message::Dreq(d) => {
-                        self.dreq_tids.insert(d.local_comm_id, m.tid);
-                    }
-                    uroce_wire::cm::Message::Drep(d) => {
-                        if let Some(&t) = self.dreq_tids.get(&d.remote_comm_id) {
-                            assert_eq!(m.tid, t, "a DREP carries its DREQ's transaction ID");
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            self.hosts[j].cm.handle_mad(self.now, from, &mad);
-        }
-        for h in &mut self.hosts {
-            if h.cm.poll_timeout().is_some_and(|t| t <= self.now) {
-                h.cm.handle_timeout(self.now);
-            }
-        }
-        for h in &mut self.hosts {
-            while let Some(e) = h.cm.poll_event() {
-                h.events.push(e);
-            }
-        }
-        true
     }
 }
 
@@ -172,24 +107,26 @@ struct Story {
 /// The consumer on both sides: B accepts every request but the third (rejected); A confirms
 /// every reply; once established, A releases the even connections and B the odd ones; a
 /// released side answers the peer's DREQ.
-fn run(seed: u64, faults: Faults, conns: u32) {
-    let mut net = Net::new(seed, faults);
-    let (a, b) = (net.hosts[0].addr, net.hosts[1].addr);
-    net.hosts[1].cm.listen(SERVICE, 16).unwrap();
+fn run(seed: u64, faults: Faults, jitter_us: u64, conns: u32) {
+    let mut net = net(seed, faults, jitter_us);
+    net.record_sent(true);
+    let (a, b) = addrs(&net);
+    net[1].cm.listen(SERVICE, 16).unwrap();
     let mut active: HashMap<CommId, u32> = HashMap::new();
     let mut passive: HashMap<CommId, u32> = HashMap::new();
     let mut stories: Vec<Story> = (0..conns).map(|_| Story::default()).collect();
     for k in 0..conns {
-        let id = net.hosts[0].cm.connect(net.now, &connect_params(b, a, k)).unwrap();
+        let now = net.now();
+        let id = net[0].cm.connect(now, &connect_params(b, a, k)).unwrap();
         active.insert(id, k);
     }
     let deadline = Instant::ZERO + Duration::from_secs(600);
-    while net.step(deadline) {
-        let now = net.now;
+    while net.run_until(deadline, CmNode::has_events) {
+        let now = net.now();
         for side in 0..2 {
-            let events = core::mem::take(&mut net.hosts[side].events);
+            let events = core::mem::take(&mut net[side].events);
             for e in events {
-                let cm = &mut net.hosts[side].cm;
+                let cm = &mut net[side].cm;
                 match e {
                     Event::Request { id, from, info } => {
                         assert_eq!((side, from), (1, a));
@@ -284,10 +221,10 @@ fn run(seed: u64, faults: Faults, conns: u32) {
             );
         }
     }
+    check_drep_tids(&net, seed);
     // Everything ends: TimeWait over, nothing left on either side.
-    for h in &net.hosts {
-        assert_eq!(h.cm.connections(), 0, "seed {seed}: connections left over");
-        assert!(h.cm.poll_timeout().is_none());
+    for side in 0..2 {
+        assert!(net[side].cm.is_empty(), "seed {seed}: state left over: {:?}", net[side].cm);
     }
 }
 
@@ -297,7 +234,7 @@ fn handshakes_and_releases_hold_under_loss_duplication_and_reordering() {
         [(0.0, 0.0, 0), (0.001, 0.01, 50), (0.01, 0.05, 500), (0.05, 0.05, 2000), (0.1, 0.1, 5000)]
     {
         for seed in 0..40 {
-            run(seed * 7919 + 1, Faults { loss, dup, jitter_us }, 6);
+            run(seed * 7919 + 1, Faults { loss, dup, ..Faults::default() }, jitter_us, 6);
         }
     }
 }
@@ -305,43 +242,51 @@ fn handshakes_and_releases_hold_under_loss_duplication_and_reordering() {
 #[test]
 fn the_timeouts_follow_the_response_timeout_fields() {
     // A REQ into the void: 1 + 15 sends, each wait 4.096 µs × 2^18 + 2 × 4.096 µs × 2^14.
-    let mut net = Net::new(1, Faults { loss: 0.0, dup: 0.0, jitter_us: 0 });
-    net.cut[1] = true;
-    let (a, b) = (net.hosts[0].addr, net.hosts[1].addr);
-    let id = net.hosts[0].cm.connect(net.now, &connect_params(b, a, 0)).unwrap();
-    while net.step(Instant::ZERO + Duration::from_secs(100)) {}
-    assert_eq!(net.hosts[0].events, [Event::Unreachable { id }]);
+    let mut net = perfect(1);
+    cut(&mut net, true);
+    let (a, b) = addrs(&net);
+    let now = net.now();
+    let id = net[0].cm.connect(now, &connect_params(b, a, 0)).unwrap();
+    assert!(net.run_until(Instant::ZERO + Duration::from_secs(100), CmNode::has_events));
+    assert_eq!(net[0].events, [Event::Unreachable { id }]);
     let wait = uroce_cm::exp_time(18) + uroce_cm::exp_time(14) + uroce_cm::exp_time(14);
-    assert_eq!(net.now.as_nanos(), wait.as_nanos() * 16);
-    assert_eq!(net.hosts[0].cm.counters().tx_mads, 16);
-    assert_eq!(net.hosts[0].cm.connections(), 0);
+    assert_eq!(net.now().as_nanos(), wait.as_nanos() * 16);
+    assert_eq!(net[0].cm.counters().tx_mads, 16);
+    assert!(net[0].cm.is_empty());
+}
+
+/// Runs until nothing is left to happen before `secs`, then collects every event.
+fn run_out(net: &mut Fabric<CmNode>, secs: u64) {
+    net.run_until(Instant::ZERO + Duration::from_secs(secs), |_| false);
+    CmNode::has_events(net);
 }
 
 #[test]
 fn a_peer_that_vanishes_is_reported_on_both_sides() {
     // B vanishes after receiving the REQ and accepting: A's REQs go unanswered (Unreachable),
     // B's REPs too (Unreachable).
-    let mut net = Net::new(3, Faults { loss: 0.0, dup: 0.0, jitter_us: 0 });
-    let (a, b) = (net.hosts[0].addr, net.hosts[1].addr);
-    net.hosts[1].cm.listen(SERVICE, 0).unwrap();
-    let ida = net.hosts[0].cm.connect(net.now, &connect_params(b, a, 0)).unwrap();
-    while net.hosts[1].events.is_empty() {
-        assert!(net.step(Instant::ZERO + Duration::from_secs(1)));
-    }
-    let Event::Request { id: idb, .. } = net.hosts[1].events.remove(0) else { panic!() };
-    net.cut = [true, true];
-    net.hosts[1].cm.accept(net.now, idb, &accept_params()).unwrap();
-    while net.step(Instant::ZERO + Duration::from_secs(100)) {}
-    assert_eq!(net.hosts[0].events, [Event::Unreachable { id: ida }]);
-    assert_eq!(net.hosts[1].events, [Event::Unreachable { id: idb }]);
+    let mut net = perfect(3);
+    let (a, b) = addrs(&net);
+    net[1].cm.listen(SERVICE, 0).unwrap();
+    let now = net.now();
+    let ida = net[0].cm.connect(now, &connect_params(b, a, 0)).unwrap();
+    assert!(net.run_until(Instant::ZERO + Duration::from_secs(1), CmNode::has_events));
+    let Event::Request { id: idb, .. } = net[1].events.remove(0) else { panic!() };
+    cut(&mut net, true);
+    let now = net.now();
+    net[1].cm.accept(now, idb, &accept_params()).unwrap();
+    run_out(&mut net, 100);
+    assert_eq!(net[0].events, [Event::Unreachable { id: ida }]);
+    assert_eq!(net[1].events, [Event::Unreachable { id: idb }]);
 
     // A release into the void still releases (DREQ timeout: IBA 12.9.7).
-    let mut net = Net::new(4, Faults { loss: 0.0, dup: 0.0, jitter_us: 0 });
+    let mut net = perfect(4);
     let (ida, _) = establish(&mut net);
-    net.cut = [true, true];
-    net.hosts[0].cm.disconnect(net.now, ida).unwrap();
-    while net.step(Instant::ZERO + Duration::from_secs(200)) {}
-    assert!(net.hosts[0].events.contains(&Event::Disconnected { id: ida }));
+    cut(&mut net, true);
+    let now = net.now();
+    net[0].cm.disconnect(now, ida).unwrap();
+    run_out(&mut net, 200);
+    assert!(net[0].events.contains(&Event::Disconnected { id: ida }));
 }
 
 fn accept_params() -> AcceptParams {
@@ -357,29 +302,30 @@ fn accept_params() -> AcceptParams {
 }
 
 /// One connection from A to B, established on both sides over a perfect network.
-fn establish(net: &mut Net) -> (CommId, CommId) {
-    let (a, b) = (net.hosts[0].addr, net.hosts[1].addr);
-    net.hosts[1].cm.listen(SERVICE, 0).unwrap();
-    let ida = net.hosts[0].cm.connect(net.now, &connect_params(b, a, 0)).unwrap();
+fn establish(net: &mut Fabric<CmNode>) -> (CommId, CommId) {
+    let (a, b) = addrs(net);
+    net[1].cm.listen(SERVICE, 0).unwrap();
+    let now = net.now();
+    let ida = net[0].cm.connect(now, &connect_params(b, a, 0)).unwrap();
     let mut idb = None;
     loop {
-        assert!(net.step(Instant::ZERO + Duration::from_secs(1)));
-        let now = net.now;
-        for e in core::mem::take(&mut net.hosts[1].events) {
+        assert!(net.run_until(Instant::ZERO + Duration::from_secs(1), CmNode::has_events));
+        let now = net.now();
+        for e in core::mem::take(&mut net[1].events) {
             if let Event::Request { id, .. } = e {
-                net.hosts[1].cm.accept(now, id, &accept_params()).unwrap();
+                net[1].cm.accept(now, id, &accept_params()).unwrap();
                 idb = Some(id);
             }
         }
-        for e in core::mem::take(&mut net.hosts[0].events) {
+        for e in core::mem::take(&mut net[0].events) {
             if let Event::Reply { id, .. } = e {
-                net.hosts[0].cm.ready(id).unwrap();
+                net[0].cm.ready(id).unwrap();
             }
         }
         let established = Some(uroce_cm::ConnState::Established);
         if let Some(idb) = idb
-            && net.hosts[1].cm.state(idb) == established
-            && net.hosts[0].cm.state(ida) == established
+            && net[1].cm.state(idb) == established
+            && net[0].cm.state(ida) == established
         {
             return (ida, idb);
         }
@@ -393,78 +339,158 @@ fn a_late_dreq_after_both_releases_timed_out_is_answered_with_one_drep() {
     // with a DREP, and A that DREP with nothing. The CM once answered a DREQ in TimeWait with
     // the last MAD it had sent, its own DREQ here, and the two ends exchanged DREQs for as
     // long as TimeWait lasted.
-    use uroce_wire::cm::{CmMad, Message};
-    let mut net = Net::new(6, Faults { loss: 0.0, dup: 0.0, jitter_us: 0 });
+    let mut net = perfect(6);
     let (ida, idb) = establish(&mut net);
-    let (a, b) = (net.hosts[0].addr, net.hosts[1].addr);
-    net.hosts[0].cm.disconnect(net.now, ida).unwrap();
-    net.hosts[1].cm.disconnect(net.now, idb).unwrap();
-    let (to_b, dreq) = net.hosts[0].cm.poll_transmit().unwrap();
+    let (a, b) = addrs(&net);
+    let now = net.now();
+    net[0].cm.disconnect(now, ida).unwrap();
+    net[1].cm.disconnect(now, idb).unwrap();
+    let (to_b, dreq) = net[0].cm.poll_transmit().unwrap();
     assert_eq!(to_b, b);
     let dreq_tid = CmMad::parse(&dreq).unwrap().tid;
-    net.cut = [true, true];
+    cut(&mut net, true);
     let timewait = Some(uroce_cm::ConnState::TimeWait);
-    while (net.hosts[0].cm.state(ida), net.hosts[1].cm.state(idb)) != (timewait, timewait) {
-        assert!(net.step(Instant::ZERO + Duration::from_secs(300)));
-    }
-    net.cut = [false, false];
+    let deadline = Instant::ZERO + Duration::from_secs(300);
+    let both_in_timewait =
+        |f: &mut Fabric<CmNode>| (f[0].cm.state(ida), f[1].cm.state(idb)) == (timewait, timewait);
+    assert!(net.run_until(deadline, both_in_timewait));
+    cut(&mut net, false);
 
-    net.hosts[1].cm.handle_mad(net.now, a, &dreq);
-    let (to, answer) = net.hosts[1].cm.poll_transmit().unwrap();
+    let now = net.now();
+    net[1].cm.handle_mad(now, a, &dreq);
+    let (to, answer) = net[1].cm.poll_transmit().unwrap();
     assert_eq!(to, a);
     let answer_mad = CmMad::parse(&answer).unwrap();
     assert!(matches!(answer_mad.message, Message::Drep(_)), "{answer_mad:?}");
     assert_eq!(answer_mad.tid, dreq_tid, "the DREP carries the DREQ's transaction ID");
-    assert!(net.hosts[1].cm.poll_transmit().is_none());
-    net.hosts[0].cm.handle_mad(net.now, b, &answer);
-    assert!(net.hosts[0].cm.poll_transmit().is_none(), "a DREP in TimeWait is not answered");
+    assert!(net[1].cm.poll_transmit().is_none());
+    net[0].cm.handle_mad(now, b, &answer);
+    assert!(net[0].cm.poll_transmit().is_none(), "a DREP in TimeWait is not answered");
 }
 
 #[test]
 fn requests_nobody_listens_for_are_rejected_and_a_flood_is_bounded_by_the_backlog() {
-    let mut net = Net::new(5, Faults { loss: 0.0, dup: 0.0, jitter_us: 0 });
-    let (a, b) = (net.hosts[0].addr, net.hosts[1].addr);
-    let id = net.hosts[0].cm.connect(net.now, &connect_params(b, a, 0)).unwrap();
-    while net.step(Instant::ZERO + Duration::from_secs(1)) {}
-    match &net.hosts[0].events[..] {
+    let mut net = perfect(5);
+    let (a, b) = addrs(&net);
+    let now = net.now();
+    let id = net[0].cm.connect(now, &connect_params(b, a, 0)).unwrap();
+    run_out(&mut net, 1);
+    match &net[0].events[..] {
         [Event::Rejected { id: r, reason: why, .. }] => {
             assert_eq!((*r, *why), (id, reason::INVALID_SERVICE_ID));
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(net.hosts[1].cm.counters().no_listener, 1);
+    assert_eq!(net[1].cm.counters().no_listener, 1);
 
     // Backlog 4, nobody answers: 4 requests wait, the other 16 are rejected.
-    let mut net = Net::new(6, Faults { loss: 0.0, dup: 0.0, jitter_us: 0 });
-    net.hosts[1].cm.listen(SERVICE, 4).unwrap();
+    let mut net = perfect(6);
+    net[1].cm.listen(SERVICE, 4).unwrap();
     for k in 0..20 {
-        net.hosts[0].cm.connect(net.now, &connect_params(b, a, k)).unwrap();
+        let now = net.now();
+        net[0].cm.connect(now, &connect_params(b, a, k)).unwrap();
     }
-    while net.step(Instant::ZERO + Duration::from_millis(100)) {}
-    let requests =
-        net.hosts[1].events.iter().filter(|e| matches!(e, Event::Request { .. })).count();
-    let rejected = net.hosts[0]
+    net.run_for(Duration::from_millis(100));
+    CmNode::has_events(&mut net);
+    let requests = net[1].events.iter().filter(|e| matches!(e, Event::Request { .. })).count();
+    let rejected = net[0]
         .events
         .iter()
         .filter(|e| matches!(e, Event::Rejected { reason: reason::NO_RESOURCES, .. }))
         .count();
     assert_eq!((requests, rejected), (4, 16));
-    assert_eq!(net.hosts[1].cm.connections(), 4);
+    assert_eq!(net[1].cm.connections(), 4);
+}
+
+#[test]
+fn a_peer_that_floods_requests_gets_its_share_and_the_others_still_connect() {
+    // A floods B with REQs, each from a new comm ID and QP, and never confirms a REP; B's
+    // consumer accepts everything. A may hold 32 of B's 64 connections; past them B answers
+    // "no resources" and counts each refusal. C, a second peer, then connects as usual.
+    let mut net = perfect(9);
+    let (a, b) = addrs(&net);
+    let c: IpAddr = "10.0.0.3".parse().unwrap();
+    let mut config = Config::new(3, 0x33, 0x1003);
+    net.add_node(CmNode::new(c, Cm::new(config)));
+    config = Config::new(2, 0x22, 0x1002);
+    config.max_connections = 64;
+    config.max_connections_per_remote = 32;
+    net[1].cm = Cm::new(config);
+    net[1].cm.listen(SERVICE, 0).unwrap();
+    for k in 0..100 {
+        let now = net.now();
+        net[0].cm.connect(now, &connect_params(b, a, k)).unwrap();
+    }
+    let deadline = Instant::ZERO + Duration::from_millis(10);
+    while net.run_until(deadline, CmNode::has_events) {
+        let now = net.now();
+        for e in core::mem::take(&mut net[1].events) {
+            if let Event::Request { id, .. } = e {
+                net[1].cm.accept(now, id, &accept_params()).unwrap();
+            }
+        }
+        // A hears its REPs and its rejections and does nothing with them.
+        net[0].events.clear();
+    }
+    assert_eq!(net[1].cm.connections_from(a), 32);
+    assert_eq!(net[1].cm.counters().remote_full, 68);
+    assert_eq!(net[1].cm.counters().backlog_full, 0);
+
+    let now = net.now();
+    let idc = net[2].cm.connect(now, &connect_params(b, c, 0)).unwrap();
+    let deadline = Instant::ZERO + Duration::from_millis(20);
+    while net.run_until(deadline, CmNode::has_events) {
+        let now = net.now();
+        for e in core::mem::take(&mut net[1].events) {
+            if let Event::Request { id, .. } = e {
+                net[1].cm.accept(now, id, &accept_params()).unwrap();
+            }
+        }
+        for e in core::mem::take(&mut net[2].events) {
+            if let Event::Reply { id, .. } = e {
+                net[2].cm.ready(id).unwrap();
+            }
+        }
+        net[0].events.clear();
+    }
+    assert_eq!(net[2].cm.state(idc), Some(uroce_cm::ConnState::Established));
+    assert_eq!(net[1].cm.connections_from(c), 1);
+
+    // A's half-open connections time out on B (Unreachable after every REP retry), and with
+    // them everything B kept about A.
+    run_out(&mut net, 100);
+    assert_eq!(net[1].cm.connections_from(a), 0);
+}
+
+#[test]
+fn a_peer_that_floods_sidr_requests_gets_its_share() {
+    let mut net = perfect(10);
+    let (a, b) = addrs(&net);
+    net[1].cm.listen(SERVICE, 0).unwrap();
+    let n = uroce_cm::MAX_SIDR_PER_REMOTE + 10;
+    for _ in 0..n {
+        let now = net.now();
+        net[0].cm.sidr_request(now, b, SERVICE, &[]).unwrap();
+    }
+    // B's consumer answers none of them.
+    net.run_for(Duration::from_millis(1));
+    assert_eq!(net[1].cm.sidr_requests_from(a), uroce_cm::MAX_SIDR_PER_REMOTE);
+    assert_eq!(net[1].cm.counters().remote_full, 10);
 }
 
 #[test]
 fn a_slow_consumer_gets_an_mra_and_no_second_request() {
-    let mut net = Net::new(8, Faults { loss: 0.0, dup: 0.0, jitter_us: 0 });
-    let (a, b) = (net.hosts[0].addr, net.hosts[1].addr);
-    net.hosts[1].cm.listen(SERVICE, 0).unwrap();
-    let ida = net.hosts[0].cm.connect(net.now, &connect_params(b, a, 0)).unwrap();
+    let mut net = perfect(8);
+    let (a, b) = addrs(&net);
+    net[1].cm.listen(SERVICE, 0).unwrap();
+    let now = net.now();
+    let ida = net[0].cm.connect(now, &connect_params(b, a, 0)).unwrap();
     // Nobody answers for 5 s: A sends the REQ again, B answers MRA, A waits longer.
-    while net.step(Instant::ZERO + Duration::from_secs(5)) {}
-    let requests =
-        net.hosts[1].events.iter().filter(|e| matches!(e, Event::Request { .. })).count();
+    run_out(&mut net, 5);
+    let requests = net[1].events.iter().filter(|e| matches!(e, Event::Request { .. })).count();
     assert_eq!(requests, 1);
-    assert!(net.hosts[1].cm.counters().dup_req >= 1);
-    assert_eq!(net.hosts[0].cm.state(ida), Some(uroce_cm::ConnState::MraReqRcvd));
+    assert!(net[1].cm.counters().dup_req >= 1);
+    assert_eq!(net[0].cm.state(ida), Some(uroce_cm::ConnState::MraReqRcvd));
 }
 
 #[test]

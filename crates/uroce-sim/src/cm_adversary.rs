@@ -5,15 +5,17 @@
 //! the CM's promises are checked as the schedule runs:
 //!
 //! - every MAD a CM sends parses as the CM message it is meant to be;
-//! - a CM never holds more than [`uroce_cm::Config::max_connections`] connections, whatever
-//!   the peers send;
+//! - a CM never holds more than [`uroce_cm::Config::max_connections`] connections, nor more
+//!   than [`uroce_cm::Config::max_connections_per_remote`] with any one address, whatever the
+//!   peers send;
 //! - one MAD in makes a bounded number of MADs and events out, and is refused under at most
 //!   one counter;
 //! - a connection the consumer started ends its handshake once: established, rejected or
 //!   unreachable, and never two of them;
 //! - once the input ends the network heals, the consumers answer and then destroy every
-//!   connection, time runs past every timer, and both CMs hold nothing: no state outlives
-//!   its connection, whatever a peer did to it.
+//!   connection, time runs past every timer, and both CMs hold nothing (no connection, SIDR
+//!   request, timer or index entry): no state outlives its connection, whatever a peer did
+//!   to it.
 //!
 //! [`run`] is what the `cm` fuzz target calls; the simulator's tests run it over seeded inputs.
 
@@ -32,6 +34,8 @@ pub use crate::adversary::Violation;
 /// The service each CM listens on.
 const SERVICE: u64 = 0x0106_0000_0000_4791;
 const MAX_CONNECTIONS: usize = 12;
+/// Less than [`MAX_CONNECTIONS`], so that the forging third address can fill its share.
+const MAX_CONNECTIONS_PER_REMOTE: usize = 8;
 const BACKLOG: usize = 4;
 /// MADs in flight towards each CM before the network loses more.
 const MAX_IN_FLIGHT: usize = 256;
@@ -127,6 +131,7 @@ fn config(i: u8) -> Config {
     c.max_cm_retries = 3;
     c.packet_lifetime = 2;
     c.max_connections = MAX_CONNECTIONS;
+    c.max_connections_per_remote = MAX_CONNECTIONS_PER_REMOTE;
     c
 }
 
@@ -268,6 +273,7 @@ impl World {
             after.drop_wrong_state - before.drop_wrong_state,
             after.no_listener - before.no_listener,
             after.backlog_full - before.backlog_full,
+            after.remote_full - before.remote_full,
             after.stale - before.stale,
         ];
         if refusals.iter().sum::<u64>() > 1 || after.rx_mads != before.rx_mads + 1 {
@@ -307,10 +313,20 @@ impl World {
             for i in 0..2 {
                 moved |= self.transmit(i)? > 0;
                 moved |= self.consume(i)?;
-                let n = self.sides[i].cm.connections();
+                let cm = &self.sides[i].cm;
+                let n = cm.connections();
                 if n > MAX_CONNECTIONS {
                     let detail = format!("CM {i} holds {n} connections");
                     return Err(self.violation("connections stay within the limit", detail));
+                }
+                if let Some(a) = (0..3).map(addr).find(|&a| {
+                    cm.connections_from(a) > MAX_CONNECTIONS_PER_REMOTE
+                        || cm.sidr_requests_from(a) > uroce_cm::MAX_SIDR_PER_REMOTE
+                }) {
+                    let (n, r) = (cm.connections_from(a), cm.sidr_requests_from(a));
+                    let detail =
+                        format!("CM {i} holds {n} connections and {r} SIDR requests of {a}");
+                    return Err(self.violation("one peer stays within its share", detail));
                 }
             }
             if !moved {
@@ -441,9 +457,12 @@ impl World {
         }
         self.run_out()?;
         for (i, s) in self.sides.iter().enumerate() {
-            let n = s.cm.connections();
-            if n != 0 {
-                let detail = format!("CM {i} holds {n} connections after all were destroyed");
+            if !s.cm.is_empty() {
+                let n = s.cm.connections();
+                let detail = format!(
+                    "CM {i} holds state ({n} connections) after all were destroyed: {:?}",
+                    s.cm
+                );
                 return Err(self.violation("no CM state outlives its connection", detail));
             }
         }

@@ -52,8 +52,10 @@
 #![forbid(unsafe_code)]
 
 pub mod adversary;
+mod cm;
 pub mod cm_adversary;
 mod engine;
+pub use cm::CmNode;
 pub use engine::{DeviceNode, Path};
 
 use core::net::{IpAddr, SocketAddr};
@@ -415,6 +417,16 @@ impl<N: Node> Fabric<N> {
         }
         self.links.push((0..=index).map(|to| link(index, to)).collect());
         index
+    }
+
+    /// How many nodes there are.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether there are no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
     }
 
     /// The node at `index`. Panics if there is none.
