@@ -330,12 +330,45 @@ pub(crate) enum ResourceKind {
     Atomic { orig: u64 },
 }
 
-/// A response waiting to go out.
+/// A response waiting to go out. `replay` marks the answer to a duplicate request, which the
+/// requester sent again for a request it still counts once: only the others count against
+/// `max_dest_rd_atomic`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Response {
-    Ack { psn: Psn, syndrome: Syndrome, msn: Msn },
-    Read { first_psn: Psn, va: u64, rkey: RKey, len: u32, npkts: u32, next: u32, msn: Msn },
-    Atomic { psn: Psn, orig: u64, msn: Msn },
+    Ack {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: Msn,
+    },
+    Read {
+        first_psn: Psn,
+        va: u64,
+        rkey: RKey,
+        len: u32,
+        npkts: u32,
+        next: u32,
+        msn: Msn,
+        replay: bool,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: Msn,
+        replay: bool,
+    },
+}
+
+impl Response {
+    /// A READ or atomic answer for a request first seen, not a duplicate.
+    pub(crate) const fn answers_new_request(&self) -> bool {
+        matches!(self, Self::Read { replay: false, .. } | Self::Atomic { replay: false, .. })
+    }
+
+    pub(crate) fn set_replay(&mut self, on: bool) {
+        if let Self::Read { replay, .. } | Self::Atomic { replay, .. } = self {
+            *replay = on;
+        }
+    }
 }
 
 /// Which NAK the responder sent for the packets behind its expected PSN.

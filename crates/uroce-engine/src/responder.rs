@@ -216,15 +216,16 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
                         npkts: npkts - k,
                         next: 0,
                         msn,
+                        replay: true,
                     })
                 }
                 ResourceKind::Atomic { orig } if k == 0 => {
-                    Some(Response::Atomic { psn, orig, msn })
+                    Some(Response::Atomic { psn, orig, msn, replay: true })
                 }
                 _ => None,
             }
         });
-        let Some(response) = found else {
+        let Some(mut response) = found else {
             ctx.counters.drop_dup_no_resource += 1;
             return;
         };
@@ -245,16 +246,35 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
                 }
                 _ => false,
             };
-            qp.resp.out.retain(|r| !replays_same_range(r));
+            supersede(qp, &mut response, replays_same_range);
         }
         if let Response::Atomic { psn, .. } = response {
-            qp.resp.out.retain(|r| !matches!(*r, Response::Atomic { psn: p, .. } if p == psn));
+            supersede(
+                qp,
+                &mut response,
+                |r| matches!(*r, Response::Atomic { psn: p, .. } if p == psn),
+            );
         }
         queue(qp, ctx, response);
     } else if packet.bth.ack_req {
         // Re-acknowledge everything executed so far (IBA 9.7).
         let last = qp.resp.epsn.sub(1);
         queue(qp, ctx, Response::Ack { psn: last, syndrome: ack_syndrome(qp, ctx), msn });
+    }
+}
+
+/// Removes the queued answers `replaced` picks, which `response` supersedes. If one of them
+/// answered a request first seen, `response` takes its place as that request's answer: the
+/// requester still waits for it.
+fn supersede(qp: &mut Qp, response: &mut Response, replaced: impl Fn(&Response) -> bool) {
+    let mut took_new = false;
+    qp.resp.out.retain(|r| {
+        let gone = replaced(r);
+        took_new |= gone && r.answers_new_request();
+        !gone
+    });
+    if took_new {
+        response.set_replay(false);
     }
 }
 
@@ -395,12 +415,14 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
     // ChkLength: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one (IBA 9.7).
     let length_ok = if info.has(OpFlags::LAST) { len <= mtu } else { len == mtu };
     // ChkResource (IBA 9.5: a requester keeps at most the responder's resources of READ and
-    // atomic requests outstanding; rxe's RESPST_ERR_TOO_MANY_RDMA_ATM_REQ). A peer far past
-    // any such limit is refused rather than queued without bound. The bound is not
-    // max_qp_rd_atom: ib_read_bw through uroce's own requester has been seen with 18 new READs
-    // waiting here, which is a requester question still open.
+    // atomic requests outstanding; rxe's RESPST_ERR_TOO_MANY_RDMA_ATM_REQ). A request whose
+    // answer has not gone out counts until its last response packet has; the answers to
+    // duplicates do not count (the requester resent them for requests it counts once, and
+    // can have seen the first answer complete meanwhile), but all answers together stay
+    // under a bound a peer cannot push.
     let resources_ok = !(info.has(OpFlags::READ) || info.has(OpFlags::ATOMIC))
-        || queued_read_atomic(qp) < MAX_QUEUED_READ_ATOMIC;
+        || (queued_new_read_atomic(qp) < usize::from(qp.max_dest_rd_atomic)
+            && queued_read_atomic(qp) < MAX_QUEUED_READ_ATOMIC);
     if !sequence_ok || !qp.access.contains(right) || !length_ok || !resources_ok {
         let recv = match qp.resp.current.take() {
             Some(InMessage::Send { wqe, .. }) => Some((wqe, WcStatus::REM_INV_REQ_ERR)),
@@ -626,6 +648,7 @@ fn read<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
             npkts,
             next: 0,
             msn,
+            replay: false,
         },
     );
 }
@@ -659,17 +682,22 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
     qp.resp.epsn = psn.next();
     qp.resp.nak = NakSent::None;
     let msn = qp.resp.msn;
-    queue(qp, ctx, Response::Atomic { psn, orig, msn });
+    queue(qp, ctx, Response::Atomic { psn, orig, msn, replay: false });
 }
 
-/// READ and atomic answers a QP's responder holds queued at most (about 160 KiB): far above
-/// what any requester keeps outstanding, a bound on what a peer can make it hold.
+/// READ and atomic answers, duplicates' included, a QP's responder holds queued at most (about
+/// 160 KiB): a bound on what a peer repeating requests can make it hold.
 pub(crate) const MAX_QUEUED_READ_ATOMIC: usize = 4096;
 
 /// READ and atomic responses queued and not yet all sent.
 fn queued_read_atomic(qp: &Qp) -> usize {
     let pending = |r: &&Response| matches!(r, Response::Read { .. } | Response::Atomic { .. });
     qp.resp.out.iter().filter(pending).count()
+}
+
+/// The answers of [`queued_read_atomic`] to requests first seen.
+fn queued_new_read_atomic(qp: &Qp) -> usize {
+    qp.resp.out.iter().filter(|r| r.answers_new_request()).count()
 }
 
 /// Keeps a READ or atomic for duplicates, evicting the oldest beyond `max_dest_rd_atomic`.
@@ -694,13 +722,13 @@ pub(crate) fn poll<M: MemoryAccess>(
             ext.aeth = Some(aeth::Repr { syndrome, msn });
             (Opcode::RC_ACKNOWLEDGE, psn)
         }
-        Response::Atomic { psn, orig, msn } => {
+        Response::Atomic { psn, orig, msn, .. } => {
             qp.resp.out.pop_front();
             ext.aeth = Some(aeth::Repr { syndrome: ack_syndrome(qp, ctx), msn });
             ext.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig });
             (Opcode::RC_ATOMIC_ACKNOWLEDGE, psn)
         }
-        Response::Read { first_psn, va, rkey, len, npkts, next, msn } => {
+        Response::Read { first_psn, va, rkey, len, npkts, next, msn, .. } => {
             let mtu = qp.mtu.bytes();
             let (first, last) = (next == 0, next + 1 >= npkts);
             let opcode = match (first, last) {

@@ -16,6 +16,8 @@ use uroce_wire::{PacketRepr, ROCE_V2_PORT};
 
 const A: usize = 0;
 const B: usize = 1;
+/// Each pair QP's `max_rd_atomic` and `max_dest_rd_atomic`.
+const RD_ATOMIC: u32 = 4;
 
 struct Host {
     dev: Device<VecMemory>,
@@ -110,8 +112,8 @@ impl Pair {
                 retry_cnt: 3,
                 rnr_retry: 3,
                 min_rnr_timer: RnrTimer::from_masked(1),
-                max_rd_atomic: 4,
-                max_dest_rd_atomic: 4,
+                max_rd_atomic: RD_ATOMIC.try_into().unwrap(),
+                max_dest_rd_atomic: RD_ATOMIC.try_into().unwrap(),
             };
             h.dev.connect_qp(h.qp, &path, &reliability).unwrap();
         }
@@ -1402,30 +1404,89 @@ fn reseal(src: SocketAddr, dst: SocketAddr, packet: &mut [u8]) {
     packet[n..].copy_from_slice(&uroce_wire::icrc::to_wire(crc));
 }
 
-/// A peer may have at most `max_qp_rd_atom` READ and atomic requests outstanding (IBA 9.5). A
-/// peer that ignores the limit and floods READ requests, with a valid R_Key and each at the
+/// A peer may have at most `max_dest_rd_atomic` READ and atomic requests outstanding (IBA 9.5).
+/// A peer that ignores the limit and floods READ requests, with a valid R_Key and each at the
 /// expected PSN, faster than the responses go out gets an invalid-request NAK and an Error QP
-/// once 4,096 answers wait; before, every request queued one more response, without bound.
+/// at the one past the limit (the pair's 4); once, every request queued one more response,
+/// without bound.
 #[test]
 fn a_flood_of_read_requests_past_the_responder_resources_is_refused_not_queued() {
     let mut p = Pair::new(Mtu::Mtu1024);
+    let (src_a, read) = forged_read(&mut p);
+    for k in 0..5000u32 {
+        p.hand(B, src_a, &read(k));
+    }
+    let c = *p.net[B].dev.counters();
+    assert_eq!((c.err_naks_sent, c.drop_bad_state), (1, 5000 - u64::from(RD_ATOMIC) - 1), "{c:?}");
+    assert_eq!(p.net[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Error));
+    // The queued READ responses went with the QP; the NAK for request 5 is what goes out.
+    let nak_invalid = Syndrome::Nak(uroce_wire::aeth::NakCode::INVALID_REQUEST).to_byte();
+    assert_eq!(p.drain_sent(B), [(Opcode::RC_ACKNOWLEDGE, Some(nak_invalid))]);
+}
+
+/// The answers to duplicates do not count against the responder's resources: a requester that
+/// resent its READs, then saw their first answers complete and posted one more, is within its
+/// limit while the answers to the copies still wait (`ib_read_bw -a` does this when the ACK
+/// timer fires during an 8 MiB READ: 16 answers to copies were seen queued there). A
+/// responder that counted them NAKed the new READ.
+#[test]
+fn answers_to_duplicate_reads_leave_the_responder_resources_free() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let (src_a, read) = forged_read(&mut p);
+    for k in 0..RD_ATOMIC {
+        p.hand(B, src_a, &read(k));
+    }
+    assert_eq!(p.drain_sent(B).len(), RD_ATOMIC as usize, "each READ answered");
+    for k in 0..RD_ATOMIC {
+        p.hand(B, src_a, &read(k));
+    }
+    p.hand(B, src_a, &read(RD_ATOMIC));
+    let sent = p.drain_sent(B);
+    assert_eq!(sent.len(), RD_ATOMIC as usize + 1, "{sent:?}");
+    assert!(sent.iter().all(|&(op, _)| op == Opcode::RC_RDMA_READ_RESPONSE_ONLY), "{sent:?}");
+    assert_eq!(p.net[B].dev.counters().err_naks_sent, 0);
+    assert_eq!(p.net[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Rts));
+    // New READs with no answer gone out fill the resources again: the next is refused.
+    let next = RD_ATOMIC + 1;
+    for k in next..next + RD_ATOMIC {
+        p.hand(B, src_a, &read(k));
+    }
+    assert_eq!(p.net[B].dev.counters().err_naks_sent, 0);
+    p.hand(B, src_a, &read(next + RD_ATOMIC));
+    assert_eq!(p.net[B].dev.counters().err_naks_sent, 1);
+}
+
+/// A copy of a READ whose answer has not gone out replaces that answer and counts as it did:
+/// repeating requests cannot free the resources their first copies hold.
+#[test]
+fn a_duplicate_that_replaces_an_unsent_answer_still_holds_its_resource() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let (src_a, read) = forged_read(&mut p);
+    for _ in 0..2 {
+        for k in 0..RD_ATOMIC {
+            p.hand(B, src_a, &read(k));
+        }
+    }
+    assert_eq!(p.net[B].dev.counters().err_naks_sent, 0);
+    p.hand(B, src_a, &read(RD_ATOMIC));
+    assert_eq!(p.net[B].dev.counters().err_naks_sent, 1);
+}
+
+/// A's first READ request to B, taken off the wire, and copies of it at later PSNs (one packet
+/// each), resealed: a peer forging READs with a valid R_Key.
+fn forged_read(p: &mut Pair) -> (SocketAddr, impl Fn(u32) -> Vec<u8> + use<>) {
     let dst_b = SocketAddr::new(p.net[B].dev.addr(), ROCE_V2_PORT);
-    p.post_send(A, read_wr(&p, 1, 0, 0, 64));
+    p.post_send(A, read_wr(p, 1, 0, 0, 64));
     let mut request = Vec::new();
     let (src_a, _) = p.take(A, &mut request);
     let first = u32::from_be_bytes([0, request[9], request[10], request[11]]);
-    for k in 0..5000u32 {
+    let at = move |k: u32| {
         let mut r = request.clone();
         r[9..12].copy_from_slice(&(first.wrapping_add(k) & 0xFF_FFFF).to_be_bytes()[1..]);
         reseal(src_a, dst_b, &mut r);
-        p.hand(B, src_a, &r);
-    }
-    let c = *p.net[B].dev.counters();
-    assert_eq!((c.err_naks_sent, c.drop_bad_state), (1, 5000 - 4097), "{c:?}");
-    assert_eq!(p.net[B].dev.qp_state(p.hosts[B].qp), Some(QpState::Error));
-    // The queued READ responses went with the QP; the NAK for request 4,097 is what goes out.
-    let nak_invalid = Syndrome::Nak(uroce_wire::aeth::NakCode::INVALID_REQUEST).to_byte();
-    assert_eq!(p.drain_sent(B), [(Opcode::RC_ACKNOWLEDGE, Some(nak_invalid))]);
+        r
+    };
+    (src_a, at)
 }
 
 /// A peer repeating one atomic request gets one answer however often it repeats it before the
