@@ -29,15 +29,20 @@ pub struct QpCap {
     pub max_inline_data: u32,
 }
 
+impl QpCap {
+    /// 256 WRs each way, 4 scatter/gather elements each, 256 bytes inline.
+    pub const DEFAULT: Self = Self {
+        max_send_wr: 256,
+        max_recv_wr: 256,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 256,
+    };
+}
+
 impl Default for QpCap {
     fn default() -> Self {
-        Self {
-            max_send_wr: 256,
-            max_recv_wr: 256,
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline_data: 256,
-        }
+        Self::DEFAULT
     }
 }
 
@@ -58,6 +63,23 @@ pub struct QpInitAttr {
     pub sq_sig_all: bool,
     /// Take receive WQEs from this shared receive queue instead of the QP's own.
     pub srq: Option<crate::types::SrqHandle>,
+}
+
+impl QpInitAttr {
+    /// A QP of `qp_type` in `pd` completing both queues on `cq`, with the default queue
+    /// limits, every send WR signaled and its own receive queue; change a field with
+    /// `QpInitAttr { sq_sig_all: false, ..QpInitAttr::new(…) }`.
+    pub const fn new(qp_type: QpType, pd: PdHandle, cq: CqHandle) -> Self {
+        Self {
+            qp_type,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap::DEFAULT,
+            sq_sig_all: true,
+            srq: None,
+        }
+    }
 }
 
 /// Attributes for `modify_qp` (`ibv_qp_attr` with its mask: a `Some` field is in the mask).

@@ -911,15 +911,7 @@ fn post_checks_name_the_rule_broken() {
 fn a_full_cq_loses_completions_and_says_so() {
     let mut h = host("127.0.0.9", 3, 0);
     let small = h.dev.create_cq(2).unwrap();
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        pd: h.pd,
-        send_cq: small,
-        recv_cq: small,
-        cap: QpCap::default(),
-        sq_sig_all: true,
-        srq: None,
-    };
+    let init = QpInitAttr::new(QpType::Rc, h.pd, small);
     let qp = h.dev.create_qp(init).unwrap();
     let access = QpAttr {
         pkey_index: Some(0),

@@ -47,15 +47,7 @@ fn pair() -> [Side; 2] {
             // B registers only the writable part for remote access.
             let len = if i == 1 { WRITABLE } else { LEN };
             let mr = dev.reg_mr(pd, BASE[i], len, all).unwrap();
-            let init = QpInitAttr {
-                qp_type: QpType::Rc,
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                cap: QpCap::default(),
-                sq_sig_all: true,
-                srq: None,
-            };
+            let init = QpInitAttr::new(QpType::Rc, pd, cq);
             let qp = dev.create_qp(init).unwrap();
             Side { dev, cq, qp, mr }
         })
@@ -224,15 +216,7 @@ fn ud_target(recvs: u64) -> (Device<VecMemory>, Qpn) {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(64).unwrap();
     let mr = dev.reg_mr(pd, BASE[1], recvs * 256, Access::LOCAL_WRITE).unwrap();
-    let init = QpInitAttr {
-        qp_type: QpType::Ud,
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        cap: QpCap::default(),
-        sq_sig_all: true,
-        srq: None,
-    };
+    let init = QpInitAttr::new(QpType::Ud, pd, cq);
     let qp = dev.create_qp(init).unwrap();
     dev.init_qp(qp, Access::NONE, QKey(0x11)).unwrap();
     dev.ready_datagram_qp(qp, Psn::ZERO).unwrap();
@@ -322,15 +306,7 @@ fn a_multicast_flood_is_bounded_by_the_attach_limit_and_starves_no_other_qp() {
     let limit = DEVICE_ATTR.max_mcast_qp_attach as usize;
     let qps: Vec<Qpn> = (0..=limit)
         .map(|k| {
-            let init = QpInitAttr {
-                qp_type: QpType::Ud,
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                cap: QpCap::default(),
-                sq_sig_all: true,
-                srq: None,
-            };
+            let init = QpInitAttr::new(QpType::Ud, pd, cq);
             let qp = dev.create_qp(init).unwrap();
             dev.init_qp(qp, Access::NONE, QKey(0x11)).unwrap();
             dev.ready_datagram_qp(qp, Psn::ZERO).unwrap();

@@ -23,9 +23,9 @@ use std::collections::{HashMap, VecDeque};
 
 use uroce_engine::{
     Access, AhAttr, AhHandle, Counters, CqHandle, Device, DeviceConfig, Duration, Instant, LKey,
-    MemoryRegion, Mtu, PacketFate, PathAttr, Psn, QKey, QpAttr, QpCap, QpInitAttr, QpState, QpType,
-    Qpn, RKey, RecvWr, Reliability, RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, UdDest,
-    VecMemory, WcStatus, WorkCompletion, WrOpcode,
+    MemoryRegion, Mtu, PacketFate, PathAttr, Psn, QKey, QpAttr, QpInitAttr, QpState, QpType, Qpn,
+    RKey, RecvWr, Reliability, RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, UdDest, VecMemory,
+    WcStatus, WorkCompletion, WrOpcode,
 };
 use uroce_wire::ROCE_V2_PORT;
 use uroce_wire::icrc::{self, PseudoHeader};
@@ -301,15 +301,8 @@ impl World {
                 unreachable!("a fresh device has room for one CQ, MR and AH")
             };
             let qps = KINDS.map(|kind| {
-                let init = QpInitAttr {
-                    qp_type: qp_type(kind),
-                    pd,
-                    send_cq: cq,
-                    recv_cq: cq,
-                    cap: QpCap::default(),
-                    sq_sig_all: false,
-                    srq: None,
-                };
+                let init =
+                    QpInitAttr { sq_sig_all: false, ..QpInitAttr::new(qp_type(kind), pd, cq) };
                 dev.create_qp(init).unwrap_or_else(|e| unreachable!("create_qp: {e:?}"))
             });
             Side { dev, cq, mr, ah, qps }

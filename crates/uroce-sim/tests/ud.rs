@@ -272,15 +272,7 @@ fn ud_posts_are_checked_and_fail_with_typed_errors() {
     let v6 = AhAttr::new("fd00::2".parse().unwrap());
     assert!(d.create_ah(ha.pd, v6).is_err());
     // The UD state machine wants a Q_Key and has no path MTU (ibv_modify_qp(3)).
-    let init = QpInitAttr {
-        qp_type: QpType::Ud,
-        pd: ha.pd,
-        send_cq: ha.cq,
-        recv_cq: ha.cq,
-        cap: QpCap::default(),
-        sq_sig_all: true,
-        srq: None,
-    };
+    let init = QpInitAttr::new(QpType::Ud, ha.pd, ha.cq);
     let fresh = d.create_qp(init).unwrap();
     let attr = QpAttr {
         state: Some(QpState::Init),
@@ -520,15 +512,7 @@ fn multicast_scenario(addrs: [&str; 3], group: &str) {
     let d = dev(&mut net, &hb);
     assert_eq!(d.attach_mcast(hb.qps[2], hc.addr), Err(McastError::NotMulticast(hc.addr)));
     let rc = d
-        .create_qp(QpInitAttr {
-            qp_type: QpType::Rc,
-            pd: hb.pd,
-            send_cq: hb.cq,
-            recv_cq: hb.cq,
-            cap: QpCap::default(),
-            sq_sig_all: false,
-            srq: None,
-        })
+        .create_qp(QpInitAttr { sq_sig_all: false, ..QpInitAttr::new(QpType::Rc, hb.pd, hb.cq) })
         .unwrap();
     assert_eq!(d.attach_mcast(rc, group), Err(McastError::NotUd(rc)));
     // Destroying a member detaches it; the group goes when its last member does.
