@@ -12,14 +12,16 @@
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 #![allow(clippy::cast_possible_truncation, reason = "test sizes are small")]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use uroce::{Access, Context, Endpoint, Mtu, QKey, QpType, WcOpcode, WcStatus, WorkCompletion};
-use uroce_testkit::{Namespaces, netns_tools_present, pattern, tshark_finds_nothing_malformed};
+use uroce_testkit::{
+    Namespaces, netns_tools_present, pattern, read_line, tshark_finds_nothing_malformed,
+};
 
 const ROLE: &str = "UROCE_NETNS_ROLE";
 const SERVER: &str = "10.199.0.2";
@@ -55,12 +57,6 @@ fn size(k: u32) -> usize {
         1..=5 => 1025 + h % 15_360,
         _ => 1 + h % 1024,
     }
-}
-
-fn line(s: &mut impl BufRead) -> String {
-    let mut l = String::new();
-    s.read_line(&mut l).unwrap();
-    l.trim_end().to_string()
 }
 
 fn wait(cq: &uroce::Cq) -> WorkCompletion {
@@ -180,7 +176,7 @@ fn netns_server_role() {
     for b in bad.iter().take(10) {
         writeln!(tcp, "{b}").unwrap();
     }
-    let _ = line(&mut rd);
+    let _ = read_line(&mut rd);
 }
 
 #[test]
@@ -203,7 +199,7 @@ fn netns_client_role() {
     let peers: Vec<Endpoint> = mine.iter().map(|e| uroce::exchange(&mut tcp, e).unwrap()).collect();
     rc.connect(&peers[0]).unwrap();
     uc.connect(&peers[1]).unwrap();
-    assert_eq!(line(&mut rd), "ready");
+    assert_eq!(read_line(&mut rd), "ready");
     // Staging: one slot per outstanding message.
     const OUTSTANDING: u32 = 32;
     let src = pd.register(OUTSTANDING as usize * SLOT, Access::LOCAL_WRITE).unwrap();
@@ -255,11 +251,11 @@ fn netns_client_role() {
             let _ = cq.wait(Some(Duration::from_millis(200)));
         }
     }
-    let report = line(&mut rd);
+    let report = read_line(&mut rd);
     let mut details = Vec::new();
     if !report.ends_with("bad 0") {
         for _ in 0..10 {
-            details.push(line(&mut rd));
+            details.push(read_line(&mut rd));
         }
     }
     writeln!(tcp, "bye").unwrap();
@@ -272,19 +268,10 @@ fn netns_client_role() {
     assert!(report.ends_with("bad 0"), "server: {report}\n{}", details.join("\n"));
 }
 
-/// Runs `role` in namespace `ns` and returns it.
+/// Runs the `netns_<role>_role` test in namespace `ns`.
 fn spawn_role(ns: &str, role: &str, env: &[(&str, String)]) -> std::process::Child {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", &format!("netns_{role}_role"), "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .stdout(Stdio::piped())
-        .stderr(if role == "client" { Stdio::piped() } else { Stdio::inherit() });
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().unwrap()
+    let test = format!("netns_{role}_role");
+    uroce_testkit::spawn_role_in(ns, &test, (ROLE, role), env, role == "client")
 }
 
 fn run_at_loss(ns: &Namespaces, percent: u32, pcap: Option<&PathBuf>, v6: bool) -> String {
@@ -294,7 +281,7 @@ fn run_at_loss(ns: &Namespaces, percent: u32, pcap: Option<&PathBuf>, v6: bool) 
     let mut server = spawn_role(&ns.b, "server", &family);
     let mut out = BufReader::new(server.stdout.take().unwrap());
     let port = loop {
-        let l = line(&mut out);
+        let l = read_line(&mut out);
         // libtest's "test netns_server_role ... " precedes it on the same line.
         if let Some(p) = l.split("port ").nth(1) {
             break p.trim().to_string();
@@ -379,7 +366,7 @@ fn uroce_server_and_client_across_namespaces() {
         .spawn()
         .unwrap();
     let mut err = BufReader::new(server.stderr.take().unwrap());
-    let ready = line(&mut err);
+    let ready = read_line(&mut err);
     assert!(ready.contains("waiting for clients"), "{ready}");
     let out = Command::new("ip")
         .args([

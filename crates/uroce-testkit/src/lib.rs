@@ -6,11 +6,14 @@
 //! - tshark as the judge of a capture ([`tshark_finds_nothing_malformed`]);
 //! - the payload bytes the tests send and check ([`pattern`]);
 //! - unmodified programs: whether they are installed ([`installed`]) and what they printed
-//!   ([`describe`]).
+//!   ([`describe`]);
+//! - one test of the running test binary re-run as a role inside a namespace
+//!   ([`spawn_role_in`]), talking to its parent a line at a time ([`read_line`]).
 #![allow(clippy::unwrap_used, reason = "test support: a panic is a test failure")]
 
+use std::io::BufRead;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 /// Whether this is a CI run (then a missing tool fails a test instead of skipping it).
 pub fn ci() -> bool {
@@ -235,4 +238,34 @@ impl Drop for Namespaces {
             let _ = Command::new("ip").args(["netns", "del", n]).output();
         }
     }
+}
+
+/// Runs the test named `test` of the current test binary inside namespace `ns`, alone and
+/// exactly, with `role_var` set to `role` and the settings of `env`; its stdout is piped to
+/// the caller, and its stderr too when `capture_stderr` (else it goes to the caller's).
+pub fn spawn_role_in(
+    ns: &str,
+    test: &str,
+    (role_var, role): (&str, &str),
+    env: &[(&str, String)],
+    capture_stderr: bool,
+) -> Child {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(role_var, role)
+        .stdout(Stdio::piped())
+        .stderr(if capture_stderr { Stdio::piped() } else { Stdio::inherit() });
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// The next line of `s`, without its line end (empty at the end of the stream).
+pub fn read_line(s: &mut impl BufRead) -> String {
+    let mut l = String::new();
+    s.read_line(&mut l).unwrap();
+    l.trim_end().to_string()
 }

@@ -10,15 +10,14 @@
 #![allow(clippy::cast_possible_truncation, reason = "test sizes are small")]
 #![allow(clippy::disallowed_methods, reason = "the soak runs for a wall-clock time")]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use uroce::{Access, Context, Endpoint, Mtu, Qp, QpType, WcOpcode, WcStatus};
-use uroce_testkit::{Namespaces, netns_tools_present, pattern};
+use uroce_testkit::{Namespaces, netns_tools_present, pattern, read_line};
 
 const ROLE: &str = "UROCE_SOAK_ROLE";
 const SERVER: &str = "10.207.0.2";
@@ -45,12 +44,6 @@ fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-fn line(s: &mut impl BufRead) -> String {
-    let mut l = String::new();
-    s.read_line(&mut l).unwrap();
-    l.trim_end().to_string()
 }
 
 /// `QPS` RC QPs on one CQ, connected to the peer's through `tcp`.
@@ -95,7 +88,7 @@ fn soak_server_role() {
     let mut rd = BufReader::new(tcp.try_clone().unwrap());
     let e = Arc::clone(&expected);
     let reader = std::thread::spawn(move || {
-        let l = line(&mut rd);
+        let l = read_line(&mut rd);
         e.store(l.strip_prefix("sent ").unwrap().parse().unwrap(), Ordering::Release);
         rd
     });
@@ -139,7 +132,7 @@ fn soak_server_role() {
         writeln!(tcp, "{b}").unwrap();
     }
     let mut rd = reader.join().unwrap();
-    let _ = line(&mut rd);
+    let _ = read_line(&mut rd);
 }
 
 #[test]
@@ -153,7 +146,7 @@ fn soak_client_role() {
     let mut rd = BufReader::new(tcp.try_clone().unwrap());
     let ctx = Context::open(client).unwrap();
     let (pd, cq, qps) = connect(&ctx, &mut tcp);
-    assert_eq!(line(&mut rd), "ready");
+    assert_eq!(read_line(&mut rd), "ready");
     let src = pd.register(QPS * DEPTH * SLOT, Access::LOCAL_WRITE).unwrap();
     let (mut next, mut inflight) = (vec![0u32; QPS], vec![0usize; QPS]);
     let post = |q: usize, k: u32| {
@@ -193,11 +186,11 @@ fn soak_client_role() {
     }
     let rss_end = rss_kib();
     writeln!(tcp, "sent {sent}").unwrap();
-    let report = line(&mut rd);
+    let report = read_line(&mut rd);
     let details: Vec<String> = if report.contains(" bad 0 ") {
         Vec::new()
     } else {
-        (0..10).map(|_| line(&mut rd)).collect()
+        (0..10).map(|_| read_line(&mut rd)).collect()
     };
     writeln!(tcp, "bye").unwrap();
     let (c, n) = ctx.counters();
@@ -216,19 +209,10 @@ fn soak_client_role() {
     assert!(report.starts_with(&format!("received {sent} ")), "server: {report}");
 }
 
-/// Runs `role` in namespace `ns`.
+/// Runs the `soak_<role>_role` test in namespace `ns`.
 fn spawn_role(ns: &str, role: &str, env: &[(&str, String)]) -> std::process::Child {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", &format!("soak_{role}_role"), "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().unwrap()
+    let test = format!("soak_{role}_role");
+    uroce_testkit::spawn_role_in(ns, &test, (ROLE, role), env, false)
 }
 
 /// The number after `key ` in `text`.
@@ -247,7 +231,7 @@ fn sixty_four_rc_pairs_for_a_minute_at_five_percent_loss_every_message_intact_me
     let mut server = spawn_role(&ns.b, "server", &[]);
     let mut out = BufReader::new(server.stdout.take().unwrap());
     let port = loop {
-        let l = line(&mut out);
+        let l = read_line(&mut out);
         // libtest's "test soak_server_role ... " precedes it on the same line.
         if let Some(p) = l.split("port ").nth(1) {
             break p.trim().to_string();
