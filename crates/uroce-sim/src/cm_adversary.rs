@@ -276,6 +276,12 @@ impl World {
             after.remote_full - before.remote_full,
             after.stale - before.stale,
         ];
+        // Only a MAD from an address adds to what that address holds.
+        let (n, r) = (cm.connections_from(from), cm.sidr_requests_from(from));
+        if n > MAX_CONNECTIONS_PER_REMOTE || r > uroce_cm::MAX_SIDR_PER_REMOTE {
+            let detail = format!("CM {to} holds {n} connections and {r} SIDR requests of {from}");
+            return Err(self.violation("one peer stays within its share", detail));
+        }
         if refusals.iter().sum::<u64>() > 1 || after.rx_mads != before.rx_mads + 1 {
             let detail = format!("{before:?} → {after:?}");
             return Err(self.violation("a MAD is received once and refused at most once", detail));
@@ -313,20 +319,10 @@ impl World {
             for i in 0..2 {
                 moved |= self.transmit(i)? > 0;
                 moved |= self.consume(i)?;
-                let cm = &self.sides[i].cm;
-                let n = cm.connections();
+                let n = self.sides[i].cm.connections();
                 if n > MAX_CONNECTIONS {
                     let detail = format!("CM {i} holds {n} connections");
                     return Err(self.violation("connections stay within the limit", detail));
-                }
-                if let Some(a) = (0..3).map(addr).find(|&a| {
-                    cm.connections_from(a) > MAX_CONNECTIONS_PER_REMOTE
-                        || cm.sidr_requests_from(a) > uroce_cm::MAX_SIDR_PER_REMOTE
-                }) {
-                    let (n, r) = (cm.connections_from(a), cm.sidr_requests_from(a));
-                    let detail =
-                        format!("CM {i} holds {n} connections and {r} SIDR requests of {a}");
-                    return Err(self.violation("one peer stays within its share", detail));
                 }
             }
             if !moved {
