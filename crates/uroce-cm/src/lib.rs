@@ -376,8 +376,8 @@ pub struct Counters {
     /// is full.
     pub backlog_full: u64,
     /// REQs and SIDR_REQs refused because their sender holds its share already
-    /// ([`Config::max_connections_per_remote`], [`MAX_SIDR_PER_REMOTE`]) (answered with REJ "no resources" or
-    /// SIDR_REP "no QP").
+    /// ([`Config::max_connections_per_remote`], [`MAX_SIDR_PER_REMOTE`]); answered with REJ
+    /// "no resources" or SIDR_REP "no QP".
     pub remote_full: u64,
     /// REQs refused as stale: the QP is in a live connection already (IBA 12.9.8.3.1).
     pub stale: u64,

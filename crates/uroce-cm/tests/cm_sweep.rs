@@ -410,49 +410,43 @@ fn a_peer_that_floods_requests_gets_its_share_and_the_others_still_connect() {
     let mut net = perfect(9);
     let (a, b) = addrs(&net);
     let c: IpAddr = "10.0.0.3".parse().unwrap();
-    let mut config = Config::new(3, 0x33, 0x1003);
-    net.add_node(CmNode::new(c, Cm::new(config)));
-    config = Config::new(2, 0x22, 0x1002);
+    net.add_node(CmNode::new(c, Cm::new(Config::new(3, 0x33, 0x1003))));
+    let mut config = Config::new(2, 0x22, 0x1002);
     config.max_connections = 64;
     config.max_connections_per_remote = 32;
     net[1].cm = Cm::new(config);
     net[1].cm.listen(SERVICE, 0).unwrap();
+    // Until `ms`: B accepts every request, C confirms every reply, A hears its REPs and its
+    // rejections and does nothing with them.
+    let serve = |net: &mut Fabric<CmNode>, ms| {
+        let deadline = Instant::ZERO + Duration::from_millis(ms);
+        while net.run_until(deadline, CmNode::has_events) {
+            let now = net.now();
+            for e in core::mem::take(&mut net[1].events) {
+                if let Event::Request { id, .. } = e {
+                    net[1].cm.accept(now, id, &accept_params()).unwrap();
+                }
+            }
+            for e in core::mem::take(&mut net[2].events) {
+                if let Event::Reply { id, .. } = e {
+                    net[2].cm.ready(id).unwrap();
+                }
+            }
+            net[0].events.clear();
+        }
+    };
     for k in 0..100 {
         let now = net.now();
         net[0].cm.connect(now, &connect_params(b, a, k)).unwrap();
     }
-    let deadline = Instant::ZERO + Duration::from_millis(10);
-    while net.run_until(deadline, CmNode::has_events) {
-        let now = net.now();
-        for e in core::mem::take(&mut net[1].events) {
-            if let Event::Request { id, .. } = e {
-                net[1].cm.accept(now, id, &accept_params()).unwrap();
-            }
-        }
-        // A hears its REPs and its rejections and does nothing with them.
-        net[0].events.clear();
-    }
+    serve(&mut net, 10);
     assert_eq!(net[1].cm.connections_from(a), 32);
     assert_eq!(net[1].cm.counters().remote_full, 68);
     assert_eq!(net[1].cm.counters().backlog_full, 0);
 
     let now = net.now();
     let idc = net[2].cm.connect(now, &connect_params(b, c, 0)).unwrap();
-    let deadline = Instant::ZERO + Duration::from_millis(20);
-    while net.run_until(deadline, CmNode::has_events) {
-        let now = net.now();
-        for e in core::mem::take(&mut net[1].events) {
-            if let Event::Request { id, .. } = e {
-                net[1].cm.accept(now, id, &accept_params()).unwrap();
-            }
-        }
-        for e in core::mem::take(&mut net[2].events) {
-            if let Event::Reply { id, .. } = e {
-                net[2].cm.ready(id).unwrap();
-            }
-        }
-        net[0].events.clear();
-    }
+    serve(&mut net, 20);
     assert_eq!(net[2].cm.state(idc), Some(uroce_cm::ConnState::Established));
     assert_eq!(net[1].cm.connections_from(c), 1);
 

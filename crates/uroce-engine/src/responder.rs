@@ -231,7 +231,7 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
         };
         // Answering it again while the queue is at its bound would let a peer that repeats
         // requests grow it without end.
-        if queued_read_atomic(qp) >= MAX_QUEUED_READ_ATOMIC {
+        if queued_read_atomic(qp).0 >= MAX_QUEUED_READ_ATOMIC {
             ctx.counters.drop_dup_no_resource += 1;
             return;
         }
@@ -420,9 +420,10 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
     // duplicates do not count (the requester resent them for requests it counts once, and
     // can have seen the first answer complete meanwhile), but all answers together stay
     // under a bound a peer cannot push.
-    let resources_ok = !(info.has(OpFlags::READ) || info.has(OpFlags::ATOMIC))
-        || (queued_new_read_atomic(qp) < usize::from(qp.max_dest_rd_atomic)
-            && queued_read_atomic(qp) < MAX_QUEUED_READ_ATOMIC);
+    let resources_ok = !(info.has(OpFlags::READ) || info.has(OpFlags::ATOMIC)) || {
+        let (all, new) = queued_read_atomic(qp);
+        new < usize::from(qp.max_dest_rd_atomic) && all < MAX_QUEUED_READ_ATOMIC
+    };
     if !sequence_ok || !qp.access.contains(right) || !length_ok || !resources_ok {
         let recv = match qp.resp.current.take() {
             Some(InMessage::Send { wqe, .. }) => Some((wqe, WcStatus::REM_INV_REQ_ERR)),
@@ -689,15 +690,17 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
 /// 160 KiB): a bound on what a peer repeating requests can make it hold.
 pub(crate) const MAX_QUEUED_READ_ATOMIC: usize = 4096;
 
-/// READ and atomic responses queued and not yet all sent.
-fn queued_read_atomic(qp: &Qp) -> usize {
-    let pending = |r: &&Response| matches!(r, Response::Read { .. } | Response::Atomic { .. });
-    qp.resp.out.iter().filter(pending).count()
-}
-
-/// The answers of [`queued_read_atomic`] to requests first seen.
-fn queued_new_read_atomic(qp: &Qp) -> usize {
-    qp.resp.out.iter().filter(|r| r.answers_new_request()).count()
+/// READ and atomic responses queued and not yet all sent: all of them, and those that answer
+/// requests first seen.
+fn queued_read_atomic(qp: &Qp) -> (usize, usize) {
+    let mut counts = (0, 0);
+    for r in &qp.resp.out {
+        if matches!(r, Response::Read { .. } | Response::Atomic { .. }) {
+            counts.0 += 1;
+            counts.1 += usize::from(r.answers_new_request());
+        }
+    }
+    counts
 }
 
 /// Keeps a READ or atomic for duplicates, evicting the oldest beyond `max_dest_rd_atomic`.
