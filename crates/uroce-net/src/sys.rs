@@ -239,15 +239,38 @@ impl RecvBatch {
     pub(crate) fn new(n: usize, len: usize) -> Self {
         // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
         let zero: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
-        let iov = libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 };
-        Self {
+        let mut b = Self {
             bufs: (0..n).map(|_| vec![0; len]).collect(),
             names: vec![zero; n],
             controls: vec![[0; CMSG_SPACE / 8]; n],
-            iovs: vec![iov; n],
+            iovs: Vec::with_capacity(n),
             // SAFETY: mmsghdr is plain old data; all zeroes is a valid value.
             msgs: (0..n).map(|_| unsafe { core::mem::zeroed() }).collect(),
             meta: Vec::with_capacity(n),
+        };
+        // The headers are built once: the buffers they point into never move.
+        b.iovs.extend(
+            b.bufs
+                .iter_mut()
+                .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }),
+        );
+        for (i, m) in b.msgs.iter_mut().enumerate() {
+            m.msg_hdr.msg_name = (&raw mut b.names[i]).cast();
+            m.msg_hdr.msg_iov = &raw mut b.iovs[i];
+            m.msg_hdr.msg_iovlen = 1;
+            m.msg_hdr.msg_control = b.controls[i].as_mut_ptr().cast();
+        }
+        b.reset(n);
+        b
+    }
+
+    /// Restores the lengths and flags of the first `n` headers, which the kernel rewrote.
+    fn reset(&mut self, n: usize) {
+        for m in &mut self.msgs[..n] {
+            m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            m.msg_hdr.msg_controllen = CMSG_SPACE;
+            m.msg_hdr.msg_flags = 0;
+            m.msg_len = 0;
         }
     }
 
@@ -258,21 +281,10 @@ impl RecvBatch {
 
     /// Receives up to the batch's size of datagrams without blocking; returns how many.
     pub(crate) fn recv(&mut self, sock: &UdpSocket) -> io::Result<usize> {
+        let used = self.meta.len();
+        self.reset(used);
         self.meta.clear();
         let n = self.bufs.len();
-        for (iov, b) in self.iovs.iter_mut().zip(&mut self.bufs) {
-            *iov = libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() };
-        }
-        for (i, m) in self.msgs.iter_mut().enumerate() {
-            m.msg_hdr.msg_name = (&raw mut self.names[i]).cast();
-            m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            m.msg_hdr.msg_iov = &raw mut self.iovs[i];
-            m.msg_hdr.msg_iovlen = 1;
-            m.msg_hdr.msg_control = self.controls[i].as_mut_ptr().cast();
-            m.msg_hdr.msg_controllen = CMSG_SPACE;
-            m.msg_hdr.msg_flags = 0;
-            m.msg_len = 0;
-        }
         let msgs = &mut self.msgs;
         let flags = libc::MSG_DONTWAIT;
         // SAFETY: every mmsghdr points at a live name, iovec (into a live buffer of its stated
@@ -359,16 +371,6 @@ fn parse_cmsgs(hdr: &libc::msghdr, meta: &mut RecvMeta) {
     }
 }
 
-/// One datagram to send: its destination and the parts the kernel gathers into it (headers,
-/// payload straight from registered memory, trailer: no copy in user space). With `segment`
-/// set, the kernel cuts it into datagrams of that many bytes, the last possibly shorter
-/// (`UDP_SEGMENT`, udp(7)): one send for up to 64 packets.
-pub(crate) struct Datagram<'a> {
-    pub(crate) dst: SocketAddr,
-    pub(crate) parts: Vec<&'a [u8]>,
-    pub(crate) segment: Option<u16>,
-}
-
 /// Room for the `UDP_SEGMENT` control message (a u16), padded as CMSG_SPACE pads it.
 const GSO_CMSG_SPACE: usize = 24;
 
@@ -382,86 +384,129 @@ pub(crate) enum SendStop {
     Refused(io::Error),
 }
 
-/// Sends `datagrams` from `sock` with as few `sendmmsg` calls as possible. Returns how many the
-/// kernel took and, if that is not all, why it stopped.
-pub(crate) fn send_batch(
-    sock: &UdpSocket,
-    datagrams: &[Datagram<'_>],
-) -> (usize, Option<SendStop>) {
-    let mut sent = 0;
-    while sent < datagrams.len() {
-        let chunk = &datagrams[sent..datagrams.len().min(sent + 64)];
-        let names: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
-            chunk.iter().map(|d| sockaddr_of(d.dst)).collect();
-        let mut iovs: Vec<Vec<libc::iovec>> = chunk
-            .iter()
-            .map(|d| {
-                d.parts
-                    .iter()
-                    .map(|b| libc::iovec {
-                        iov_base: b.as_ptr().cast_mut().cast(),
-                        iov_len: b.len(),
-                    })
-                    .collect()
-            })
-            .collect();
-        let mut controls = vec![[0u64; GSO_CMSG_SPACE / 8]; chunk.len()];
+/// One datagram to send: its destination and the parts the kernel gathers into it (headers,
+/// payload straight from registered memory, trailer: no copy in user space). With `segment`
+/// set, the kernel cuts it into datagrams of that many bytes, the last possibly shorter
+/// (`UDP_SEGMENT`, udp(7)).
+pub(crate) struct Datagram<'a, P: Iterator<Item = &'a [u8]>> {
+    pub(crate) dst: SocketAddr,
+    pub(crate) parts: P,
+    pub(crate) segment: Option<u16>,
+}
+
+/// Up to `sendmmsg`'s batch of headers, addresses, iovecs and control messages, reused from
+/// one send to the next (a send allocates nothing once they have grown). Between calls of
+/// [`SendBatch::send`] they hold no pointer anyone relies on.
+#[derive(Default)]
+pub(crate) struct SendBatch {
+    names: Vec<(libc::sockaddr_storage, libc::socklen_t)>,
+    /// Every datagram's iovecs, one after another; `spans` says whose are whose.
+    iovs: Vec<libc::iovec>,
+    spans: Vec<(usize, usize, Option<u16>)>,
+    controls: Vec<[u64; GSO_CMSG_SPACE / 8]>,
+    msgs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers in `iovs` and `msgs` are written and read only inside `send`, which
+// takes `&mut self`, and point only at memory that call borrows.
+unsafe impl Send for SendBatch {}
+
+impl SendBatch {
+    /// Sends `datagrams` from `sock` with as few `sendmmsg` calls as possible. Returns how
+    /// many the kernel took and, if that is not all, why it stopped.
+    pub(crate) fn send<'a, P: Iterator<Item = &'a [u8]>>(
+        &mut self,
+        sock: &UdpSocket,
+        datagrams: impl Iterator<Item = Datagram<'a, P>>,
+    ) -> (usize, Option<SendStop>) {
+        self.names.clear();
+        self.iovs.clear();
+        self.spans.clear();
+        for d in datagrams {
+            self.names.push(sockaddr_of(d.dst));
+            let first = self.iovs.len();
+            self.iovs.extend(
+                d.parts.map(|b| libc::iovec {
+                    iov_base: b.as_ptr().cast_mut().cast(),
+                    iov_len: b.len(),
+                }),
+            );
+            self.spans.push((first, self.iovs.len() - first, d.segment));
+        }
+        let n = self.spans.len();
+        self.controls.resize(n, [0; GSO_CMSG_SPACE / 8]);
         // SAFETY: mmsghdr is plain old data; all zeroes is a valid value.
-        let mut msgs: Vec<libc::mmsghdr> =
-            (0..chunk.len()).map(|_| unsafe { core::mem::zeroed() }).collect();
-        for (i, m) in msgs.iter_mut().enumerate() {
-            m.msg_hdr.msg_name = (&raw const names[i].0).cast_mut().cast();
-            m.msg_hdr.msg_namelen = names[i].1;
-            m.msg_hdr.msg_iov = iovs[i].as_mut_ptr();
-            m.msg_hdr.msg_iovlen = iovs[i].len();
-            if let Some(size) = chunk[i].segment {
-                m.msg_hdr.msg_control = controls[i].as_mut_ptr().cast();
-                // SAFETY: CMSG_SPACE only computes a length.
-                m.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
-                // SAFETY: the control buffer is GSO_CMSG_SPACE bytes, at least CMSG_SPACE(2),
-                // so the first header fits; CMSG_FIRSTHDR returns a pointer into it.
-                let c = unsafe { libc::CMSG_FIRSTHDR(&raw const m.msg_hdr) };
-                let header = libc::cmsghdr {
-                    // SAFETY: CMSG_LEN only computes a length.
-                    cmsg_len: unsafe { libc::CMSG_LEN(2) } as usize,
-                    cmsg_level: libc::SOL_UDP,
-                    cmsg_type: libc::UDP_SEGMENT,
-                };
-                // SAFETY: `c` points at the start of the (8-byte aligned) control buffer.
-                unsafe { core::ptr::write(c, header) };
-                // SAFETY: `c` is the header just written inside the control buffer.
-                let data = unsafe { libc::CMSG_DATA(c) };
-                // SAFETY: CMSG_DATA of that header points inside the buffer, with room for a
-                // u16 (CMSG_LEN(2) bytes were counted); it may be unaligned for a u16.
-                unsafe { core::ptr::write_unaligned(data.cast::<u16>(), size) };
+        self.msgs.resize_with(n, || unsafe { core::mem::zeroed() });
+        // Every vector is complete: the pointers taken below stay valid until the send ends.
+        for (i, m) in self.msgs.iter_mut().enumerate() {
+            let (first, count, segment) = self.spans[i];
+            m.msg_len = 0;
+            m.msg_hdr.msg_name = (&raw mut self.names[i].0).cast();
+            m.msg_hdr.msg_namelen = self.names[i].1;
+            m.msg_hdr.msg_iov = self.iovs[first..].as_mut_ptr();
+            m.msg_hdr.msg_iovlen = count;
+            m.msg_hdr.msg_flags = 0;
+            match segment {
+                None => {
+                    m.msg_hdr.msg_control = core::ptr::null_mut();
+                    m.msg_hdr.msg_controllen = 0;
+                }
+                Some(size) => write_segment_cmsg(m, &mut self.controls[i], size),
             }
         }
-        // SAFETY: every header points at a live sockaddr of its stated length, at its iovecs,
-        // each into a live buffer the kernel only reads, and at a control buffer of its length.
-        let ret = unsafe {
-            libc::sendmmsg(
-                sock.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                msgs.len() as libc::c_uint,
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if ret < 0 {
-            let e = io::Error::last_os_error();
-            let stop = if e.kind() == io::ErrorKind::WouldBlock {
-                SendStop::Full
-            } else {
-                SendStop::Refused(e)
+        let mut sent = 0;
+        while sent < n {
+            let chunk = &mut self.msgs[sent..n.min(sent + 64)];
+            // SAFETY: every header points at a live sockaddr of its stated length, at its
+            // iovecs, each into a buffer the caller lends for this call and the kernel only
+            // reads, and at a control buffer of its stated length (or none).
+            let ret = unsafe {
+                libc::sendmmsg(
+                    sock.as_raw_fd(),
+                    chunk.as_mut_ptr(),
+                    chunk.len() as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
             };
-            return (sent, Some(stop));
+            if ret < 0 {
+                let e = io::Error::last_os_error();
+                let stop = if e.kind() == io::ErrorKind::WouldBlock {
+                    SendStop::Full
+                } else {
+                    SendStop::Refused(e)
+                };
+                self.iovs.clear();
+                return (sent, Some(stop));
+            }
+            // Short of the chunk: the kernel stopped at the next one; sending it again says why.
+            sent += ret as usize;
         }
-        sent += ret as usize;
-        if (ret as usize) < chunk.len() {
-            // The kernel stopped at the next one; sending it again says why.
-            continue;
-        }
+        self.iovs.clear();
+        (sent, None)
     }
-    (sent, None)
+}
+
+/// Points `m` at `control`, holding one `UDP_SEGMENT` message of `size` (udp(7)).
+fn write_segment_cmsg(m: &mut libc::mmsghdr, control: &mut [u64; GSO_CMSG_SPACE / 8], size: u16) {
+    m.msg_hdr.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE only computes a length.
+    m.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+    // SAFETY: the control buffer is GSO_CMSG_SPACE bytes, at least CMSG_SPACE(2), so the first
+    // header fits; CMSG_FIRSTHDR returns a pointer into it.
+    let c = unsafe { libc::CMSG_FIRSTHDR(&raw const m.msg_hdr) };
+    let header = libc::cmsghdr {
+        // SAFETY: CMSG_LEN only computes a length.
+        cmsg_len: unsafe { libc::CMSG_LEN(2) } as usize,
+        cmsg_level: libc::SOL_UDP,
+        cmsg_type: libc::UDP_SEGMENT,
+    };
+    // SAFETY: `c` points at the start of the (8-byte aligned) control buffer.
+    unsafe { core::ptr::write(c, header) };
+    // SAFETY: `c` is the header just written inside the control buffer.
+    let data = unsafe { libc::CMSG_DATA(c) };
+    // SAFETY: CMSG_DATA of that header points inside the buffer, with room for a u16
+    // (CMSG_LEN(2) bytes were counted); it may be unaligned for a u16.
+    unsafe { core::ptr::write_unaligned(data.cast::<u16>(), size) };
 }
 
 /// A Linux eventfd: a counter that wakes `poll` when non-zero (completion channels and the

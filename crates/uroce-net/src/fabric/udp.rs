@@ -30,7 +30,7 @@ use uroce_wire::icrc::PseudoCache;
 use super::{Fabric, Outgoing, Sink};
 use crate::device::NetCounters;
 use crate::sys::memory::Registry;
-use crate::sys::{self, Datagram, RecvBatch, SendStop};
+use crate::sys::{self, Datagram, RecvBatch, SendBatch, SendStop};
 
 const RECV_BATCH: usize = 32;
 
@@ -69,6 +69,7 @@ pub(crate) struct Udp {
     /// Reused between sends: packet lengths, and the runs planned.
     lens: Vec<usize>,
     runs: Vec<Run>,
+    send: SendBatch,
 }
 
 /// Packets `first..first + count` of a batch, sent as one datagram, cut into `segment`-byte
@@ -103,6 +104,7 @@ impl Udp {
             pseudo: PseudoCache::new(4096),
             lens: Vec::new(),
             runs: Vec::new(),
+            send: SendBatch::default(),
         })
     }
 
@@ -115,11 +117,6 @@ impl Udp {
     /// sockets' ports. Consecutive QPNs have consecutive flows, so QPs spread evenly.
     pub(crate) fn source_port(&self, flow: u16) -> u16 {
         self.send_socks.get(usize::from(flow) % SEND_SOCKETS.max(1)).map_or(flow, |s| s.0)
-    }
-
-    /// The socket bound to `port`, one of the send sockets.
-    fn send_sock(&self, port: u16) -> Option<&UdpSocket> {
-        self.send_socks.iter().find(|s| s.0 == port).map(|s| &s.1)
     }
 
     /// Cuts `run` (packets of one source port, lengths in `self.lens`) into datagrams: with
@@ -173,23 +170,16 @@ impl Udp {
                     }
                 }
             }
-            let Some(sock) = self.send_sock(port) else {
+            let Some(sock) = self.send_socks.iter().find(|s| s.0 == port).map(|s| &s.1) else {
                 return done;
             };
-            let datagrams: Vec<Datagram<'_>> = self
-                .runs
-                .iter()
-                .map(|r| Datagram {
-                    dst: rest[r.first].dst,
-                    parts: rest[r.first..r.first + r.count]
-                        .iter()
-                        .flat_map(|o| o.parts(mem))
-                        .collect(),
-                    segment: (r.count > 1).then(|| u16::try_from(r.segment).unwrap_or(u16::MAX)),
-                })
-                .collect();
-            let (sent, stop) = sys::send_batch(sock, &datagrams);
-            drop(datagrams);
+            let rest = &*rest;
+            let datagrams = self.runs.iter().map(|r| Datagram {
+                dst: rest[r.first].dst,
+                parts: rest[r.first..r.first + r.count].iter().flat_map(|o| o.parts(mem)),
+                segment: (r.count > 1).then(|| u16::try_from(r.segment).unwrap_or(u16::MAX)),
+            });
+            let (sent, stop) = self.send.send(sock, datagrams);
             c.tx_batches += 1;
             for r in &self.runs[..sent] {
                 c.tx_datagrams += r.count as u64;
