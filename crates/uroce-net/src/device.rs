@@ -218,6 +218,10 @@ pub struct NetCounters {
     /// Posts whose packets waited for the next round of progress (a QP awaiting an ACK while
     /// a thread busy-polls: [`NetDevice::post_with`]).
     pub posts_batched: u64,
+    /// Busy-poll rounds that received packets and held what they produced (ACKs, mostly)
+    /// for the application's next verb, so that an ACK leaves in one system call with the
+    /// reply the application posts ([`NetDevice::poll_with`]).
+    pub tx_held: u64,
     /// Packets read from the sockets.
     pub rx_datagrams: u64,
     /// Coalesced runs received (UDP GRO): one receive for several packets of one flow.
@@ -234,8 +238,11 @@ pub struct NetCounters {
     pub fault_reorders: u64,
     /// See `fault_drops`.
     pub fault_corruptions: u64,
-    /// Times the progress thread woke up.
+    /// Rounds of progress the progress thread made (each a wake-up that took the lock).
     pub progress_wakeups: u64,
+    /// Wake-ups of the progress thread that found an application thread busy-polling and
+    /// went back to sleep without the device lock (counted at its next round of progress).
+    pub progress_look_ins: u64,
     /// Asynchronous events no subscriber claimed (their object was destroyed meanwhile).
     pub async_events_unclaimed: u64,
     /// Packets sent to an endpoint of this host through shared memory (no system call).
@@ -280,6 +287,7 @@ impl NetCounters {
             ("tx_gso_segments", self.tx_gso_segments),
             ("tx_gso_refused", self.tx_gso_refused),
             ("posts_batched", self.posts_batched),
+            ("tx_held", self.tx_held),
             ("rx_datagrams", self.rx_datagrams),
             ("rx_gro_datagrams", self.rx_gro_datagrams),
             ("rx_gro_segments", self.rx_gro_segments),
@@ -289,6 +297,7 @@ impl NetCounters {
             ("fault_reorders", self.fault_reorders),
             ("fault_corruptions", self.fault_corruptions),
             ("progress_wakeups", self.progress_wakeups),
+            ("progress_look_ins", self.progress_look_ins),
             ("async_events_unclaimed", self.async_events_unclaimed),
             ("shm_tx_packets", self.shm_tx_packets),
             ("shm_tx_ring_full", self.shm_tx_ring_full),
@@ -310,13 +319,21 @@ impl core::ops::AddAssign for NetCounters {
         self.tx_errors += o.tx_errors;
         self.tx_zero_copy += o.tx_zero_copy;
         self.tx_zero_copy_bytes += o.tx_zero_copy_bytes;
+        self.tx_gso_sends += o.tx_gso_sends;
+        self.tx_gso_segments += o.tx_gso_segments;
+        self.tx_gso_refused += o.tx_gso_refused;
+        self.posts_batched += o.posts_batched;
+        self.tx_held += o.tx_held;
         self.rx_datagrams += o.rx_datagrams;
+        self.rx_gro_datagrams += o.rx_gro_datagrams;
+        self.rx_gro_segments += o.rx_gro_segments;
         self.rx_batches += o.rx_batches;
         self.fault_drops += o.fault_drops;
         self.fault_dups += o.fault_dups;
         self.fault_reorders += o.fault_reorders;
         self.fault_corruptions += o.fault_corruptions;
         self.progress_wakeups += o.progress_wakeups;
+        self.progress_look_ins += o.progress_look_ins;
         self.async_events_unclaimed += o.async_events_unclaimed;
         self.shm_tx_packets += o.shm_tx_packets;
         self.shm_tx_ring_full += o.shm_tx_ring_full;
@@ -466,6 +483,8 @@ pub struct State {
     /// The clock as a busy-polling round last read it, and the rounds since.
     polled_clock: Option<Instant>,
     polled_rounds: u32,
+    /// Set by a busy-polling round for the verb it runs in: whether it received packets.
+    polled_round: Option<bool>,
     pool: Vec<Vec<u8>>,
     piece_pool: Vec<Vec<Piece>>,
     channels: HashMap<CqHandle, Arc<Channel>>,
@@ -662,6 +681,7 @@ impl State {
     fn progress(&mut self) {
         let now = self.now();
         self.progress_at(now);
+        self.send_out();
     }
 
     /// A round of progress for a thread that busy-polls: the clock (a few tens of nanoseconds
@@ -678,10 +698,13 @@ impl State {
             }
         };
         self.polled_clock = Some(now);
-        self.progress_at(now);
+        let received = self.progress_at(now);
+        self.polled_round = Some(received);
     }
 
-    fn progress_at(&mut self, now: Instant) {
+    /// Receives, runs due timers and collects what the engine has to send (the caller sends
+    /// it); returns whether packets arrived.
+    fn progress_at(&mut self, now: Instant) -> bool {
         let Self { engine, fabric, counters, .. } = self;
         let received = fabric.receive(now, counters, &mut |rx: &RxInfo, bytes: &[u8], intact| {
             if intact {
@@ -709,13 +732,14 @@ impl State {
         if self.cm.poll_timeout().is_some_and(|t| t <= now) {
             self.cm.handle_timeout(now);
         }
-        self.flush(now);
+        self.collect(now);
         if let Some(asked) = self.answering.as_ref().and_then(Answering::asked) {
             let snap = self.snapshot();
             if let Some(a) = self.answering.as_mut() {
                 a.answer(asked, &snap);
             }
         }
+        received > 0
     }
 
     /// This endpoint's counters and QPs, for a tool looking from outside.
@@ -763,8 +787,9 @@ impl State {
         self.pool.pop().unwrap_or_else(|| Vec::with_capacity(sys::MAX_DATAGRAM))
     }
 
-    /// Sends everything the engine has ready, and hands out the events it raised.
-    fn flush(&mut self, now: Instant) {
+    /// Takes everything the engine has ready into `out` (sending only when 64 are waiting),
+    /// and hands out the events it raised.
+    fn collect(&mut self, now: Instant) {
         while let Some((dst, mad)) = self.cm.poll_transmit() {
             self.engine.gsi_send(dst, &mad);
         }
@@ -798,7 +823,6 @@ impl State {
                 self.send_out();
             }
         }
-        self.send_out();
         while let Some(cq) = self.engine.poll_cq_event() {
             if let Some(ch) = self.channels.get(&cq) {
                 ch.push(cq);
@@ -812,19 +836,27 @@ impl State {
                 sink(e);
             }
         }
+    }
+
+    /// Hands the queued packets to the fabric and takes their buffers back; then
+    /// deregisters the regions that waited for their work requests.
+    fn send_out(&mut self) {
+        if !self.out.is_empty() || self.fabric.backlog_retry().is_some() {
+            self.fabric.transmit(&mut self.out, self.engine.memory(), &mut self.counters);
+            for o in self.out.drain(..) {
+                self.pool.push(o.bytes);
+                self.piece_pool.push(o.pieces);
+            }
+        }
         self.retry_deregs();
     }
 
-    /// Hands the queued packets to the fabric and takes their buffers back.
-    fn send_out(&mut self) {
-        if self.out.is_empty() && self.fabric.backlog_retry().is_none() {
-            return;
-        }
-        self.fabric.transmit(&mut self.out, self.engine.memory(), &mut self.counters);
-        for o in self.out.drain(..) {
-            self.pool.push(o.bytes);
-            self.piece_pool.push(o.pieces);
-        }
+    /// Whether what waits in `out` may wait for the next verb: it is there (a busy poll
+    /// received and answered), and none of it gathers its payload from registered memory,
+    /// which the application may deregister and free in the meantime (ACKs, NAKs and atomic
+    /// answers carry none).
+    fn may_hold(&self) -> bool {
+        !self.out.is_empty() && self.out.iter().all(|o| o.payload_at.is_none())
     }
 }
 
@@ -850,8 +882,15 @@ impl Shared {
 
     /// Whether an application thread busy-polled within the grace period before `now`.
     fn busy_polled(&self, now: Instant) -> bool {
+        self.busy_poll_lapses_in(now.as_nanos()).is_some()
+    }
+
+    /// If an application thread busy-polled within the grace period before `now_ns`, how
+    /// long until its mark lapses.
+    fn busy_poll_lapses_in(&self, now_ns: u64) -> Option<u64> {
         let last = self.last_busy_poll.load(Ordering::Acquire);
-        last != 0 && now.as_nanos().saturating_sub(last) < BUSY_POLL_GRACE_NS
+        let age = now_ns.saturating_sub(last);
+        (last != 0 && age < BUSY_POLL_GRACE_NS).then(|| BUSY_POLL_GRACE_NS - age)
     }
 }
 
@@ -1039,6 +1078,7 @@ impl NetDevice {
             round_now: None,
             polled_clock: None,
             polled_rounds: 0,
+            polled_round: None,
             pool: Vec::new(),
             piece_pool: Vec::new(),
             channels: HashMap::new(),
@@ -1149,10 +1189,27 @@ impl NetDevice {
     /// As [`NetDevice::with`], also returning the time the call's flush used.
     fn with_at<R>(&self, f: impl FnOnce(&mut State) -> R) -> (R, Instant) {
         let mut s = self.lock();
+        let held = s.out.len();
         let r = f(&mut s);
         // A round of progress inside `f` has just read the clock: no need to again.
         let now = s.round_now.take().unwrap_or_else(|| s.now());
-        s.flush(now);
+        s.collect(now);
+        // ACK coalescing, as an RNIC's: what a busy poll that received produced (the ACKs
+        // of what arrived, mostly) waits for the application's next verb, so that the reply
+        // it posts to what the poll handed it leaves in the same system call. A verb that
+        // sends nothing (posting the next receive, typically) leaves held packets waiting;
+        // the next poll sends them whatever it finds, so nothing waits longer than one
+        // poll round (or, should the application stop calling verbs, the progress thread's
+        // next look-in: `BUSY_POLL_GRACE_NS`).
+        let hold = match s.polled_round.take() {
+            Some(received) => received && held == 0 && s.may_hold(),
+            None => held > 0 && s.out.len() == held,
+        };
+        if hold {
+            s.counters.tx_held += u64::from(held == 0);
+        } else {
+            s.send_out();
+        }
         // A thread busy-polling runs the timers itself; otherwise the progress thread must
         // know of a deadline earlier than the one it sleeps to.
         let next = if self.shared.busy_polled(now) {
@@ -1293,14 +1350,33 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
     sys::set_timer_slack_ns(1_000);
     let lock = || shared.state.lock().unwrap_or_else(PoisonError::into_inner);
     let mut slept_on_fabric = false;
+    let mut look_ins = 0;
     let mut fds = Vec::new();
     while !shared.stop.load(Ordering::Acquire) {
+        // While an application thread busy-polls, it receives and runs the timers; the
+        // thread only looks in to take over once polling stops, and leaves the lock alone:
+        // taking it from a thread that holds it almost always would cost both a context
+        // switch, and on a machine with fewer cores than spinning threads a preempted lock
+        // holder stalls every thread of the device for a scheduler slice (milliseconds).
+        if !slept_on_fabric && let Some(lapse_ns) = shared.busy_poll_lapses_in(shared.now_ns()) {
+            look_ins += 1;
+            fds.clear();
+            fds.push(shared.wake.as_raw_fd());
+            fds.push(shared.timer.as_raw_fd());
+            let until = shared.now_ns().saturating_add(lapse_ns);
+            shared.sleeping_until.store(until, Ordering::Release);
+            let _ = sys::poll_readable_ns(&fds, Some(lapse_ns));
+            shared.wake.take();
+            shared.timer.clear();
+            continue;
+        }
         let wait_ns = {
             let mut s = lock();
             if core::mem::take(&mut slept_on_fabric) {
                 s.fabric.woken();
             }
             s.counters.progress_wakeups += 1;
+            s.counters.progress_look_ins += core::mem::take(&mut look_ins);
             let before = s.counters.rx_datagrams + s.counters.shm_rx_packets;
             s.progress();
             let received = s.counters.rx_datagrams + s.counters.shm_rx_packets != before;
@@ -1352,6 +1428,52 @@ mod tests {
 
     fn readable(c: &Channel) -> bool {
         sys::readable_now(c.as_raw_fd())
+    }
+
+    /// `uroce stat` sums a device's processes with `+=`: every counter must be in the sum
+    /// (the GSO, GRO and batching counters were once left out of it).
+    #[test]
+    fn adding_counters_adds_every_one() {
+        // Every field, and no `..`: a counter added later does not compile here until it
+        // is added, and then this checks its line in `add_assign`.
+        let ones = NetCounters {
+            tx_datagrams: 1,
+            tx_batches: 1,
+            tx_errors: 1,
+            tx_zero_copy: 1,
+            tx_zero_copy_bytes: 1,
+            tx_gso_sends: 1,
+            tx_gso_segments: 1,
+            tx_gso_refused: 1,
+            posts_batched: 1,
+            tx_held: 1,
+            rx_datagrams: 1,
+            rx_gro_datagrams: 1,
+            rx_gro_segments: 1,
+            rx_batches: 1,
+            fault_drops: 1,
+            fault_dups: 1,
+            fault_reorders: 1,
+            fault_corruptions: 1,
+            progress_wakeups: 1,
+            progress_look_ins: 1,
+            async_events_unclaimed: 1,
+            shm_tx_packets: 1,
+            shm_tx_ring_full: 1,
+            shm_tx_no_endpoint: 1,
+            shm_tx_payload_gone: 1,
+            shm_rx_packets: 1,
+            shm_rx_malformed: 1,
+            shm_wakeups_sent: 1,
+            udp_rx_forwarded: 1,
+            udp_polls_skipped: 1,
+        };
+        let mut sum = NetCounters::default();
+        sum += ones;
+        sum += ones;
+        for (name, v) in sum.fields() {
+            assert_eq!(v, 2, "{name}");
+        }
     }
 
     #[test]

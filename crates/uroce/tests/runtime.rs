@@ -384,3 +384,67 @@ fn a_send_to_a_silent_peer_is_retried_on_the_timer_until_retry_exceeded() {
     let wc = cq.wait_one(Some(Duration::from_secs(10))).unwrap();
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RETRY_EXC_ERR));
 }
+
+/// ACK coalescing on a busy-polled ping-pong: the responder's poll that receives a SEND holds
+/// its ACK, and the reply the application posts next takes it along, so the two leave in one
+/// `sendmmsg` (a system call less on every half round trip). Without it each ACK and each
+/// reply is a call of its own (`tx_batches` equal to `tx_datagrams`).
+#[test]
+#[allow(clippy::disallowed_methods, reason = "a busy poll bounds its wait by the clock")]
+fn a_polled_ping_pong_sends_each_ack_with_the_reply() {
+    const ROUNDS: u64 = 300;
+    let udp = || Options { udp_only: true, ..Options::default() };
+    let [a, b] = pair("127.0.49.2", "127.0.49.3", QpType::Rc, [udp(), udp()]);
+    // At least `n` completions of `cq` (all it has then), busy polling; each a success.
+    let poll = |cq: &Cq, n: usize| -> Vec<WcOpcode> {
+        let mut out = Vec::new();
+        let start = std::time::Instant::now();
+        while out.len() < n {
+            cq.poll(&mut out);
+            assert!(start.elapsed() < Duration::from_secs(30), "no completion");
+        }
+        assert!(out.iter().all(|w| w.status == WcStatus::SUCCESS), "{out:?}");
+        out.iter().map(|w| w.opcode).collect()
+    };
+    // Each side answers every message it receives with one of its own (`a` starts), until
+    // `ROUNDS` have gone each way and completed. Receives are posted ahead, as the pingpongs
+    // of rdma-core post theirs: a poll that leaves no work request pending ends the busy
+    // poll, and the progress thread would then take the next packet off the socket.
+    let serve = |side: &Side, starts: bool| {
+        for i in 0..16 {
+            side.qp.post_recv(i, &side.mr, 0..64).unwrap();
+        }
+        if starts {
+            side.qp.send(0, &side.mr, 64..128).unwrap();
+        }
+        let (mut sent, mut received, mut completed) = (u64::from(starts), 0, 0);
+        while completed < ROUNDS || received < ROUNDS {
+            for op in poll(&side.cq, 1) {
+                match op {
+                    WcOpcode::Recv => {
+                        received += 1;
+                        side.qp.post_recv(received, &side.mr, 0..64).unwrap();
+                        if sent < ROUNDS {
+                            side.qp.send(sent, &side.mr, 64..128).unwrap();
+                            sent += 1;
+                        }
+                    }
+                    WcOpcode::Send => completed += 1,
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    };
+    std::thread::scope(|t| {
+        t.spawn(|| serve(&b, false));
+        serve(&a, true);
+    });
+    let (engine, net) = b.ctx.counters();
+    // On an idle machine nearly every round holds its ACK, and the responder makes about
+    // half as many calls as it sends datagrams. Where threads are preempted (the tests of
+    // this file run in parallel on few cores), a poller that stops for longer than the busy
+    // poll's grace hands the sockets to the progress thread, which sends at once, and
+    // spurious tail-loss probes go alone: the bounds leave room for that.
+    assert!(net.tx_held > ROUNDS / 8, "{net:?} {engine:?}");
+    assert!(net.tx_datagrams - net.tx_batches > ROUNDS / 16, "{net:?} {engine:?}");
+}
