@@ -1186,8 +1186,21 @@ impl NetDevice {
         self.with(f)
     }
 
+    /// As [`NetDevice::with`], for posting receive work requests: what a busy poll held for
+    /// the next verb (see [`NetDevice::poll_with`]) keeps waiting, for the reply that
+    /// typically follows (a pingpong posts the next receive, then its answer). Every other
+    /// verb sends what was held.
+    pub fn post_recv_with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        self.with_holding(f, true).0
+    }
+
     /// As [`NetDevice::with`], also returning the time the call's flush used.
     fn with_at<R>(&self, f: impl FnOnce(&mut State) -> R) -> (R, Instant) {
+        self.with_holding(f, false)
+    }
+
+    /// [`NetDevice::with_at`]; `keep`: a verb that sends nothing leaves held packets held.
+    fn with_holding<R>(&self, f: impl FnOnce(&mut State) -> R, keep: bool) -> (R, Instant) {
         let mut s = self.lock();
         let held = s.out.len();
         let r = f(&mut s);
@@ -1196,14 +1209,14 @@ impl NetDevice {
         s.collect(now);
         // ACK coalescing, as an RNIC's: what a busy poll that received produced (the ACKs
         // of what arrived, mostly) waits for the application's next verb, so that the reply
-        // it posts to what the poll handed it leaves in the same system call. A verb that
-        // sends nothing (posting the next receive, typically) leaves held packets waiting;
-        // the next poll sends them whatever it finds, so nothing waits longer than one
-        // poll round (or, should the application stop calling verbs, the progress thread's
-        // next look-in: `BUSY_POLL_GRACE_NS`).
+        // it posts to what the poll handed it leaves in the same system call. Posting a
+        // receive that sends nothing leaves held packets waiting; any other verb sends them,
+        // and so does the next poll whatever it finds: nothing waits longer than one poll
+        // round (or, should the application stop calling verbs, the progress thread's next
+        // look-in, `BUSY_POLL_GRACE_NS`; closing the device sends them too).
         let hold = match s.polled_round.take() {
             Some(received) => received && held == 0 && s.may_hold(),
-            None => held > 0 && s.out.len() == held,
+            None => keep && held > 0 && s.out.len() == held,
         };
         if hold {
             s.counters.tx_held += u64::from(held == 0);
@@ -1326,6 +1339,8 @@ impl NetDevice {
 
 impl Drop for NetDevice {
     fn drop(&mut self) {
+        // What a busy poll held for a next verb that never came (an ACK, typically).
+        self.lock().send_out();
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake.signal();
         if let Some(t) = self.thread.take() {

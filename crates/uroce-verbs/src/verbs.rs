@@ -1289,7 +1289,7 @@ unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     // SAFETY: the caller passes an SRQ it created.
     let Some((ctx, s)) = (unsafe { srq_parts(srq) }) else { return libc::EINVAL };
-    ctx.net.with(|st| {
+    ctx.net.post_recv_with(|st| {
         let mut cur = wr;
         while !cur.is_null() {
             // SAFETY: the caller passes a valid list.
@@ -1807,7 +1807,7 @@ unsafe extern "C" fn post_recv(
 ) -> c_int {
     // SAFETY: the caller passes a QP it created.
     let Some((ctx, q)) = (unsafe { qp_parts(qp) }) else { return libc::EINVAL };
-    ctx.net.with(|s| {
+    ctx.net.post_recv_with(|s| {
         let mut cur = wr;
         while !cur.is_null() {
             // SAFETY: the caller passes a valid list.

@@ -480,7 +480,7 @@ impl Srq {
     /// Posts a receive of `range` of `mr`.
     pub fn post_recv(&self, wr_id: u64, mr: &Mr, range: Range<usize>) -> Result<()> {
         let wr = RecvWr { wr_id, sg_list: vec![mr.sge(range)?] };
-        self.ctx.dev.with(|s| s.engine().post_srq_recv(self.handle, wr))?;
+        self.ctx.dev.post_recv_with(|s| s.engine().post_srq_recv(self.handle, wr))?;
         Ok(())
     }
 }
@@ -793,7 +793,7 @@ impl Qp {
     /// Posts a receive of `range` of `mr`.
     pub fn post_recv(&self, wr_id: u64, mr: &Mr, range: Range<usize>) -> Result<()> {
         let wr = RecvWr { wr_id, sg_list: vec![mr.sge(range)?] };
-        self.ctx.dev.with(|s| s.engine().post_recv(self.qpn, wr))?;
+        self.ctx.dev.post_recv_with(|s| s.engine().post_recv(self.qpn, wr))?;
         Ok(())
     }
 
