@@ -1368,24 +1368,21 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
     let mut look_ins = 0;
     let mut fds = Vec::new();
     while !shared.stop.load(Ordering::Acquire) {
+        fds.clear();
+        fds.push(shared.wake.as_raw_fd());
+        fds.push(shared.timer.as_raw_fd());
+        let now_ns = shared.now_ns();
         // While an application thread busy-polls, it receives and runs the timers; the
         // thread only looks in to take over once polling stops, and leaves the lock alone:
         // taking it from a thread that holds it almost always would cost both a context
         // switch, and on a machine with fewer cores than spinning threads a preempted lock
         // holder stalls every thread of the device for a scheduler slice (milliseconds).
-        if !slept_on_fabric && let Some(lapse_ns) = shared.busy_poll_lapses_in(shared.now_ns()) {
+        let look_in = if slept_on_fabric { None } else { shared.busy_poll_lapses_in(now_ns) };
+        let wait_ns = if let Some(lapse_ns) = look_in {
             look_ins += 1;
-            fds.clear();
-            fds.push(shared.wake.as_raw_fd());
-            fds.push(shared.timer.as_raw_fd());
-            let until = shared.now_ns().saturating_add(lapse_ns);
-            shared.sleeping_until.store(until, Ordering::Release);
-            let _ = sys::poll_readable_ns(&fds, Some(lapse_ns));
-            shared.wake.take();
-            shared.timer.clear();
-            continue;
-        }
-        let wait_ns = {
+            shared.sleeping_until.store(now_ns.saturating_add(lapse_ns), Ordering::Release);
+            Some(lapse_ns)
+        } else {
             let mut s = lock();
             if core::mem::take(&mut slept_on_fabric) {
                 s.fabric.woken();
@@ -1402,9 +1399,6 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
             }
             let now = s.now();
             let busy = shared.busy_polled(now);
-            fds.clear();
-            fds.push(shared.wake.as_raw_fd());
-            fds.push(shared.timer.as_raw_fd());
             if !busy {
                 // Ask the fabric's senders for a wake-up; if something arrived meanwhile,
                 // go round again instead of sleeping.

@@ -119,6 +119,11 @@ impl Udp {
         self.send_socks.get(usize::from(flow) % SEND_SOCKETS.max(1)).map_or(flow, |s| s.0)
     }
 
+    /// The socket of `socks` (the send sockets) bound to `port`.
+    fn send_sock(socks: &[(u16, UdpSocket)], port: u16) -> Option<&UdpSocket> {
+        socks.iter().find(|s| s.0 == port).map(|s| &s.1)
+    }
+
     /// Cuts `run` (packets of one source port, lengths in `self.lens`) into datagrams: with
     /// segmentation on, each is a stretch of packets to one destination, all of one length but
     /// the last, which may be shorter (udp(7): every segment but the last is `gso_size`).
@@ -170,7 +175,7 @@ impl Udp {
                     }
                 }
             }
-            let Some(sock) = self.send_socks.iter().find(|s| s.0 == port).map(|s| &s.1) else {
+            let Some(sock) = Self::send_sock(&self.send_socks, port) else {
                 return done;
             };
             let rest = &*rest;
