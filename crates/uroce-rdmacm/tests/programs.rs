@@ -296,6 +296,56 @@ fn listeners_in_two_processes_each_get_their_requests_and_a_port_nobody_listens_
 }
 
 #[test]
+fn rping_over_127_0_0_1_meets_its_server_on_the_one_device() {
+    if !have("rping", "rdmacm-utils") {
+        return;
+    }
+    let _turn = serial();
+    // Both processes on one device, both naming 127.0.0.1, which no device has: the server
+    // binds it to the device and the client resolves it to that device (Linux's
+    // cma_bind_loopback and cma_resolve_loopback); pyverbs's rdma_cm tests run this way.
+    let side = Side { prefix: &[], addr: SERVER, env: &[] };
+    let (s, c) = cm_pair(
+        "rping",
+        &["-s", "-a", "127.0.0.1", "-C", "10", "-v", "-V"],
+        &["-c", "-a", "127.0.0.1", "-C", "10", "-v", "-V"],
+        &side,
+        &side,
+        Duration::from_secs(60),
+    );
+    assert!(s.ok() && c.ok(), "rping on 127.0.0.1:\n{s}\n{c}");
+    assert!(c.stdout.contains("ping data: rdma-ping-9: "), "{c}");
+}
+
+#[test]
+fn the_cm_answers_as_librdmacm_for_addrinfo_pds_loopback_and_own_qps() {
+    let header = std::path::Path::new("/usr/include/rdma/rdma_cma.h");
+    if !header.exists() {
+        assert!(!common::ci(), "librdmacm-dev is required under CI");
+        eprintln!("SKIPPED: no <rdma/rdma_cma.h> (apt-get install -y librdmacm-dev)");
+        return;
+    }
+    let _turn = serial();
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cm_checks.c");
+    let exe = lib_dir().join("cm_checks");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = Command::new(&cc)
+        .args(["-Wall", "-Wextra", "-Werror", "-O2", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .args(["-lrdmacm", "-libverbs"])
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let o = common::finish(
+        common::start(&mut common::verbs_cmd(&[], &[], exe.to_str().unwrap(), SERVER, &[])),
+        Duration::from_secs(60),
+    );
+    assert!(o.ok(), "{o}");
+    println!("{}", o.stdout);
+}
+
+#[test]
 fn exports_every_symbol_and_version_of_the_real_library() {
     let real = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
     if !std::path::Path::new(real).exists() {

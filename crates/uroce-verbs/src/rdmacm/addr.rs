@@ -131,6 +131,10 @@ pub(crate) unsafe fn getaddrinfo(
     let (node, service) = (text(node), text(service));
     // SAFETY: NULL or the caller's hints.
     let hints = unsafe { hints.as_ref() };
+    if node.is_none() && service.is_none() {
+        // SAFETY: as above.
+        return unsafe { copy_of_hints(hints.ok_or(libc::EINVAL)?) };
+    }
     let flags = hints.map_or(0, |h| h.ai_flags);
     let passive = flags & RAI_PASSIVE != 0;
     let family = hints.map_or(libc::AF_UNSPEC, |h| h.ai_family);
@@ -200,6 +204,40 @@ pub(crate) unsafe fn getaddrinfo(
         ai_family: if first.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 },
         ai_qp_type: qp_type,
         ai_port_space: space,
+        ai_src_len: src_len,
+        ai_dst_len: dst_len,
+        ai_src_addr: src,
+        ai_dst_addr: dst,
+        ai_src_canonname: null_mut(),
+        ai_dst_canonname: null_mut(),
+        ai_route_len: 0,
+        ai_route: null_mut(),
+        ai_connect_len: 0,
+        ai_connect: null_mut(),
+        ai_next: null_mut(),
+    })))
+}
+
+/// `rdma_getaddrinfo(NULL, NULL, hints)`: no name to look up, so the answer is the hints
+/// themselves (their flags, family, QP type and port space as given, and copies of the
+/// addresses they carry), as librdmacm answers it.
+///
+/// # Safety
+///
+/// The hints' address pointers are NULL or the caller's valid sockaddrs.
+unsafe fn copy_of_hints(h: &RdmaAddrinfo) -> Result<*mut RdmaAddrinfo, Errno> {
+    let copy = |p: *mut libc::sockaddr| {
+        // SAFETY: NULL or the caller's valid sockaddr.
+        let a = unsafe { read(p) }?;
+        Some((Box::into_raw(Box::new(storage(a))).cast::<libc::sockaddr>(), len_of(&a)))
+    };
+    let (src, src_len) = copy(h.ai_src_addr).unwrap_or((null_mut(), 0));
+    let (dst, dst_len) = copy(h.ai_dst_addr).unwrap_or((null_mut(), 0));
+    Ok(Box::into_raw(Box::new(RdmaAddrinfo {
+        ai_flags: h.ai_flags,
+        ai_family: h.ai_family,
+        ai_qp_type: h.ai_qp_type,
+        ai_port_space: h.ai_port_space,
         ai_src_len: src_len,
         ai_dst_len: dst_len,
         ai_src_addr: src,

@@ -89,7 +89,10 @@ pub(crate) fn new_id(
             cid: None,
             sidr: None,
             request: None,
-            psn: 0,
+            // Each id draws its starting PSN when it is made, as the kernel's rdma_cm does
+            // (`__rdma_create_id`): `rdma_init_qp_attr` then gives an application's own QP
+            // the PSN the REQ or REP will carry, whichever comes first.
+            psn: super::random_psn(),
             depths: (MAX_RD_ATOMIC, MAX_RD_ATOMIC),
             retry_count: 7,
             rnr_retry_count: 7,
@@ -130,6 +133,11 @@ pub(crate) fn set_route(idp: &IdPriv, st: &IdState) {
     if let Some(d) = st.dev {
         c.verbs = devices()[d].ctx;
         c.port_num = 1;
+        // librdmacm gives an id the device's PD as soon as the id has a device
+        // (`ucma_get_device`); pyverbs, for one, wraps `id->pd` right after binding.
+        if c.pd.is_null() {
+            c.pd = super::default_pd(d);
+        }
         if st.local.is_none_or(|l| l.ip().is_unspecified()) {
             c.route.addr.ibaddr.sgid = verbs::gid_of(devices()[d].addr);
         }
@@ -370,6 +378,14 @@ unsafe extern "C" fn uroce_rdmacm_resolve_addr(
         let port = st.bindings.iter().find(|(d, _)| *d == dev).map_or(0, |(_, b)| b.port());
         st.dev = Some(dev);
         st.local = Some(SocketAddr::new(devices()[dev].addr, port));
+        // A loopback destination that is no device's is the device itself, as Linux's
+        // rdma_cm resolves one (`cma_resolve_loopback`: the destination GID is the source
+        // GID); a listener bound to a loopback address listens on that device's address.
+        let dst = if dst.ip().is_loopback() && device_of_addr(dst.ip()).is_none() {
+            SocketAddr::new(devices()[dev].addr, dst.port())
+        } else {
+            dst
+        };
         st.remote = Some(dst);
         st.phase = Phase::AddrResolved;
         set_route(idp, &st);
@@ -552,7 +568,6 @@ fn connect(idp: &IdPriv, param: Option<&RdmaConnParam>, user: &[u8]) -> Result<(
             st.retry_count = p.retry_count & 7;
             st.rnr_retry_count = p.rnr_retry_count & 7;
         }
-        st.psn = super::random_psn();
         let params = ConnectParams {
             remote: remote.ip(),
             local: local.ip(),

@@ -407,7 +407,6 @@ pub(crate) fn accept(
             st.depths.1.min(p.initiator_depth.min(MAX_RD_ATOMIC)),
         );
     }
-    st.psn = super::random_psn();
     qp::modify(idp, &st, IBV_QPS_RTR)?;
     qp::modify(idp, &st, IBV_QPS_RTS)?;
     let accept = AcceptParams {

@@ -221,9 +221,6 @@ pub(crate) unsafe fn create(
     } else {
         &[IBV_QPS_INIT]
     };
-    if a.qp_type == IBV_QPT_UD && st.psn == 0 {
-        st.psn = super::random_psn();
-    }
     for &s in steps {
         if let Err(e) = modify(idp, &st, s) {
             drop(st);
