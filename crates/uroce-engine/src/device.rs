@@ -3,7 +3,8 @@
 //! gives packets and deadlines out.
 
 use core::net::{IpAddr, SocketAddr};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
 
 use uroce_wire::icrc::{IdRecovery, Ipv4IdPolicy, PseudoCache, PseudoHeader};
 use uroce_wire::ip::{IpRepr, Ipv4Repr, Ipv6Repr};
@@ -146,9 +147,20 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
 pub enum DestroyError {
     /// No such object.
     Unknown,
-    /// Another object still uses it (a QP its CQ or SRQ).
+    /// Another object still uses it (a QP its CQ or SRQ; an MR, QP, SRQ or AH its PD).
     InUse,
 }
+
+impl fmt::Display for DestroyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Unknown => "no such object",
+            Self::InUse => "another object still uses it",
+        })
+    }
+}
+
+impl std::error::Error for DestroyError {}
 
 /// Why creating an object failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -583,6 +595,8 @@ pub struct Device<M> {
     gsi: crate::gsi::Gsi,
     next_ah: u32,
     next_qpn: u32,
+    /// The protection domains allocated and not deallocated.
+    pds: BTreeSet<u32>,
     next_pd: u32,
     next_cq: u32,
     next_srq: u32,
@@ -626,6 +640,7 @@ impl<M: MemoryAccess> Device<M> {
             gsi: crate::gsi::Gsi::new(gsi_port),
             next_ah: 1,
             next_qpn,
+            pds: BTreeSet::new(),
             next_pd: 1,
             next_cq: 1,
             next_srq: 1,
@@ -674,7 +689,31 @@ impl<M: MemoryAccess> Device<M> {
     pub fn alloc_pd(&mut self) -> PdHandle {
         let pd = PdHandle(self.next_pd);
         self.next_pd += 1;
+        self.pds.insert(pd.0);
         pd
+    }
+
+    /// Deallocates a protection domain (`ibv_dealloc_pd`). Refused while a memory region, QP,
+    /// SRQ or address handle still belongs to it (the verb fails with `EBUSY`, as the kernel
+    /// refuses a PD whose use count is not zero). Handles are never reused.
+    pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<(), DestroyError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(DestroyError::Unknown);
+        }
+        let used = self.ctx.mrs.any_in(pd)
+            || self.qps.values().any(|qp| qp.init.pd == pd)
+            || self.ctx.srqs.values().any(|s| s.pd == pd)
+            || self.ctx.ahs.values().any(|ah| ah.pd == pd);
+        if used {
+            return Err(DestroyError::InUse);
+        }
+        self.pds.remove(&pd.0);
+        Ok(())
+    }
+
+    /// Whether `pd` is allocated.
+    fn has_pd(&self, pd: PdHandle) -> bool {
+        self.pds.contains(&pd.0)
     }
 
     /// Registers `length` bytes at virtual address `addr` with `access` rights.
@@ -685,7 +724,7 @@ impl<M: MemoryAccess> Device<M> {
         length: u64,
         access: Access,
     ) -> Result<MemoryRegion, CreateError> {
-        if pd.0 == 0 || pd.0 >= self.next_pd {
+        if !self.has_pd(pd) {
             return Err(CreateError::UnknownPd);
         }
         within("max_mr", self.ctx.mrs.len() as u64 + 1, u64::from(DEVICE_ATTR.max_mr))?;
@@ -811,7 +850,7 @@ impl<M: MemoryAccess> Device<M> {
         max_wr: u32,
         max_sge: u32,
     ) -> Result<SrqHandle, CreateError> {
-        if pd.0 == 0 || pd.0 >= self.next_pd {
+        if !self.has_pd(pd) {
             return Err(CreateError::UnknownPd);
         }
         within("max_srq_wr", u64::from(max_wr), u64::from(DEVICE_ATTR.max_qp_wr))?;
@@ -866,7 +905,7 @@ impl<M: MemoryAccess> Device<M> {
 
     /// Creates an address handle for UD sends to `attr.dest` (`ibv_create_ah`).
     pub fn create_ah(&mut self, pd: PdHandle, attr: AhAttr) -> Result<AhHandle, CreateError> {
-        if pd.0 == 0 || pd.0 >= self.next_pd {
+        if !self.has_pd(pd) {
             return Err(CreateError::UnknownPd);
         }
         if attr.dest.is_ipv4() != self.ctx.config.addr.is_ipv4() {
@@ -938,7 +977,7 @@ impl<M: MemoryAccess> Device<M> {
 
     /// Creates a queue pair in the Reset state and returns its number.
     pub fn create_qp(&mut self, init: QpInitAttr) -> Result<Qpn, CreateError> {
-        if init.pd.0 == 0 || init.pd.0 >= self.next_pd {
+        if !self.has_pd(init.pd) {
             return Err(CreateError::UnknownPd);
         }
         let cqs = &self.ctx.cqs;

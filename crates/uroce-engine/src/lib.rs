@@ -26,6 +26,7 @@ pub mod inspect;
 pub mod memory;
 pub mod mr;
 pub mod qp;
+pub mod qp_transitions;
 mod requester;
 mod responder;
 mod rng;

@@ -109,6 +109,11 @@ impl MrTable {
         mr
     }
 
+    /// Whether any region belongs to `pd`.
+    pub(crate) fn any_in(&self, pd: PdHandle) -> bool {
+        self.by_lkey.values().any(|mr| mr.pd == pd)
+    }
+
     /// Removes a region; its keys stop working immediately.
     pub(crate) fn deregister(&mut self, lkey: LKey) -> Option<MemoryRegion> {
         let mr = self.by_lkey.remove(&lkey.0)?;

@@ -87,6 +87,9 @@ impl QpInitAttr {
 pub struct QpAttr {
     /// The state to move to.
     pub state: Option<QpState>,
+    /// The state the caller believes the QP is in (`IBV_QP_CUR_STATE`): a modify whose
+    /// belief is wrong is refused (IBA 11.2.5.2).
+    pub cur_state: Option<QpState>,
     /// Partition key index (uroce has one partition, index 0).
     pub pkey_index: Option<u16>,
     /// Port (uroce devices have port 1).
@@ -141,6 +144,23 @@ pub enum ModifyError {
         /// Requested state.
         to: QpState,
     },
+    /// The transition does not take an attribute that was given (IBA 11.2.5.2; Linux's
+    /// `ib_modify_qp_is_ok`).
+    UnexpectedAttribute {
+        /// The attribute, as rdma-core names its mask bit.
+        attr: &'static str,
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
+    /// `IBV_QP_CUR_STATE` names a state the QP is not in.
+    NotInState {
+        /// The state the caller named.
+        believed: QpState,
+        /// The QP's state.
+        actual: QpState,
+    },
     /// An attribute is outside its range.
     InvalidValue {
         /// The attribute.
@@ -157,6 +177,12 @@ impl fmt::Display for ModifyError {
             Self::InvalidTransition { from, to } => write!(f, "no transition {from:?} -> {to:?}"),
             Self::MissingAttribute { attr, from, to } => {
                 write!(f, "{from:?} -> {to:?} requires {attr}")
+            }
+            Self::UnexpectedAttribute { attr, from, to } => {
+                write!(f, "{from:?} -> {to:?} does not take {attr}")
+            }
+            Self::NotInState { believed, actual } => {
+                write!(f, "IBV_QP_CUR_STATE is {believed:?} but the QP is in {actual:?}")
             }
             Self::InvalidValue { attr, rule } => write!(f, "{attr}: {rule}"),
         }
@@ -503,69 +529,24 @@ impl Qp {
         (self.timeout != 0).then(|| Duration::from_nanos(4_096u64 << self.timeout.min(31)))
     }
 
-    /// Validates and applies `attr` (IBA 10.3; the required and optional attributes per
-    /// transition are those of `ibv_modify_qp(3)` for RC). On error nothing changes. Returns
-    /// the previous state.
+    /// Validates and applies `attr`: the transition and its attributes against the table of
+    /// [`crate::qp_transitions`] (IBA 10.3.1, 11.2.5.2), then each value. On error nothing
+    /// changes. Returns the previous state.
     pub(crate) fn modify(&mut self, attr: &QpAttr) -> Result<QpState, ModifyError> {
+        use crate::qp_transitions::{Attrs, transition};
         let from = self.state;
         let to = attr.state.unwrap_or(from);
-        use QpState::{Error, Init, Reset, Rtr, Rts, Sqd, Sqe};
-        let legal = matches!(
-            (from, to),
-            (_, Reset | Error)
-                | (Reset, Init)
-                | (Init, Init | Rtr)
-                | (Rtr, Rts)
-                | (Rts, Rts | Sqd)
-                | (Sqd, Sqd | Rts)
-                | (Sqe, Rts)
-        );
-        if !legal {
-            return Err(ModifyError::InvalidTransition { from, to });
+        let t = transition(self.init.qp_type, from, to)
+            .ok_or(ModifyError::InvalidTransition { from, to })?;
+        let given = Attrs::of(attr);
+        if let Some(attr) = t.required.without(given).first_name() {
+            return Err(ModifyError::MissingAttribute { attr, from, to });
         }
-        let reliable = self.init.qp_type == QpType::Rc;
-        let datagram = self.init.qp_type == QpType::Ud;
-        let required: &[(&'static str, bool)] = match (from, to) {
-            // UD has no peer: a Q_Key instead of access flags, then nothing but the send PSN.
-            (Reset, Init) if datagram => &[
-                ("IBV_QP_PKEY_INDEX", attr.pkey_index.is_some()),
-                ("IBV_QP_PORT", attr.port_num.is_some()),
-                ("IBV_QP_QKEY", attr.qkey.is_some()),
-            ],
-            (Init, Rtr) if datagram => &[],
-            (Rtr, Rts) if datagram => &[("IBV_QP_SQ_PSN", attr.sq_psn.is_some())],
-            (Reset, Init) => &[
-                ("IBV_QP_PKEY_INDEX", attr.pkey_index.is_some()),
-                ("IBV_QP_PORT", attr.port_num.is_some()),
-                ("IBV_QP_ACCESS_FLAGS", attr.access_flags.is_some()),
-            ],
-            // UC needs neither READ/atomic resources nor RNR timing (ibv_modify_qp(3)).
-            (Init, Rtr) if !reliable => &[
-                ("IBV_QP_AV", attr.av.is_some()),
-                ("IBV_QP_PATH_MTU", attr.path_mtu.is_some()),
-                ("IBV_QP_DEST_QPN", attr.dest_qp_num.is_some()),
-                ("IBV_QP_RQ_PSN", attr.rq_psn.is_some()),
-            ],
-            (Rtr, Rts) if !reliable => &[("IBV_QP_SQ_PSN", attr.sq_psn.is_some())],
-            (Init, Rtr) => &[
-                ("IBV_QP_AV", attr.av.is_some()),
-                ("IBV_QP_PATH_MTU", attr.path_mtu.is_some()),
-                ("IBV_QP_DEST_QPN", attr.dest_qp_num.is_some()),
-                ("IBV_QP_RQ_PSN", attr.rq_psn.is_some()),
-                ("IBV_QP_MAX_DEST_RD_ATOMIC", attr.max_dest_rd_atomic.is_some()),
-                ("IBV_QP_MIN_RNR_TIMER", attr.min_rnr_timer.is_some()),
-            ],
-            (Rtr, Rts) => &[
-                ("IBV_QP_SQ_PSN", attr.sq_psn.is_some()),
-                ("IBV_QP_TIMEOUT", attr.timeout.is_some()),
-                ("IBV_QP_RETRY_CNT", attr.retry_cnt.is_some()),
-                ("IBV_QP_RNR_RETRY", attr.rnr_retry.is_some()),
-                ("IBV_QP_MAX_QP_RD_ATOMIC", attr.max_rd_atomic.is_some()),
-            ],
-            _ => &[],
-        };
-        if let Some((name, _)) = required.iter().find(|(_, present)| !present) {
-            return Err(ModifyError::MissingAttribute { attr: name, from, to });
+        if let Some(attr) = given.without(t.required | t.optional).first_name() {
+            return Err(ModifyError::UnexpectedAttribute { attr, from, to });
+        }
+        if let Some(believed) = attr.cur_state.filter(|&b| b != from) {
+            return Err(ModifyError::NotInState { believed, actual: from });
         }
         let check = |v: Option<u8>, max: u8, attr: &'static str, rule: &'static str| match v {
             Some(v) if v > max => Err(ModifyError::InvalidValue { attr, rule }),
@@ -580,12 +561,6 @@ impl Qp {
             return Err(ModifyError::InvalidValue {
                 attr: "pkey_index",
                 rule: "the P_Key table has one entry",
-            });
-        }
-        if datagram && attr.path_mtu.is_some() {
-            return Err(ModifyError::InvalidValue {
-                attr: "path_mtu",
-                rule: "UD datagrams use the port's MTU (ibv_modify_qp(3) has no path MTU for UD)",
             });
         }
         if attr.port_num.is_some_and(|p| p != 1) {

@@ -689,10 +689,31 @@ fn modify_qp_names_the_missing_attribute_and_refuses_bad_transitions() {
         Err(ModifyError::MissingAttribute { attr: "IBV_QP_AV", .. })
     ));
     assert_eq!(h.dev.qp_state(h.qp), Some(QpState::Init), "a refused modify changes nothing");
-    let bad = QpAttr { retry_cnt: Some(8), ..rc_attrs(QpState::Init) };
+    let bad = QpAttr { port_num: Some(2), ..rc_attrs(QpState::Init) };
     assert!(matches!(
         h.dev.modify_qp(h.qp, &bad),
-        Err(ModifyError::InvalidValue { attr: "retry_cnt", .. })
+        Err(ModifyError::InvalidValue { attr: "port_num", .. })
+    ));
+    // An attribute the transition does not take is refused, as a device refuses it (IBA
+    // 11.2.5.2): the peer's QPN belongs to RTR, the retry count to RTS.
+    for (bad, name) in [
+        (QpAttr { dest_qp_num: Qpn::new(7), ..rc_attrs(QpState::Init) }, "IBV_QP_DEST_QPN"),
+        (QpAttr { retry_cnt: Some(8), ..rc_attrs(QpState::Init) }, "IBV_QP_RETRY_CNT"),
+    ] {
+        assert_eq!(
+            h.dev.modify_qp(h.qp, &bad),
+            Err(ModifyError::UnexpectedAttribute {
+                attr: name,
+                from: QpState::Init,
+                to: QpState::Init
+            })
+        );
+    }
+    // IBV_QP_CUR_STATE is taken on the way to RTS only, and must be right.
+    let believed = QpAttr { cur_state: Some(QpState::Init), ..rc_attrs(QpState::Init) };
+    assert!(matches!(
+        h.dev.modify_qp(h.qp, &believed),
+        Err(ModifyError::UnexpectedAttribute { attr: "IBV_QP_CUR_STATE", .. })
     ));
     assert_eq!(
         h.dev.post_send(h.qp, SendWr::new(1, WrOpcode::Send, vec![])),
@@ -844,10 +865,11 @@ fn max_rd_atomic_limits_outstanding_reads() {
     let mut p = Pair::new(Mtu::Mtu1024);
     p.set_delay(Duration::from_micros(10));
     let qp = p.hosts[A].qp;
-    p.net[A]
-        .dev
-        .modify_qp(qp, &QpAttr { max_rd_atomic: Some(2), ..rc_attrs(QpState::Rts) })
-        .unwrap();
+    change_in_sqd(
+        &mut p.net[A].dev,
+        qp,
+        QpAttr { max_rd_atomic: Some(2), ..rc_attrs(QpState::Sqd) },
+    );
     for k in 0..4 {
         p.post_send(A, read_wr(&p, k, 0x1000 * (k + 1), 0, 100));
     }
@@ -952,7 +974,7 @@ fn an_rnr_nak_stands_for_the_packets_behind_it() {
 fn rnr_retry_seven_retries_forever() {
     let mut p = Pair::new(Mtu::Mtu1024);
     let qp = p.hosts[A].qp;
-    p.net[A].dev.modify_qp(qp, &QpAttr { rnr_retry: Some(7), ..rc_attrs(QpState::Rts) }).unwrap();
+    change_in_sqd(&mut p.net[A].dev, qp, QpAttr { rnr_retry: Some(7), ..rc_attrs(QpState::Sqd) });
     p.post_send(A, SendWr::new(1, WrOpcode::Send, vec![p.sge(A, 0, 8)]));
     // min_rnr_timer code 1 is 10 µs: 10 ms is hundreds of RNR NAKs.
     p.run(Duration::from_millis(10));
@@ -1171,6 +1193,14 @@ fn the_first_packet_at_a_qp_in_rtr_raises_comm_established() {
     );
     assert_eq!(p.net[B].dev.poll_async_event(), Some(AsyncEvent::CommEstablished(qp_b)));
     assert_eq!(p.net[B].dev.poll_async_event(), None, "once");
+}
+
+/// Changes a sending RC QP's `attr` the way IBA 11.2.5.2 allows: RTS→RTS does not take the
+/// retry counts or the requester's depth, SQD→SQD does; then back to RTS.
+fn change_in_sqd(dev: &mut Device<VecMemory>, qp: Qpn, attr: QpAttr) {
+    dev.modify_qp(qp, &rc_attrs(QpState::Sqd)).unwrap();
+    dev.modify_qp(qp, &attr).unwrap();
+    dev.modify_qp(qp, &rc_attrs(QpState::Rts)).unwrap();
 }
 
 /// Brings `qp` on `dev` to RTS, connected to `peer_qpn` at `peer`.

@@ -77,14 +77,16 @@ pub(crate) struct IbvContext {
 pub(crate) const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 
 /// `struct verbs_context`: the extended verbs, in the memory right before `ibv_context` (which
-/// is its last member). Only `query_port` is set; the inline wrappers of the others see NULL
-/// and fall back to the legacy verb or fail with `EOPNOTSUPP`.
+/// is its last member). `query_port` and `query_device_ex` are set; the inline wrappers of the
+/// others see NULL and fall back to the legacy verb or fail with `EOPNOTSUPP`.
 #[repr(C)]
 pub(crate) struct VerbsContext {
     pub(crate) query_port: Option<QueryPortFn>,
-    /// `advise_mr` … `create_cq_ex`, `priv`, `query_device_ex` … `close_xrcd`, and
-    /// `_ABI_placeholder3`.
-    pub(crate) unset: [Unset; 38],
+    /// `advise_mr` … `create_cq_ex`, and `priv`.
+    pub(crate) unset_before_query_device_ex: [Unset; 26],
+    pub(crate) query_device_ex: Option<QueryDeviceExFn>,
+    /// `ibv_destroy_flow` … `close_xrcd`, and `_ABI_placeholder3`.
+    pub(crate) unset_after_query_device_ex: [Unset; 11],
     pub(crate) sz: usize,
     pub(crate) context: IbvContext,
 }
@@ -150,6 +152,115 @@ pub(crate) struct IbvDeviceAttr {
     pub(crate) local_ca_ack_delay: u8,
     pub(crate) phys_port_cnt: u8,
 }
+
+/// `struct ibv_odp_caps`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct IbvOdpCaps {
+    pub(crate) general_caps: u64,
+    pub(crate) per_transport_caps: IbvOdpTransportCaps,
+}
+
+/// `ibv_odp_caps.per_transport_caps`: `enum ibv_odp_transport_cap_bits` per transport.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct IbvOdpTransportCaps {
+    pub(crate) rc_odp_caps: u32,
+    pub(crate) uc_odp_caps: u32,
+    pub(crate) ud_odp_caps: u32,
+}
+
+/// `struct ibv_tso_caps`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct IbvTsoCaps {
+    pub(crate) max_tso: u32,
+    pub(crate) supported_qpts: u32,
+}
+
+/// `struct ibv_rss_caps`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct IbvRssCaps {
+    pub(crate) supported_qpts: u32,
+    pub(crate) max_rwq_indirection_tables: u32,
+    pub(crate) max_rwq_indirection_table_size: u32,
+    pub(crate) rx_hash_fields_mask: u64,
+    pub(crate) rx_hash_function: u8,
+}
+
+/// `struct ibv_packet_pacing_caps`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct IbvPacketPacingCaps {
+    pub(crate) qp_rate_limit_min: u32,
+    pub(crate) qp_rate_limit_max: u32,
+    pub(crate) supported_qpts: u32,
+}
+
+/// `struct ibv_tm_caps`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct IbvTmCaps {
+    pub(crate) max_rndv_hdr_size: u32,
+    pub(crate) max_num_tags: u32,
+    pub(crate) flags: u32,
+    pub(crate) max_ops: u32,
+    pub(crate) max_sge: u32,
+}
+
+/// `struct ibv_cq_moderation_caps`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct IbvCqModerationCaps {
+    pub(crate) max_cq_count: u16,
+    pub(crate) max_cq_period: u16,
+}
+
+/// `struct ibv_pci_atomic_caps`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct IbvPciAtomicCaps {
+    pub(crate) fetch_add: u16,
+    pub(crate) swap: u16,
+    pub(crate) compare_swap: u16,
+}
+
+/// `struct ibv_device_attr_ex`.
+#[repr(C)]
+pub(crate) struct IbvDeviceAttrEx {
+    pub(crate) orig_attr: IbvDeviceAttr,
+    pub(crate) comp_mask: u32,
+    pub(crate) odp_caps: IbvOdpCaps,
+    pub(crate) completion_timestamp_mask: u64,
+    pub(crate) hca_core_clock: u64,
+    pub(crate) device_cap_flags_ex: u64,
+    pub(crate) tso_caps: IbvTsoCaps,
+    pub(crate) rss_caps: IbvRssCaps,
+    pub(crate) max_wq_type_rq: u32,
+    pub(crate) packet_pacing_caps: IbvPacketPacingCaps,
+    pub(crate) raw_packet_caps: u32,
+    pub(crate) tm_caps: IbvTmCaps,
+    pub(crate) cq_mod_caps: IbvCqModerationCaps,
+    pub(crate) max_dm_size: u64,
+    pub(crate) pci_atomic_caps: IbvPciAtomicCaps,
+    pub(crate) xrc_odp_caps: u32,
+    pub(crate) phys_port_cnt_ex: u32,
+}
+
+/// `struct ibv_query_device_ex_input`.
+#[repr(C)]
+pub(crate) struct IbvQueryDeviceExInput {
+    pub(crate) comp_mask: u32,
+}
+
+/// `verbs_context.query_device_ex`.
+pub(crate) type QueryDeviceExFn = unsafe extern "C" fn(
+    *mut IbvContext,
+    *const IbvQueryDeviceExInput,
+    *mut IbvDeviceAttrEx,
+    usize,
+) -> c_int;
 
 /// `struct ibv_port_attr`. `ibv_query_port@IBVERBS_1.1` writes only its first
 /// [`COMPAT_PORT_ATTR_SIZE`] bytes (`struct _compat_ibv_port_attr`, without
@@ -483,6 +594,8 @@ pub(crate) mod consts {
     pub(crate) const IBV_QPS_ERR: c_int = 6;
 
     pub(crate) const IBV_QP_STATE: c_int = 1 << 0;
+    pub(crate) const IBV_QP_CUR_STATE: c_int = 1 << 1;
+    pub(crate) const IBV_QP_EN_SQD_ASYNC_NOTIFY: c_int = 1 << 2;
     pub(crate) const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
     pub(crate) const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
     pub(crate) const IBV_QP_PORT: c_int = 1 << 5;
@@ -498,7 +611,10 @@ pub(crate) mod consts {
     pub(crate) const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
     pub(crate) const IBV_QP_SQ_PSN: c_int = 1 << 16;
     pub(crate) const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+    pub(crate) const IBV_QP_PATH_MIG_STATE: c_int = 1 << 18;
+    pub(crate) const IBV_QP_CAP: c_int = 1 << 19;
     pub(crate) const IBV_QP_DEST_QPN: c_int = 1 << 20;
+    pub(crate) const IBV_QP_RATE_LIMIT: c_int = 1 << 25;
 
     pub(crate) const IBV_WR_RDMA_WRITE: c_int = 0;
     pub(crate) const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
@@ -527,6 +643,10 @@ pub(crate) mod consts {
     pub(crate) const IBV_ACCESS_REMOTE_WRITE: c_int = 2;
     pub(crate) const IBV_ACCESS_REMOTE_READ: c_int = 4;
     pub(crate) const IBV_ACCESS_REMOTE_ATOMIC: c_int = 8;
+    pub(crate) const IBV_ACCESS_MW_BIND: c_int = 1 << 4;
+    pub(crate) const IBV_ACCESS_ZERO_BASED: c_int = 1 << 5;
+    pub(crate) const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
+    pub(crate) const IBV_ACCESS_HUGETLB: c_int = 1 << 7;
     /// `IBV_ACCESS_OPTIONAL_RANGE`: hints a provider may ignore (relaxed ordering among them).
     pub(crate) const IBV_ACCESS_OPTIONAL_RANGE: c_int = 0x3ff0_0000;
 
@@ -620,7 +740,44 @@ mod tests {
             "ibv_context",
             [device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat]
         );
-        layout!(v, VerbsContext, "verbs_context", [query_port, sz, context]);
+        layout!(v, VerbsContext, "verbs_context", [query_port, query_device_ex, sz, context]);
+        layout!(
+            v,
+            IbvDeviceAttrEx,
+            "ibv_device_attr_ex",
+            [
+                orig_attr,
+                comp_mask,
+                odp_caps,
+                completion_timestamp_mask,
+                hca_core_clock,
+                device_cap_flags_ex,
+                tso_caps,
+                rss_caps,
+                max_wq_type_rq,
+                packet_pacing_caps,
+                raw_packet_caps,
+                tm_caps,
+                cq_mod_caps,
+                max_dm_size,
+                pci_atomic_caps,
+                xrc_odp_caps,
+                phys_port_cnt_ex,
+            ]
+        );
+        layout!(v, IbvOdpCaps, "ibv_odp_caps", [general_caps, per_transport_caps]);
+        layout!(
+            v,
+            IbvRssCaps,
+            "ibv_rss_caps",
+            [
+                supported_qpts,
+                max_rwq_indirection_tables,
+                max_rwq_indirection_table_size,
+                rx_hash_fields_mask,
+                rx_hash_function
+            ]
+        );
         layout!(
             v,
             IbvGidEntry,

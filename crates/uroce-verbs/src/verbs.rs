@@ -314,7 +314,9 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
     let ctx = Box::new(Context {
         vctx: VerbsContext {
             query_port: Some(query_port_ex),
-            unset: [None; 38],
+            unset_before_query_device_ex: [None; 26],
+            query_device_ex: Some(query_device_ex),
+            unset_after_query_device_ex: [None; 11],
             sz: size_of::<VerbsContext>(),
             context: IbvContext {
                 device,
@@ -361,10 +363,64 @@ unsafe extern "C" fn uroce_verbs_query_device(
     if attr.is_null() {
         return libc::EINVAL;
     }
+    // SAFETY: the caller passes room for a struct ibv_device_attr (checked non-NULL).
+    unsafe { attr.write(device_attr(ctx)) };
+    0
+}
+
+/// `verbs_context.query_device_ex` (`ibv_query_device_ex(3)`): the legacy attributes and the
+/// extended ones, as far as `attr_size` (the caller's `sizeof(struct ibv_device_attr_ex)`,
+/// which an older header makes smaller) reaches. Every extended capability uroce lacks reads
+/// 0: no on-demand paging, no completion timestamps (so no core clock), no device memory, no
+/// TSO, RSS, packet pacing or tag matching.
+unsafe extern "C" fn query_device_ex(
+    context: *mut IbvContext,
+    input: *const IbvQueryDeviceExInput,
+    attr: *mut IbvDeviceAttrEx,
+    attr_size: usize,
+) -> c_int {
+    // SAFETY: the caller passes a context it opened.
+    let Some(ctx) = (unsafe { ctx_of(context) }) else { return libc::EINVAL };
+    // SAFETY: NULL or the caller's input.
+    if unsafe { input.as_ref() }.is_some_and(|i| i.comp_mask != 0) {
+        return libc::EINVAL;
+    }
+    if attr.is_null() || attr_size < size_of::<IbvDeviceAttr>() {
+        return libc::EINVAL;
+    }
+    let orig_attr = device_attr(ctx);
+    let out = IbvDeviceAttrEx {
+        device_cap_flags_ex: u64::from(orig_attr.device_cap_flags),
+        phys_port_cnt_ex: u32::from(orig_attr.phys_port_cnt),
+        orig_attr,
+        comp_mask: 0,
+        odp_caps: IbvOdpCaps::default(),
+        completion_timestamp_mask: 0,
+        hca_core_clock: 0,
+        tso_caps: IbvTsoCaps::default(),
+        rss_caps: IbvRssCaps::default(),
+        max_wq_type_rq: 0,
+        packet_pacing_caps: IbvPacketPacingCaps::default(),
+        raw_packet_caps: 0,
+        tm_caps: IbvTmCaps::default(),
+        cq_mod_caps: IbvCqModerationCaps::default(),
+        max_dm_size: 0,
+        pci_atomic_caps: IbvPciAtomicCaps::default(),
+        xrc_odp_caps: 0,
+    };
+    let n = attr_size.min(size_of::<IbvDeviceAttrEx>());
+    // SAFETY: the caller passes `attr_size` writable bytes at `attr` (checked non-NULL);
+    // `out` is a local of at least `n` bytes; they cannot overlap.
+    unsafe { ptr::copy_nonoverlapping((&raw const out).cast::<u8>(), attr.cast::<u8>(), n) };
+    0
+}
+
+/// The device's attributes as `ibv_query_device(3)` reports them.
+fn device_attr(ctx: &Context) -> IbvDeviceAttr {
     let a = DEVICE_ATTR;
     let int = |v: u32| c_int::try_from(v).unwrap_or(c_int::MAX);
     let rd_atom = c_int::from(a.max_qp_rd_atom);
-    let out = IbvDeviceAttr {
+    IbvDeviceAttr {
         fw_ver: c_string(concat!("uroce ", env!("CARGO_PKG_VERSION"))),
         node_guid: ctx.dev.guid_be,
         sys_image_guid: ctx.dev.guid_be,
@@ -407,10 +463,7 @@ unsafe extern "C" fn uroce_verbs_query_device(
         max_pkeys: 1,
         local_ca_ack_delay: 15,
         phys_port_cnt: 1,
-    };
-    // SAFETY: the caller passes room for a struct ibv_device_attr (checked non-NULL).
-    unsafe { attr.write(out) };
-    0
+    }
 }
 
 /// Port 1 as `ibv_query_port(3)` describes it.
@@ -650,8 +703,16 @@ pub(crate) unsafe extern "C" fn uroce_verbs_alloc_pd(context: *mut IbvContext) -
 
 #[unsafe(no_mangle)]
 pub(crate) unsafe extern "C" fn uroce_verbs_dealloc_pd(pd: *mut IbvPd) -> c_int {
-    if pd.is_null() {
-        return libc::EINVAL;
+    // SAFETY: the caller passes a PD it allocated.
+    let Some((ctx, handle)) = (unsafe { pd_parts(pd) }) else { return libc::EINVAL };
+    // ibv_dealloc_pd(3) fails while the PD is in use: EBUSY while an MR, QP, SRQ or AH of it
+    // lives, as the kernel answers for a PD whose use count is not zero.
+    match ctx.net.with(|s| s.engine().dealloc_pd(handle)) {
+        Ok(()) => {}
+        Err(DestroyError::InUse) => {
+            return refuse("ibv_dealloc_pd", "an MR, QP, SRQ or AH still uses the PD", libc::EBUSY);
+        }
+        Err(DestroyError::Unknown) => return libc::EINVAL,
     }
     // SAFETY: made by `ibv_alloc_pd`; deallocating is the caller's last use.
     drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
@@ -664,23 +725,35 @@ struct Mr {
     lkey: LKey,
 }
 
-/// Access flags as the engine takes them; `None` for a combination `ibv_reg_mr(3)` rejects.
-fn mr_access(flags: c_int) -> Option<Access> {
-    let flags = flags & !IBV_ACCESS_OPTIONAL_RANGE;
+/// Access flags as the engine takes them, or the errno and rule of a refusal: a combination
+/// `ibv_reg_mr(3)` rejects is EINVAL, a capability uroce lacks EOPNOTSUPP (as a device without
+/// it answers, and as rdma-core's tests take to mean "skip").
+fn mr_access(flags: c_int) -> Result<Access, (c_int, &'static str)> {
+    // The optional range and HUGETLB are hints: a device may ignore them (ibv_reg_mr(3)).
+    let flags = flags & !(IBV_ACCESS_OPTIONAL_RANGE | IBV_ACCESS_HUGETLB);
+    if flags & IBV_ACCESS_MW_BIND != 0 {
+        return Err((libc::EOPNOTSUPP, "IBV_ACCESS_MW_BIND: uroce has no memory windows yet"));
+    }
+    if flags & IBV_ACCESS_ON_DEMAND != 0 {
+        return Err((libc::EOPNOTSUPP, "IBV_ACCESS_ON_DEMAND: no on-demand paging yet"));
+    }
+    if flags & IBV_ACCESS_ZERO_BASED != 0 {
+        return Err((libc::EOPNOTSUPP, "IBV_ACCESS_ZERO_BASED: no zero-based regions"));
+    }
     let known = IBV_ACCESS_LOCAL_WRITE
         | IBV_ACCESS_REMOTE_WRITE
         | IBV_ACCESS_REMOTE_READ
         | IBV_ACCESS_REMOTE_ATOMIC;
     if flags & !known != 0 {
-        return None;
+        return Err((libc::EINVAL, "access has bits no enum ibv_access_flags defines"));
     }
     // ibv_reg_mr(3): remote write or atomic access requires local write.
     if flags & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
         && flags & IBV_ACCESS_LOCAL_WRITE == 0
     {
-        return None;
+        return Err((libc::EINVAL, "remote write or atomic access needs local write"));
     }
-    Some(Access::from_bits(flags.cast_unsigned()))
+    Ok(Access::from_bits(flags.cast_unsigned()))
 }
 
 #[unsafe(no_mangle)]
@@ -692,13 +765,11 @@ unsafe extern "C" fn uroce_verbs_reg_mr(
 ) -> *mut IbvMr {
     // SAFETY: the caller passes a PD it allocated.
     let Some((ctx, pdh)) = (unsafe { pd_parts(pd) }) else { return fail(libc::EINVAL) };
-    let Some(access) = mr_access(access) else {
-        let why = format_args!(
-            "access {access:#x}: remote write or atomic access needs local write, and only \
-             LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC and the optional hints are \
-             supported"
-        );
-        return fail(refuse("ibv_reg_mr", why, libc::EINVAL));
+    let access = match mr_access(access) {
+        Ok(a) => a,
+        Err((errno, rule)) => {
+            return fail(refuse("ibv_reg_mr", format_args!("access {access:#x}: {rule}"), errno));
+        }
     };
     if length == 0 {
         return fail(refuse("ibv_reg_mr", "length 0", libc::EINVAL));
@@ -869,13 +940,21 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut IbvCompChannel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut IbvCq {
     // SAFETY: the caller passes a context it opened.
     let Some(ctx) = (unsafe { ctx_of(context) }) else { return fail(libc::EINVAL) };
     let Ok(capacity) = usize::try_from(cqe) else { return fail(libc::EINVAL) };
     if capacity == 0 {
         return fail(libc::EINVAL);
+    }
+    // ibv_create_cq(3): comp_vector is at least 0 and less than the context's
+    // num_comp_vectors (the kernel refuses any other with EINVAL).
+    // SAFETY: a live context of this library; a plain field.
+    let vectors = unsafe { (*context).num_comp_vectors };
+    if !(0..vectors).contains(&comp_vector) {
+        let why = format_args!("comp_vector {comp_vector}: the context has {vectors} vector(s)");
+        return fail(refuse("ibv_create_cq", why, libc::EINVAL));
     }
     let handle = match ctx.net.with(|s| s.engine().create_cq(capacity)) {
         Ok(h) => h,
@@ -1477,14 +1556,39 @@ fn qp_state_enum(s: QpState) -> c_int {
 }
 
 /// The engine's attributes for an `ibv_modify_qp` call; `None` for a value the verb rejects.
-fn qp_attr(a: &IbvQpAttr, mask: c_int) -> Result<QpAttr, &'static str> {
+/// Why `ibv_modify_qp` refused before the engine saw the attributes: the errno and the rule.
+type AttrRefusal = (c_int, &'static str);
+
+/// The engine's attributes for `ibv_modify_qp(a, mask)`. Which attributes each transition
+/// takes is the engine's to check (IBA 11.2.5.2); here are the mask bits uroce does not model
+/// and the values only the C ABI carries.
+fn qp_attr(a: &IbvQpAttr, mask: c_int) -> Result<QpAttr, AttrRefusal> {
     let has = |bit: c_int| mask & bit != 0;
+    let invalid = |why| Err((libc::EINVAL, why));
+    let unsupported = |why| Err((libc::EOPNOTSUPP, why));
+    // Linux refuses mask bits past the last it defines with EOPNOTSUPP
+    // (`ib_uverbs_ex_modify_qp`), and those no RC, UC or UD transition takes with EINVAL.
+    if mask & !((IBV_QP_RATE_LIMIT << 1) - 1) != 0 {
+        return unsupported("attr_mask has bits past IBV_QP_RATE_LIMIT");
+    }
+    if has(IBV_QP_ALT_PATH) || has(IBV_QP_PATH_MIG_STATE) {
+        return unsupported("IBV_QP_ALT_PATH, IBV_QP_PATH_MIG_STATE: no automatic path migration");
+    }
+    if has(IBV_QP_EN_SQD_ASYNC_NOTIFY) {
+        return unsupported("IBV_QP_EN_SQD_ASYNC_NOTIFY: uroce raises no SQD drained event");
+    }
+    if has(IBV_QP_CAP) || has(IBV_QP_RATE_LIMIT) || mask & (0xF << 21) != 0 {
+        return invalid(
+            "IBV_QP_CAP, IBV_QP_RATE_LIMIT and bits 21-24: no RC, UC or UD transition takes them",
+        );
+    }
     let mut out = QpAttr::default();
     if has(IBV_QP_STATE) {
-        out.state = Some(qp_state_of(a.qp_state).ok_or("qp_state: no such state")?);
+        out.state = Some(qp_state_of(a.qp_state).ok_or((libc::EINVAL, "qp_state: no such state"))?);
     }
-    if has(IBV_QP_ALT_PATH) {
-        return Err("IBV_QP_ALT_PATH: no automatic path migration");
+    if has(IBV_QP_CUR_STATE) {
+        let s = qp_state_of(a.cur_qp_state).ok_or((libc::EINVAL, "cur_qp_state: no such state"))?;
+        out.cur_state = Some(s);
     }
     if has(IBV_QP_ACCESS_FLAGS) {
         let known = IBV_ACCESS_LOCAL_WRITE
@@ -1505,12 +1609,21 @@ fn qp_attr(a: &IbvQpAttr, mask: c_int) -> Result<QpAttr, &'static str> {
     if has(IBV_QP_AV) {
         // RoCE addresses by GID: an address vector without a GRH names no IP destination.
         if a.ah_attr.is_global == 0 {
-            return Err("ah_attr: RoCE needs is_global = 1 and the peer's GID in grh.dgid");
+            return invalid("ah_attr: RoCE needs is_global = 1 and the peer's GID in grh.dgid");
+        }
+        // The source GID and the port must exist (Linux checks both before the driver).
+        if a.ah_attr.grh.sgid_index != 0 {
+            return invalid("ah_attr.grh.sgid_index: the port's GID table has one entry, 0");
+        }
+        if a.ah_attr.port_num != 1 {
+            return invalid("ah_attr.port_num: the device has port 1 only");
         }
         out.av = Some(AddressVector { dest: addr_of_gid(&a.ah_attr.grh.dgid) });
     }
     if has(IBV_QP_PATH_MTU) {
-        out.path_mtu = Some(mtu_from_enum(a.path_mtu).ok_or("path_mtu: not an enum ibv_mtu")?);
+        let mtu =
+            mtu_from_enum(a.path_mtu).ok_or((libc::EINVAL, "path_mtu: not an enum ibv_mtu"))?;
+        out.path_mtu = Some(mtu);
     }
     if has(IBV_QP_TIMEOUT) {
         out.timeout = Some(a.timeout);
@@ -1537,7 +1650,8 @@ fn qp_attr(a: &IbvQpAttr, mask: c_int) -> Result<QpAttr, &'static str> {
         out.min_rnr_timer = Some(RnrTimer::from_masked(a.min_rnr_timer));
     }
     if has(IBV_QP_DEST_QPN) {
-        out.dest_qp_num = Some(Qpn::new(a.dest_qp_num).ok_or("dest_qp_num: above 2^24")?);
+        let qpn = Qpn::new(a.dest_qp_num).ok_or((libc::EINVAL, "dest_qp_num: above 2^24"))?;
+        out.dest_qp_num = Some(qpn);
     }
     Ok(out)
 }
@@ -1610,7 +1724,7 @@ pub(crate) unsafe extern "C" fn uroce_verbs_modify_qp(
     let a = unsafe { attr.read() };
     let engine_attr = match qp_attr(&a, mask) {
         Ok(attr) => attr,
-        Err(why) => return refuse("ibv_modify_qp", why, libc::EINVAL),
+        Err((errno, why)) => return refuse("ibv_modify_qp", why, errno),
     };
     if let Err(e) = ctx.net.with(|s| s.engine().modify_qp(q.qpn, &engine_attr)) {
         return refuse("ibv_modify_qp", format_args!("QP {:#x}: {e}", q.qpn.get()), libc::EINVAL);

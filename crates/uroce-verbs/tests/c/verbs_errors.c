@@ -61,8 +61,21 @@
  *      IBV_EVENT_QP_ACCESS_ERR for that QP (IBA §11.6.3.1, local access violation work queue
  *      error), the process goes on, and the region still deregisters.
  *   h. ABI details: ibv_query_port@IBVERBS_1.1 called directly writes 48 bytes, no more;
- *      ibv_query_device_ex falls back to the legacy verb; on uroce, ibv_create_qp_ex with
- *      send-ops flags, ibv_alloc_mw and ibv_reg_dmabuf_mr fail with EOPNOTSUPP.
+ *      ibv_query_device_ex answers; on uroce, ibv_create_qp_ex with send-ops flags,
+ *      ibv_alloc_mw, ibv_reg_dmabuf_mr and ibv_reg_mr with IBV_ACCESS_MW_BIND or
+ *      IBV_ACCESS_ON_DEMAND fail with EOPNOTSUPP (capabilities uroce does not have yet).
+ *   k. checks a device makes before it changes anything: ibv_modify_qp against the table of
+ *      required and optional attributes per transition (IBA §11.2.5.2; Linux applies it to
+ *      every device, ib_modify_qp_is_ok): an RTR attribute (DEST_QPN) at RESET->INIT, a mask
+ *      bit no verbs.h defines (1 << 30), a source GID index past the port's table at
+ *      INIT->RTR, a PATH_MTU at RTS->RTS and a cur_qp_state the QP is not in are refused
+ *      (EINVAL; EOPNOTSUPP for the unknown bit), and the QP stays where it was; the right
+ *      cur_qp_state is taken. ibv_dealloc_pd returns EBUSY while an MR or a QP uses the PD
+ *      (ibv_dealloc_pd(3)) and 0 once neither does. ibv_create_cq with comp_vector equal to
+ *      the context's num_comp_vectors fails with EINVAL (ibv_create_cq(3): the vector is below
+ *      num_comp_vectors). ibv_query_device_ex comes from the provider, not the legacy
+ *      fallback: phys_port_cnt_ex equals phys_port_cnt and the legacy part equals what
+ *      ibv_query_device reports.
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -708,7 +721,8 @@ static void scenario_sync_failures(struct dev *d0)
  *    48-byte struct _compat_ibv_port_attr and not one byte more;
  *  - verbs a device does not offer fail as the header's wrappers document: NULL with errno
  *    EOPNOTSUPP (checked on uroce only: hardware may have memory windows, XRC and dmabuf);
- *  - ibv_query_device_ex falls back to ibv_query_device when the extended verb is absent.
+ *  - ibv_query_device_ex answers with the legacy attributes (section k checks it is the
+ *    provider that answers, not the header's fallback to ibv_query_device).
  */
 static void scenario_abi(struct dev *d0)
 {
@@ -777,7 +791,8 @@ static void scenario_abi(struct dev *d0)
 			const char *what;
 			void *obj;
 			int err;
-		} r[3];
+		} r[5];
+		static char mw_buf[64];
 
 		errno = 0;
 		r[0].what = "ibv_create_qp_ex(send_ops_flags)";
@@ -791,7 +806,17 @@ static void scenario_abi(struct dev *d0)
 		r[2].what = "ibv_reg_dmabuf_mr";
 		r[2].obj = ibv_reg_dmabuf_mr(d0->pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE);
 		r[2].err = errno;
-		for (int i = 0; i < 3; i++) {
+		errno = 0;
+		r[3].what = "ibv_reg_mr(LOCAL_WRITE | MW_BIND)";
+		r[3].obj = ibv_reg_mr(d0->pd, mw_buf, sizeof(mw_buf),
+				      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+		r[3].err = errno;
+		errno = 0;
+		r[4].what = "ibv_reg_mr(LOCAL_WRITE | ON_DEMAND)";
+		r[4].obj = ibv_reg_mr(d0->pd, mw_buf, sizeof(mw_buf),
+				      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+		r[4].err = errno;
+		for (int i = 0; i < 5; i++) {
 			printf("%s: %s -> %s, errno %s (%d)\n", s, r[i].what, r[i].obj ? "object" : "NULL",
 			       strerror(r[i].err), r[i].err);
 			if (r[i].obj || r[i].err != EOPNOTSUPP)
@@ -1285,6 +1310,160 @@ static void scenario_unmapped_after_registration(struct dev *d0, struct dev *d1)
 	}
 }
 
+static void expect_rc(const char *scenario, const char *what, int rc, int want, int also)
+{
+	printf("%s: %s -> %s (%d)\n", scenario, what, rc ? strerror(rc) : "0", rc);
+	if (rc != want && rc != also)
+		fail("%s: %s: got %d (%s), expected %d (%s)", scenario, what, rc, strerror(rc), want,
+		     strerror(want));
+}
+
+static void scenario_checks(struct dev *d0, struct dev *d1)
+{
+	const char *s = "k";
+	struct ibv_port_attr port;
+	struct ibv_qp_attr attr;
+	struct ep a, b;
+	int rc, rtr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+
+	ep_create(&a, d0);
+	ep_create(&b, d1);
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_INIT;
+	attr.port_num = PORT;
+	attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+	attr.dest_qp_num = b.qp->qp_num;
+	rc = ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						IBV_QP_ACCESS_FLAGS | IBV_QP_DEST_QPN);
+	expect_rc(s, "ibv_modify_qp(RESET->INIT with IBV_QP_DEST_QPN)", rc, EINVAL, EINVAL);
+	rc = ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						IBV_QP_ACCESS_FLAGS | (1 << 30));
+	expect_rc(s, "ibv_modify_qp(RESET->INIT with mask bit 1 << 30)", rc, EOPNOTSUPP, EINVAL);
+	expect_state(s, "after both", &a, IBV_QPS_RESET);
+	rc = ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						IBV_QP_ACCESS_FLAGS);
+	expect_rc(s, "ibv_modify_qp(RESET->INIT)", rc, 0, 0);
+
+	if (ibv_query_port(d0->ctx, PORT, &port))
+		die("ibv_query_port(%s)", d0->name);
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RTR;
+	attr.path_mtu = IBV_MTU_1024;
+	attr.dest_qp_num = b.qp->qp_num;
+	attr.rq_psn = b.psn;
+	attr.max_dest_rd_atomic = 1;
+	attr.min_rnr_timer = 12;
+	attr.ah_attr.is_global = 1;
+	attr.ah_attr.grh.dgid = d1->gid;
+	attr.ah_attr.grh.sgid_index = (uint8_t)port.gid_tbl_len;
+	attr.ah_attr.grh.hop_limit = 64;
+	attr.ah_attr.port_num = PORT;
+	rc = ibv_modify_qp(a.qp, &attr, rtr_mask);
+	expect_rc(s, "ibv_modify_qp(INIT->RTR with sgid_index = gid_tbl_len)", rc, EINVAL, EINVAL);
+	expect_state(s, "after it", &a, IBV_QPS_INIT);
+
+	connect_pair(&a, &b);
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RTS;
+	attr.path_mtu = IBV_MTU_512;
+	rc = ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_PATH_MTU);
+	expect_rc(s, "ibv_modify_qp(RTS->RTS with IBV_QP_PATH_MTU)", rc, EINVAL, EINVAL);
+	attr.cur_qp_state = IBV_QPS_RTR;
+	rc = ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE);
+	expect_rc(s, "ibv_modify_qp(RTS->RTS, cur_qp_state RTR)", rc, EINVAL, EINVAL);
+	attr.cur_qp_state = IBV_QPS_RTS;
+	rc = ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE);
+	expect_rc(s, "ibv_modify_qp(RTS->RTS, cur_qp_state RTS)", rc, 0, 0);
+	expect_state(s, "after all", &a, IBV_QPS_RTS);
+	ep_destroy(&a);
+	ep_destroy(&b);
+
+	{
+		struct ibv_pd *pd = ibv_alloc_pd(d0->ctx);
+		struct ibv_cq *cq = ibv_create_cq(d0->ctx, 4, NULL, NULL, 0);
+		struct ibv_qp_init_attr init = {
+			.send_cq = cq,
+			.recv_cq = cq,
+			.qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1,
+				 .max_recv_sge = 1 },
+		};
+		static char buf[64];
+		struct ibv_mr *mr;
+		struct ibv_qp *qp;
+
+		if (!pd || !cq)
+			die("%s: ibv_alloc_pd / ibv_create_cq: %s", s, strerror(errno));
+		mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+		if (!mr)
+			die("%s: ibv_reg_mr: %s", s, strerror(errno));
+		expect_rc(s, "ibv_dealloc_pd with an MR", ibv_dealloc_pd(pd), EBUSY, EBUSY);
+		if (ibv_dereg_mr(mr))
+			fail("%s: ibv_dereg_mr", s);
+		qp = ibv_create_qp(pd, &init);
+		if (!qp)
+			die("%s: ibv_create_qp: %s", s, strerror(errno));
+		expect_rc(s, "ibv_dealloc_pd with a QP", ibv_dealloc_pd(pd), EBUSY, EBUSY);
+		if (ibv_destroy_qp(qp))
+			fail("%s: ibv_destroy_qp", s);
+		expect_rc(s, "ibv_dealloc_pd once unused", ibv_dealloc_pd(pd), 0, 0);
+		if (ibv_destroy_cq(cq))
+			fail("%s: ibv_destroy_cq", s);
+	}
+
+	{
+		int vectors = d0->ctx->num_comp_vectors;
+		struct ibv_cq *cq;
+
+		errno = 0;
+		cq = ibv_create_cq(d0->ctx, 4, NULL, NULL, vectors);
+		printf("%s: ibv_create_cq(comp_vector %d of %d) -> %s, errno %s\n", s, vectors, vectors,
+		       cq ? "CQ" : "NULL", strerror(errno));
+		if (cq || errno != EINVAL)
+			fail("%s: ibv_create_cq with comp_vector %d: expected NULL with EINVAL", s,
+			     vectors);
+		if (cq)
+			ibv_destroy_cq(cq);
+	}
+
+	{
+		struct ibv_device_attr legacy;
+		struct ibv_device_attr_ex ex;
+
+		memset(&ex, 0xa5, sizeof(ex));
+		rc = ibv_query_device_ex(d0->ctx, NULL, &ex);
+		if (rc || ibv_query_device(d0->ctx, &legacy)) {
+			fail("%s: ibv_query_device_ex: %d", s, rc);
+			return;
+		}
+		printf("%s: ibv_query_device_ex: phys_port_cnt_ex %u, phys_port_cnt %u\n", s,
+		       ex.phys_port_cnt_ex, ex.orig_attr.phys_port_cnt);
+		if (ex.phys_port_cnt_ex != ex.orig_attr.phys_port_cnt || ex.phys_port_cnt_ex == 0)
+			fail("%s: phys_port_cnt_ex %u, phys_port_cnt %u", s, ex.phys_port_cnt_ex,
+			     ex.orig_attr.phys_port_cnt);
+		/* Field by field: the padding between them is nobody's. */
+		if (strcmp(legacy.fw_ver, ex.orig_attr.fw_ver) ||
+		    legacy.node_guid != ex.orig_attr.node_guid ||
+		    legacy.max_mr_size != ex.orig_attr.max_mr_size ||
+		    legacy.vendor_id != ex.orig_attr.vendor_id ||
+		    legacy.max_qp != ex.orig_attr.max_qp ||
+		    legacy.max_qp_wr != ex.orig_attr.max_qp_wr ||
+		    legacy.device_cap_flags != ex.orig_attr.device_cap_flags ||
+		    legacy.max_sge != ex.orig_attr.max_sge || legacy.max_cqe != ex.orig_attr.max_cqe ||
+		    legacy.max_mr != ex.orig_attr.max_mr ||
+		    legacy.max_qp_rd_atom != ex.orig_attr.max_qp_rd_atom ||
+		    legacy.atomic_cap != ex.orig_attr.atomic_cap ||
+		    legacy.max_srq_wr != ex.orig_attr.max_srq_wr ||
+		    legacy.max_pkeys != ex.orig_attr.max_pkeys ||
+		    legacy.phys_port_cnt != ex.orig_attr.phys_port_cnt)
+			fail("%s: ibv_query_device_ex's orig_attr differs from ibv_query_device", s);
+		if ((ex.device_cap_flags_ex & 0xffffffffu) != legacy.device_cap_flags)
+			fail("%s: device_cap_flags_ex %#" PRIx64 " lacks the legacy flags %#x", s,
+			     (uint64_t)ex.device_cap_flags_ex, legacy.device_cap_flags);
+	}
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -1327,6 +1506,7 @@ int main(void)
 	scenario_destroy_waits_for_ack(&d0, &d1);
 	scenario_unmapped_after_registration(&d0, &d1);
 	scenario_abi(&d0);
+	scenario_checks(&d0, &d1);
 
 	close_dev(&d0);
 	close_dev(&d1);
