@@ -151,11 +151,18 @@ fn device_of(p: *mut IbvDevice) -> Option<&'static Device> {
 
 /// The runtime devices open in this process, shared by every context on the same address (a
 /// UDP port can be bound once).
+///
+/// Each is the process's that opened it: a child of `fork(2)` inherits the parent's devices
+/// without their progress threads, as the parent's endpoints on the host, so it opens its own
+/// (as on a real RNIC, where a child cannot use its parent's contexts but may open new ones).
+/// The inherited ones are never used, and dropping one leaves the parent's endpoint alone (its
+/// release checks the pid).
 fn open_net(addr: IpAddr) -> Result<Arc<NetDevice>, c_int> {
-    static OPEN: Mutex<Vec<(IpAddr, Weak<NetDevice>)>> = Mutex::new(Vec::new());
+    static OPEN: Mutex<Vec<(u32, IpAddr, Weak<NetDevice>)>> = Mutex::new(Vec::new());
+    let me = std::process::id();
     let mut open = lock(&OPEN);
-    open.retain(|(_, w)| w.strong_count() > 0);
-    if let Some(net) = open.iter().find(|(a, _)| *a == addr).and_then(|(_, w)| w.upgrade()) {
+    open.retain(|(pid, _, w)| *pid == me && w.strong_count() > 0);
+    if let Some(net) = open.iter().find(|(_, a, _)| *a == addr).and_then(|(_, _, w)| w.upgrade()) {
         return Ok(net);
     }
     let options = Options::from_env().map_err(|e| {
@@ -171,7 +178,7 @@ fn open_net(addr: IpAddr) -> Result<Arc<NetDevice>, c_int> {
         }
     })?;
     let net = Arc::new(net);
-    open.push((addr, Arc::downgrade(&net)));
+    open.push((me, addr, Arc::downgrade(&net)));
     Ok(net)
 }
 

@@ -19,6 +19,11 @@
  *      before the REQ or REP is the PSN that REQ or REP carries: a SEND each way completes
  *      with IBV_WC_SUCCESS (a PSN drawn later leaves the receiver expecting another PSN and
  *      the sender ends with IBV_WC_RETRY_EXC_ERR).
+ *   e. fork(2): a child of a process whose verbs context and rdma_cm ids are open runs d on
+ *      contexts of its own (a child cannot use its parent's contexts, as on a real RNIC, but
+ *      may open new ones; pyverbs forks its two sides from a process that has queried the
+ *      device), and once the child has exited the parent runs d again: the child's exit left
+ *      the parent's device as it was.
  *
  * Run with one uroce device (UROCE_ADDR=127.0.0.2). Exit 0 when every check holds.
  */
@@ -27,7 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <rdma/rdma_cma.h>
 
@@ -267,6 +274,39 @@ static void check_loopback_with_own_qps(void)
 	rdma_destroy_event_channel(pch);
 }
 
+static void check_after_fork(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *held;
+	struct rdma_cm_id *bound;
+	struct sockaddr_in lo = loopback(0);
+	int status = 0;
+	pid_t child;
+
+	REQUIRE(list && list[0], "ibv_get_device_list");
+	held = ibv_open_device(list[0]);
+	REQUIRE(held, "ibv_open_device: %s", strerror(errno));
+	REQUIRE(rdma_create_id(NULL, &bound, NULL, RDMA_PS_TCP) == 0, "%s", strerror(errno));
+	REQUIRE(rdma_bind_addr(bound, (struct sockaddr *)&lo) == 0, "%s", strerror(errno));
+	fflush(stdout);
+	child = fork();
+	REQUIRE(child >= 0, "fork: %s", strerror(errno));
+	if (child == 0) {
+		/* A child stuck on its parent's device would never finish: 20 s, then SIGALRM. */
+		alarm(20);
+		check_loopback_with_own_qps();
+		_exit(failures ? 1 : 0);
+	}
+	REQUIRE(waitpid(child, &status, 0) == child, "waitpid: %s", strerror(errno));
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child %s %d",
+	      WIFEXITED(status) ? "exited with" : "was killed by signal",
+	      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+	check_loopback_with_own_qps();
+	rdma_destroy_id(bound);
+	ibv_close_device(held);
+	ibv_free_device_list(list);
+}
+
 int main(void)
 {
 	check_addrinfo();
@@ -277,6 +317,10 @@ int main(void)
 	before = failures;
 	check_loopback_with_own_qps();
 	printf("c, d. 127.0.0.1 on one device, own QPs through rdma_init_qp_attr: %s\n",
+	       failures > before ? "FAIL" : "ok");
+	before = failures;
+	check_after_fork();
+	printf("e. a forked child opens its own device, the parent keeps its own: %s\n",
 	       failures > before ? "FAIL" : "ok");
 	return failures ? 1 : 0;
 }

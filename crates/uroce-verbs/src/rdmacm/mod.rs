@@ -19,7 +19,11 @@
 //!   of the family), with its events queued at once.
 //!
 //! Lock order: an id's state, then a device, then [`ROUTES`], then a channel's queue. The
-//! device's CM sink takes only the last two.
+//! device's CM sink takes only the last two. The table of [`devices`] is taken with any of
+//! them held, and holds none of them but while it opens the devices (once per process).
+//!
+//! After `fork(2)`, the child's first use opens devices and routes of its own: those it
+//! inherited are its parent's (the progress threads that ran them did not come along).
 
 mod abi;
 mod addr;
@@ -30,7 +34,8 @@ mod qp;
 use core::ffi::c_int;
 use core::net::{IpAddr, SocketAddr};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use uroce_net::uroce_cm::{self, CommId, RequestInfo};
 use uroce_net::{EventFd, NetDevice, PortBinding};
@@ -61,10 +66,29 @@ unsafe impl Send for CmDev {}
 // SAFETY: as above.
 unsafe impl Sync for CmDev {}
 
-/// The devices, opened on first use of the RDMA CM: one context each for the process.
+/// The process that opened the RDMA CM's devices (0: none yet).
+static DEVICES_PID: AtomicU32 = AtomicU32::new(0);
+
+/// The devices, opened on first use of the RDMA CM: one context each for the process. A child
+/// of `fork(2)` opens its own on its first use, as it must open its own verbs contexts
+/// ([`crate::verbs`]); what it inherited is left as it was (never used, never freed).
 pub(crate) fn devices() -> &'static [CmDev] {
-    static DEVS: OnceLock<Vec<CmDev>> = OnceLock::new();
-    DEVS.get_or_init(|| {
+    static DEVS: Mutex<Option<&'static [CmDev]>> = Mutex::new(None);
+    let me = std::process::id();
+    let mut devs = lock(&DEVS);
+    match *devs {
+        Some(d) if DEVICES_PID.load(Ordering::Acquire) == me => d,
+        _ => {
+            let d: &'static [CmDev] = Box::leak(open_devices().into_boxed_slice());
+            DEVICES_PID.store(me, Ordering::Release);
+            *devs = Some(d);
+            d
+        }
+    }
+}
+
+fn open_devices() -> Vec<CmDev> {
+    {
         let mut n: c_int = 0;
         // SAFETY: our own verb; `n` is a valid out-pointer.
         let list = unsafe { crate::verbs::uroce_verbs_get_device_list(&raw mut n) };
@@ -90,7 +114,7 @@ pub(crate) fn devices() -> &'static [CmDev] {
         // SAFETY: atexit(3) with a function that lives as long as the process.
         unsafe { libc::atexit(release_at_exit) };
         out
-    })
+    }
 }
 
 /// At exit, every connection still open is released as the kernel releases a process's
@@ -103,6 +127,13 @@ pub(crate) fn devices() -> &'static [CmDev] {
 /// this process has its DREP: otherwise one DREQ lost on the way leaves the peer waiting for
 /// `RDMA_CM_EVENT_DISCONNECTED` forever.
 extern "C" fn release_at_exit() {
+    // A child of fork(2) inherits this handler, and its parent's ids: those are the parent's
+    // to release. The child's own devices registered the handler again.
+    static RELEASED_BY: AtomicU32 = AtomicU32::new(0);
+    let me = std::process::id();
+    if DEVICES_PID.load(Ordering::Acquire) != me || RELEASED_BY.swap(me, Ordering::AcqRel) == me {
+        return;
+    }
     let ids: Vec<Arc<IdPriv>> = routes(|r| r.ids.values().cloned().collect());
     for idp in ids {
         let (dev, cid) = {
@@ -152,11 +183,19 @@ pub(crate) struct Routes {
     pub(crate) ids: HashMap<usize, Arc<IdPriv>>,
 }
 
-pub(crate) static ROUTES: Mutex<Option<Routes>> = Mutex::new(None);
+/// The routes, and the process they belong to.
+pub(crate) static ROUTES: Mutex<Option<(u32, Routes)>> = Mutex::new(None);
 
+/// This process's routes. A child of `fork(2)` starts with none: its parent's ids, channels
+/// and listeners name the parent's devices, and are forgotten, not dropped (dropping one would
+/// act for the parent).
 pub(crate) fn routes<R>(f: impl FnOnce(&mut Routes) -> R) -> R {
+    let me = std::process::id();
     let mut g = lock(&ROUTES);
-    f(g.get_or_insert_with(Routes::default))
+    if g.as_ref().is_some_and(|(pid, _)| *pid != me) {
+        std::mem::forget(g.take());
+    }
+    f(&mut g.get_or_insert_with(|| (me, Routes::default())).1)
 }
 
 /// Sends device `dev`'s CM events to the channels of the ids they concern.
