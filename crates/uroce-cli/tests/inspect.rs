@@ -88,7 +88,7 @@ fn worker_role() {
                 while Instant::now() < until {
                     for _ in 0..256 {
                         let at = (k % RECVS) * MSG;
-                        qp.write_at(k as u64, &buf, 0..MSG, remotes[name].at(at as u64)).unwrap();
+                        qp.write(k as u64, &buf, 0..MSG, remotes[name].at(at as u64)).unwrap();
                         k += 1;
                     }
                     wait_for(&cq, qp.qpn(), uroce::WcOpcode::RdmaWrite, 256);
@@ -100,7 +100,7 @@ fn worker_role() {
                 let qp = &qps[name];
                 for k in 0..n {
                     let at = (k % RECVS) * MSG;
-                    qp.write_at(k as u64, &buf, 0..MSG, remotes[name].at(at as u64)).unwrap();
+                    qp.write(k as u64, &buf, 0..MSG, remotes[name].at(at as u64)).unwrap();
                     if k % 256 == 255 {
                         wait_for(&cq, qp.qpn(), uroce::WcOpcode::RdmaWrite, 256);
                     }

@@ -289,6 +289,11 @@ impl SendFlags {
     pub const fn contains(self, other: Self) -> bool {
         self.0 & other.0 == other.0
     }
+
+    /// These flags without those of `other`.
+    pub const fn without(self, other: Self) -> Self {
+        Self(self.0 & !other.0)
+    }
 }
 
 impl BitOr for SendFlags {
@@ -363,7 +368,8 @@ pub struct RecvWr {
 }
 
 /// Work completion status, numbered as `ibv_wc_status` (IBA 11.6 / rdma-core `verbs.h`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// `Debug` names it as rdma-core does: `WcStatus::REM_ACCESS_ERR`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WcStatus(pub u32);
 
 impl WcStatus {
@@ -409,6 +415,15 @@ impl WcStatus {
             13 => "RNR_RETRY_EXC_ERR",
             15 => "REM_INV_RD_REQ_ERR",
             _ => "OTHER",
+        }
+    }
+}
+
+impl fmt::Debug for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            "OTHER" => write!(f, "WcStatus({})", self.0),
+            name => write!(f, "WcStatus::{name}"),
         }
     }
 }
@@ -472,4 +487,17 @@ pub struct WorkCompletion {
     pub grh: bool,
     /// UD receives: that header is IPv4 (RoCEv2 over IPv4; IPv6 otherwise).
     pub ipv4: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WcStatus;
+
+    #[test]
+    fn a_status_prints_its_rdma_core_name() {
+        assert_eq!(format!("{:?}", WcStatus::REM_ACCESS_ERR), "WcStatus::REM_ACCESS_ERR");
+        assert_eq!(format!("{:?}", WcStatus::SUCCESS), "WcStatus::SUCCESS");
+        assert_eq!(format!("{:?}", WcStatus(99)), "WcStatus(99)");
+        assert_eq!(WcStatus::RETRY_EXC_ERR.to_string(), "RETRY_EXC_ERR");
+    }
 }

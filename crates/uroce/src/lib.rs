@@ -57,7 +57,9 @@
 #![deny(unsafe_code)]
 
 pub mod cm;
+mod work_request;
 pub use cm::{CmError, Connection, Listener};
+pub use work_request::SendRequest;
 
 use core::fmt;
 use core::net::IpAddr;
@@ -262,7 +264,9 @@ impl Pd {
             recv_cq: cq,
             srq: None,
             cap: QpCap { max_send_wr: 512, max_recv_wr: 512, ..QpCap::default() },
-            mtu: Mtu::Mtu1024,
+            // The port's active MTU, as a connection manager picks it (the path MTU is then the
+            // smaller of the two ends').
+            mtu: self.ctx.dev.with(|s| s.engine().port_mtu()),
             timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,
@@ -542,7 +546,7 @@ impl<'a> QpBuilder<'a> {
         self.cap.max_inline_data = bytes;
         self
     }
-    /// Path MTU (RC and UC; UD uses the port's).
+    /// Path MTU (RC and UC; UD uses the port's). Default: the port's active MTU.
     pub fn mtu(mut self, mtu: Mtu) -> Self {
         self.mtu = mtu;
         self
@@ -562,7 +566,9 @@ impl<'a> QpBuilder<'a> {
         self.qkey = qkey;
         self
     }
-    /// Only sends flagged `SIGNALED` complete on success.
+    /// Only signaled sends complete on success (`sq_sig_all` = 0): a [`SendRequest`] marked
+    /// [`SendRequest::unsignaled`] then completes only on error. The helpers' sends are all
+    /// signaled.
     pub fn selective_signaling(mut self) -> Self {
         self.sq_sig_all = false;
         self
@@ -784,8 +790,29 @@ impl Qp {
         })
     }
 
-    /// Posts a work request as the engine takes it (for what the helpers below do not cover).
-    pub fn post_send(&self, wr: SendWr) -> Result<()> {
+    /// Posts a send work request (`ibv_post_send(3)`): any operation, with the elements,
+    /// flags and data [`SendRequest`] gives it. The helpers below post the common ones,
+    /// signaled.
+    pub fn post_send(&self, wr: SendRequest) -> Result<()> {
+        self.post_wr(wr.wr)
+    }
+
+    /// Posts `wrs` in order under one lock of the device, as one `ibv_post_send(3)` call posts
+    /// a list: the first refused request stops the list, and its index comes back with the
+    /// error (what the verb's `bad_wr` names); the requests before it are posted.
+    pub fn post_send_list(
+        &self,
+        wrs: impl IntoIterator<Item = SendRequest>,
+    ) -> core::result::Result<(), (usize, Error)> {
+        self.ctx.dev.post_with(self.qpn, |s| {
+            for (i, wr) in wrs.into_iter().enumerate() {
+                s.engine().post_send(self.qpn, wr.wr).map_err(|e| (i, e.into()))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn post_wr(&self, wr: SendWr) -> Result<()> {
         self.ctx.dev.post_with(self.qpn, |s| s.engine().post_send(self.qpn, wr))?;
         Ok(())
     }
@@ -799,14 +826,14 @@ impl Qp {
 
     /// SEND of `range` of `mr`.
     pub fn send(&self, wr_id: u64, mr: &Mr, range: Range<usize>) -> Result<()> {
-        self.post_send(SendWr::new(wr_id, WrOpcode::Send, vec![mr.sge(range)?]))
+        self.post_wr(SendWr::new(wr_id, WrOpcode::Send, vec![mr.sge(range)?]))
     }
 
     /// SEND with immediate data.
     pub fn send_with_imm(&self, wr_id: u64, mr: &Mr, range: Range<usize>, imm: u32) -> Result<()> {
         let mut wr = SendWr::new(wr_id, WrOpcode::SendWithImm, vec![mr.sge(range)?]);
         wr.imm = Some(imm.to_be_bytes());
-        self.post_send(wr)
+        self.post_wr(wr)
     }
 
     /// RDMA WRITE with immediate data to an exact remote address: the peer's receive WQE
@@ -816,38 +843,40 @@ impl Qp {
         wr_id: u64,
         mr: &Mr,
         range: Range<usize>,
-        remote: RemoteAddr,
+        remote: impl Into<RemoteAddr>,
         imm: u32,
     ) -> Result<()> {
         let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWriteWithImm, vec![mr.sge(range)?]);
-        wr.remote = Some(remote);
+        wr.remote = Some(remote.into());
         wr.imm = Some(imm.to_be_bytes());
-        self.post_send(wr)
+        self.post_wr(wr)
     }
 
-    /// RDMA WRITE of `range` of `mr` to `remote` (from its start).
-    pub fn write(&self, wr_id: u64, mr: &Mr, range: Range<usize>, remote: RemoteMr) -> Result<()> {
-        self.write_at(wr_id, mr, range, remote.at(0))
-    }
-
-    /// RDMA WRITE to an exact remote address.
-    pub fn write_at(
+    /// RDMA WRITE of `range` of `mr` to `remote`: an address ([`RemoteMr::at`]) or a region
+    /// (its first byte).
+    pub fn write(
         &self,
         wr_id: u64,
         mr: &Mr,
         range: Range<usize>,
-        remote: RemoteAddr,
+        remote: impl Into<RemoteAddr>,
     ) -> Result<()> {
         let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWrite, vec![mr.sge(range)?]);
-        wr.remote = Some(remote);
-        self.post_send(wr)
+        wr.remote = Some(remote.into());
+        self.post_wr(wr)
     }
 
     /// RDMA READ of `range.len()` bytes from `remote` into `range` of `mr`.
-    pub fn read(&self, wr_id: u64, mr: &Mr, range: Range<usize>, remote: RemoteAddr) -> Result<()> {
+    pub fn read(
+        &self,
+        wr_id: u64,
+        mr: &Mr,
+        range: Range<usize>,
+        remote: impl Into<RemoteAddr>,
+    ) -> Result<()> {
         let mut wr = SendWr::new(wr_id, WrOpcode::RdmaRead, vec![mr.sge(range)?]);
-        wr.remote = Some(remote);
-        self.post_send(wr)
+        wr.remote = Some(remote.into());
+        self.post_wr(wr)
     }
 
     /// Atomic fetch-and-add of `add` on the 8 bytes at `remote`; the old value lands at
@@ -857,14 +886,14 @@ impl Qp {
         wr_id: u64,
         mr: &Mr,
         offset: usize,
-        remote: RemoteAddr,
+        remote: impl Into<RemoteAddr>,
         add: u64,
     ) -> Result<()> {
         let mut wr =
             SendWr::new(wr_id, WrOpcode::AtomicFetchAndAdd, vec![mr.sge(offset..offset + 8)?]);
-        wr.remote = Some(remote);
+        wr.remote = Some(remote.into());
         wr.compare_add = add;
-        self.post_send(wr)
+        self.post_wr(wr)
     }
 
     /// Atomic compare-and-swap; the old value lands at `offset` of `mr`.
@@ -873,15 +902,15 @@ impl Qp {
         wr_id: u64,
         mr: &Mr,
         offset: usize,
-        remote: RemoteAddr,
+        remote: impl Into<RemoteAddr>,
         compare: u64,
         swap: u64,
     ) -> Result<()> {
         let mut wr =
             SendWr::new(wr_id, WrOpcode::AtomicCmpAndSwp, vec![mr.sge(offset..offset + 8)?]);
-        wr.remote = Some(remote);
+        wr.remote = Some(remote.into());
         (wr.compare_add, wr.swap) = (compare, swap);
-        self.post_send(wr)
+        self.post_wr(wr)
     }
 
     /// SEND of `data` inline (`IBV_SEND_INLINE`): the bytes are copied at post time, no
@@ -893,7 +922,7 @@ impl Qp {
         if let Some((ah, remote_qpn, remote_qkey)) = to {
             wr.ud = Some(UdDest { ah: ah.handle, remote_qpn, remote_qkey });
         }
-        self.post_send(wr)
+        self.post_wr(wr)
     }
 
     /// UD: SEND of `range` of `mr` to QP `remote_qpn` (or [`Qpn::MULTICAST`]) behind `ah`.
@@ -908,7 +937,7 @@ impl Qp {
     ) -> Result<()> {
         let mut wr = SendWr::new(wr_id, WrOpcode::Send, vec![mr.sge(range)?]);
         wr.ud = Some(UdDest { ah: ah.handle, remote_qpn, remote_qkey: qkey });
-        self.post_send(wr)
+        self.post_wr(wr)
     }
 
     /// UD: joins multicast group `group`.

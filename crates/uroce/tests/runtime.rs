@@ -448,3 +448,66 @@ fn a_polled_ping_pong_sends_each_ack_with_the_reply() {
     assert!(net.tx_held > ROUNDS / 8, "{net:?} {engine:?}");
     assert!(net.tx_datagrams - net.tx_batches > ROUNDS / 16, "{net:?} {engine:?}");
 }
+
+/// The work-request builder says what `ibv_post_send(3)` says: a SEND with immediate data
+/// gathered from two elements of a region; a list posted at once, whose unsignaled requests
+/// complete silently on a selectively signaled QP while the signaled one after them completes;
+/// a fenced READ; a list that stops at its first refused request, naming its index. A status
+/// prints its rdma-core name.
+#[test]
+fn send_requests_gather_carry_immediates_post_as_lists_and_signal_selectively() {
+    use uroce::{PostError, SendRequest};
+    let sides: Vec<(Context, uroce::Pd, Cq, Qp, Mr)> = ["127.0.52.2", "127.0.52.3"]
+        .into_iter()
+        .map(|addr| {
+            let ctx = Context::open(ip(addr)).unwrap();
+            let pd = ctx.alloc_pd();
+            let cq = ctx.create_cq(64).unwrap();
+            let qp = pd.qp(QpType::Rc, &cq).selective_signaling().build().unwrap();
+            let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+            let mr = pd.register(4096, all).unwrap();
+            (ctx, pd, cq, qp, mr)
+        })
+        .collect();
+    let [(_, _, cq_a, qp_a, mr_a), (_, _, cq_b, qp_b, mr_b)] = &sides[..] else { unreachable!() };
+    qp_a.connect(&qp_b.endpoint()).unwrap();
+    qp_b.connect(&qp_a.endpoint()).unwrap();
+
+    mr_a.write(0, b"hello ").unwrap();
+    mr_a.write(100, b"world").unwrap();
+    qp_b.post_recv(7, mr_b, 0..64).unwrap();
+    let send = SendRequest::send_with_imm(1, 0xDEAD_BEEF).sge(mr_a, 0..6).unwrap();
+    qp_a.post_send(send.sge(mr_a, 100..105).unwrap()).unwrap();
+    let got = wait_ok(cq_b);
+    assert_eq!((got.wr_id, got.byte_len, got.imm), (7, 11, Some(0xDEAD_BEEFu32.to_be_bytes())));
+    assert_eq!(mr_b.to_vec(0..11).unwrap(), b"hello world");
+    assert_eq!(wait_ok(cq_a).wr_id, 1);
+
+    // Three WRITEs in one list: the two unsignaled ones complete without a completion.
+    let at = |k: u64| mr_b.remote().at(1000 + 8 * k);
+    let list = (0..3u64).map(|k| {
+        let w = SendRequest::write(10 + k, at(k)).sge(mr_a, 0..6).unwrap();
+        if k < 2 { w.unsignaled() } else { w }
+    });
+    qp_a.post_send_list(list).unwrap();
+    assert_eq!(wait_ok(cq_a).wr_id, 12);
+    let read = SendRequest::read(13, at(1)).sge(mr_a, 200..206).unwrap().fence();
+    qp_a.post_send(read).unwrap();
+    assert_eq!(wait_ok(cq_a).wr_id, 13, "the unsignaled WRITEs left no completion");
+    assert_eq!(mr_a.to_vec(200..206).unwrap(), b"hello ");
+    assert_eq!(mr_b.to_vec(1016..1022).unwrap(), b"hello ");
+
+    // An atomic needs one 8-byte element (ibv_post_send(3)): the list stops there.
+    let list = [
+        SendRequest::write(20, at(3)).sge(mr_a, 0..6).unwrap(),
+        SendRequest::fetch_add(21, at(4), 1).sge(mr_a, 0..4).unwrap(),
+        SendRequest::write(22, at(5)).sge(mr_a, 0..6).unwrap(),
+    ];
+    let (index, err) = qp_a.post_send_list(list).unwrap_err();
+    assert_eq!(index, 1);
+    assert!(matches!(err, uroce::Error::Post(PostError::BadAtomicSge)), "{err}");
+    assert_eq!(wait_ok(cq_a).wr_id, 20, "the request before the refused one was posted");
+    let more = cq_a.wait(Some(Duration::from_millis(50))).unwrap();
+    assert!(more.is_empty(), "nothing after the refused request was posted: {more:?}");
+    assert_eq!(format!("{:?}", WcStatus::REM_ACCESS_ERR), "WcStatus::REM_ACCESS_ERR");
+}

@@ -1,0 +1,140 @@
+//! Send work requests with everything `ibv_post_send(3)` offers: any operation, several
+//! gather/scatter elements, immediate data, inline data, fences, solicited events and
+//! selective signaling, and lists of requests posted at once.
+//!
+//! A [`SendRequest`] names local memory through [`Mr`]s (each element checked against its
+//! region when added) and remote memory through one type, [`RemoteAddr`] (a [`RemoteMr`]
+//! converts to the address of its first byte).
+
+use core::ops::Range;
+
+use uroce_engine::{QKey, Qpn, RemoteAddr, SendFlags, SendWr, UdDest, WrOpcode};
+
+use crate::{Ah, Mr, RemoteMr, Result};
+
+impl From<RemoteMr> for RemoteAddr {
+    /// The region's first byte.
+    fn from(r: RemoteMr) -> Self {
+        r.at(0)
+    }
+}
+
+/// One send work request (`struct ibv_send_wr`), built from its operation. Signaled unless
+/// [`SendRequest::unsignaled`] says otherwise; an unsignaled request completes only on error,
+/// and only on a QP built with [`crate::QpBuilder::selective_signaling`] (otherwise every
+/// request completes: `sq_sig_all`, `ibv_create_qp(3)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a request does nothing until it is posted"]
+pub struct SendRequest {
+    pub(crate) wr: SendWr,
+}
+
+impl SendRequest {
+    fn of(wr_id: u64, opcode: WrOpcode) -> Self {
+        Self { wr: SendWr::new(wr_id, opcode, Vec::new()) }
+    }
+
+    fn at(mut self, remote: impl Into<RemoteAddr>) -> Self {
+        self.wr.remote = Some(remote.into());
+        self
+    }
+
+    /// A SEND (`IBV_WR_SEND`): the peer's next receive takes it.
+    pub fn send(wr_id: u64) -> Self {
+        Self::of(wr_id, WrOpcode::Send)
+    }
+
+    /// A SEND with immediate data (`IBV_WR_SEND_WITH_IMM`), which the receiver's completion
+    /// carries.
+    pub fn send_with_imm(wr_id: u64, imm: u32) -> Self {
+        let mut r = Self::of(wr_id, WrOpcode::SendWithImm);
+        r.wr.imm = Some(imm.to_be_bytes());
+        r
+    }
+
+    /// An RDMA WRITE to `remote` (`IBV_WR_RDMA_WRITE`).
+    pub fn write(wr_id: u64, remote: impl Into<RemoteAddr>) -> Self {
+        Self::of(wr_id, WrOpcode::RdmaWrite).at(remote)
+    }
+
+    /// An RDMA WRITE with immediate data (`IBV_WR_RDMA_WRITE_WITH_IMM`): it consumes a receive
+    /// at the peer, whose completion carries `imm`.
+    pub fn write_with_imm(wr_id: u64, remote: impl Into<RemoteAddr>, imm: u32) -> Self {
+        let mut r = Self::of(wr_id, WrOpcode::RdmaWriteWithImm).at(remote);
+        r.wr.imm = Some(imm.to_be_bytes());
+        r
+    }
+
+    /// An RDMA READ from `remote` into the request's elements (`IBV_WR_RDMA_READ`).
+    pub fn read(wr_id: u64, remote: impl Into<RemoteAddr>) -> Self {
+        Self::of(wr_id, WrOpcode::RdmaRead).at(remote)
+    }
+
+    /// Atomic fetch-and-add of `add` on the 8 bytes at `remote`; the old value lands in the
+    /// request's one 8-byte element (`IBV_WR_ATOMIC_FETCH_AND_ADD`).
+    pub fn fetch_add(wr_id: u64, remote: impl Into<RemoteAddr>, add: u64) -> Self {
+        let mut r = Self::of(wr_id, WrOpcode::AtomicFetchAndAdd).at(remote);
+        r.wr.compare_add = add;
+        r
+    }
+
+    /// Atomic compare-and-swap on the 8 bytes at `remote`: `swap` is written if they equal
+    /// `compare`; the old value lands in the request's one 8-byte element
+    /// (`IBV_WR_ATOMIC_CMP_AND_SWP`).
+    pub fn compare_swap(
+        wr_id: u64,
+        remote: impl Into<RemoteAddr>,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        let mut r = Self::of(wr_id, WrOpcode::AtomicCmpAndSwp).at(remote);
+        (r.wr.compare_add, r.wr.swap) = (compare, swap);
+        r
+    }
+
+    /// Adds `range` of `mr` as the next gather (SEND, WRITE) or scatter (READ, atomics)
+    /// element; fails if the range is outside the region.
+    pub fn sge(mut self, mr: &Mr, range: Range<usize>) -> Result<Self> {
+        self.wr.sg_list.push(mr.sge(range)?);
+        Ok(self)
+    }
+
+    /// Sends `data` inline (`IBV_SEND_INLINE`): copied when posted, so the buffer may be
+    /// reused at once; the elements are then ignored. At most the QP's `max_inline` bytes.
+    pub fn inline(mut self, data: &[u8]) -> Self {
+        self.wr.inline_data = Some(data.to_vec());
+        self
+    }
+
+    /// UD: the datagram goes to QP `qpn` (or [`Qpn::MULTICAST`]) behind `ah`, with `qkey`.
+    pub fn to(mut self, ah: &Ah, qpn: Qpn, qkey: QKey) -> Self {
+        self.wr.ud = Some(UdDest { ah: ah.handle, remote_qpn: qpn, remote_qkey: qkey });
+        self
+    }
+
+    /// No completion on success (`IBV_SEND_SIGNALED` cleared), on a QP built with
+    /// selective signaling.
+    pub fn unsignaled(mut self) -> Self {
+        self.wr.flags = self.wr.flags.without(SendFlags::SIGNALED);
+        self
+    }
+
+    /// Waits for every earlier READ and atomic of the QP to complete before starting
+    /// (`IBV_SEND_FENCE`).
+    pub fn fence(mut self) -> Self {
+        self.wr.flags = self.wr.flags | SendFlags::FENCE;
+        self
+    }
+
+    /// Sets the solicited-event bit (`IBV_SEND_SOLICITED`): a peer waiting for solicited
+    /// completions only (`ibv_req_notify_cq(cq, 1)`) wakes for this message.
+    pub fn solicited(mut self) -> Self {
+        self.wr.flags = self.wr.flags | SendFlags::SOLICITED;
+        self
+    }
+
+    /// The `wr_id` its completion returns.
+    pub fn wr_id(&self) -> u64 {
+        self.wr.wr_id
+    }
+}
