@@ -3,7 +3,7 @@
 //! pointers).
 
 use core::ffi::{c_char, c_int, c_void};
-use core::net::{IpAddr, SocketAddr};
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use core::ptr::null_mut;
 use std::sync::Arc;
 
@@ -378,10 +378,16 @@ unsafe extern "C" fn uroce_rdmacm_resolve_addr(
         let port = st.bindings.iter().find(|(d, _)| *d == dev).map_or(0, |(_, b)| b.port());
         st.dev = Some(dev);
         st.local = Some(SocketAddr::new(devices()[dev].addr, port));
-        // A loopback destination that is no device's is the device itself, as Linux's
-        // rdma_cm resolves one (`cma_resolve_loopback`: the destination GID is the source
-        // GID); a listener bound to a loopback address listens on that device's address.
-        let dst = if dst.ip().is_loopback() && device_of_addr(dst.ip()).is_none() {
+        // The host's loopback address (127.0.0.1, ::1), when no device of this process has
+        // it, is the device itself, as Linux's rdma_cm resolves a loopback destination
+        // (`cma_resolve_loopback`: the destination GID is the source GID); a listener bound to
+        // it listens on that device's address. Only that one address: uroce's devices
+        // themselves live on other loopback addresses (127.0.0.2 and up), which are peers.
+        let localhost = match dst.ip() {
+            IpAddr::V4(a) => a == Ipv4Addr::LOCALHOST,
+            IpAddr::V6(a) => a == Ipv6Addr::LOCALHOST,
+        };
+        let dst = if localhost && device_of_addr(dst.ip()).is_none() {
             SocketAddr::new(devices()[dev].addr, dst.port())
         } else {
             dst
@@ -627,7 +633,7 @@ unsafe extern "C" fn uroce_rdmacm_listen(id: *mut RdmaCmId, backlog: c_int) -> c
     let mut st = lock(&idp.st);
     if st.bindings.is_empty() {
         // rdma_listen(3): an id not bound listens on every address, on a port of its own.
-        let any = SocketAddr::new(IpAddr::V6(core::net::Ipv6Addr::UNSPECIFIED), 0);
+        let any = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0);
         if let Err(e) = bind(idp, &mut st, any) {
             return err(e);
         }
