@@ -77,16 +77,20 @@ pub(crate) struct IbvContext {
 pub(crate) const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 
 /// `struct verbs_context`: the extended verbs, in the memory right before `ibv_context` (which
-/// is its last member). `query_port` and `query_device_ex` are set; the inline wrappers of the
-/// others see NULL and fall back to the legacy verb or fail with `EOPNOTSUPP`.
+/// is its last member). `query_port`, `query_device_ex` and `create_qp_ex` are set; the inline
+/// wrappers of the others see NULL and fall back to the legacy verb or fail with `EOPNOTSUPP`.
 #[repr(C)]
 pub(crate) struct VerbsContext {
     pub(crate) query_port: Option<QueryPortFn>,
     /// `advise_mr` … `create_cq_ex`, and `priv`.
     pub(crate) unset_before_query_device_ex: [Unset; 26],
     pub(crate) query_device_ex: Option<QueryDeviceExFn>,
-    /// `ibv_destroy_flow` … `close_xrcd`, and `_ABI_placeholder3`.
-    pub(crate) unset_after_query_device_ex: [Unset; 11],
+    /// `ibv_destroy_flow`, `ABI_placeholder2`, `ibv_create_flow`, `ABI_placeholder1`,
+    /// `open_qp`.
+    pub(crate) unset_before_create_qp_ex: [Unset; 5],
+    pub(crate) create_qp_ex: Option<CreateQpExFn>,
+    /// `get_srq_num`, `create_srq_ex`, `open_xrcd`, `close_xrcd`, `_ABI_placeholder3`.
+    pub(crate) unset_after_create_qp_ex: [Unset; 5],
     pub(crate) sz: usize,
     pub(crate) context: IbvContext,
 }
@@ -397,6 +401,40 @@ pub(crate) struct IbvQpInitAttr {
     pub(crate) sq_sig_all: c_int,
 }
 
+/// `struct ibv_rx_hash_conf`.
+#[repr(C)]
+pub(crate) struct IbvRxHashConf {
+    pub(crate) rx_hash_function: u8,
+    pub(crate) rx_hash_key_len: u8,
+    pub(crate) rx_hash_key: *mut u8,
+    pub(crate) rx_hash_fields_mask: u64,
+}
+
+/// `struct ibv_qp_init_attr_ex`: `struct ibv_qp_init_attr` and the extended fields after it.
+#[repr(C)]
+pub(crate) struct IbvQpInitAttrEx {
+    pub(crate) qp_context: *mut c_void,
+    pub(crate) send_cq: *mut IbvCq,
+    pub(crate) recv_cq: *mut IbvCq,
+    pub(crate) srq: *mut IbvSrq,
+    pub(crate) cap: IbvQpCap,
+    pub(crate) qp_type: c_int,
+    pub(crate) sq_sig_all: c_int,
+    pub(crate) comp_mask: u32,
+    pub(crate) pd: *mut IbvPd,
+    pub(crate) xrcd: *mut c_void,
+    pub(crate) create_flags: u32,
+    pub(crate) max_tso_header: u16,
+    pub(crate) rwq_ind_tbl: *mut c_void,
+    pub(crate) rx_hash_conf: IbvRxHashConf,
+    pub(crate) source_qpn: u32,
+    pub(crate) send_ops_flags: u64,
+}
+
+/// `verbs_context.create_qp_ex`.
+pub(crate) type CreateQpExFn =
+    unsafe extern "C" fn(*mut IbvContext, *mut IbvQpInitAttrEx) -> *mut IbvQp;
+
 /// `struct ibv_global_route`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -593,6 +631,9 @@ pub(crate) mod consts {
     pub(crate) const IBV_QPS_SQE: c_int = 5;
     pub(crate) const IBV_QPS_ERR: c_int = 6;
 
+    pub(crate) const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
+    pub(crate) const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+
     pub(crate) const IBV_QP_STATE: c_int = 1 << 0;
     pub(crate) const IBV_QP_CUR_STATE: c_int = 1 << 1;
     pub(crate) const IBV_QP_EN_SQD_ASYNC_NOTIFY: c_int = 1 << 2;
@@ -740,7 +781,32 @@ mod tests {
             "ibv_context",
             [device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat]
         );
-        layout!(v, VerbsContext, "verbs_context", [query_port, query_device_ex, sz, context]);
+        layout!(
+            v,
+            VerbsContext,
+            "verbs_context",
+            [query_port, query_device_ex, create_qp_ex, sz, context]
+        );
+        layout!(
+            v,
+            IbvQpInitAttrEx,
+            "ibv_qp_init_attr_ex",
+            [
+                qp_context,
+                cap,
+                qp_type,
+                sq_sig_all,
+                comp_mask,
+                pd,
+                xrcd,
+                create_flags,
+                max_tso_header,
+                rwq_ind_tbl,
+                rx_hash_conf,
+                source_qpn,
+                send_ops_flags
+            ]
+        );
         layout!(
             v,
             IbvDeviceAttrEx,

@@ -323,7 +323,9 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
             query_port: Some(query_port_ex),
             unset_before_query_device_ex: [None; 26],
             query_device_ex: Some(query_device_ex),
-            unset_after_query_device_ex: [None; 11],
+            unset_before_create_qp_ex: [None; 5],
+            create_qp_ex: Some(create_qp_ex),
+            unset_after_create_qp_ex: [None; 5],
             sz: size_of::<VerbsContext>(),
             context: IbvContext {
                 device,
@@ -1446,6 +1448,44 @@ unsafe fn qp_parts<'a>(qp: *mut IbvQp) -> Option<(&'a Context, &'a QpInner)> {
     let private = unsafe { &(*q).inner };
     // SAFETY: a QP's context outlives it.
     Some((unsafe { ctx_of(c) }?, private))
+}
+
+/// `verbs_context.create_qp_ex` (`ibv_create_qp_ex(3)`), which the header's wrapper calls for
+/// any `comp_mask` but the PD alone. uroce creates what the legacy verb creates: a PD, and
+/// create flags if there are none (`IBV_QP_INIT_ATTR_CREATE_FLAGS` with 0, as rdma-core's
+/// tests pass it). An XRC domain, TSO, RSS, a source QPN and the `ibv_wr_*` send operations
+/// (`send_ops_flags`) are capabilities uroce lacks: EOPNOTSUPP, as for a device without them.
+unsafe extern "C" fn create_qp_ex(
+    context: *mut IbvContext,
+    attr: *mut IbvQpInitAttrEx,
+) -> *mut IbvQp {
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's extended attributes (checked non-NULL).
+    let a = unsafe { &*attr };
+    let supported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    if a.comp_mask & !supported != 0 {
+        let why = format_args!(
+            "comp_mask {:#x}: only IBV_QP_INIT_ATTR_PD and IBV_QP_INIT_ATTR_CREATE_FLAGS (XRC, \
+             TSO, RSS and the ibv_wr_* API are not supported)",
+            a.comp_mask
+        );
+        return fail(refuse("ibv_create_qp_ex", why, libc::EOPNOTSUPP));
+    }
+    if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
+        let why = format_args!("create_flags {:#x}: none is supported", a.create_flags);
+        return fail(refuse("ibv_create_qp_ex", why, libc::EOPNOTSUPP));
+    }
+    if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        return fail(refuse("ibv_create_qp_ex", "a QP of these types needs a PD", libc::EINVAL));
+    }
+    // SAFETY: the caller's PD (non-NULL); a plain field.
+    if unsafe { (*a.pd).context } != context {
+        return fail(refuse("ibv_create_qp_ex", "the PD is another context's", libc::EINVAL));
+    }
+    // SAFETY: `struct ibv_qp_init_attr_ex` begins with `struct ibv_qp_init_attr`.
+    unsafe { uroce_verbs_create_qp(a.pd, attr.cast::<IbvQpInitAttr>()) }
 }
 
 #[unsafe(no_mangle)]

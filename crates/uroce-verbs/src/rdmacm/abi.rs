@@ -220,8 +220,6 @@ pub(crate) struct IbvQpInitAttrExHead {
     pub(crate) pd: *mut IbvPd,
 }
 
-/// `IBV_QP_INIT_ATTR_PD`.
-pub(crate) const IBV_QP_INIT_ATTR_PD: u32 = 1;
 /// `IBV_MTU_256`.
 pub(crate) const IBV_MTU_256: c_int = 1;
 

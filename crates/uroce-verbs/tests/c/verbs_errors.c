@@ -783,6 +783,27 @@ static void scenario_abi(struct dev *d0)
 		else if (ibv_destroy_qp(qp))
 			fail("%s: ibv_destroy_qp", s);
 	}
+	/* Create flags, none set, take the provider's extended verb: a QP as the legacy one. */
+	qpx.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	qpx.create_flags = 0;
+	{
+		struct ibv_qp *qp = ibv_create_qp_ex(d0->ctx, &qpx);
+
+		printf("%s: ibv_create_qp_ex(PD, create_flags 0) -> %s\n", s, qp ? "QP" : "NULL");
+		if (!qp)
+			fail("%s: ibv_create_qp_ex(PD, create_flags 0) failed: %s", s, strerror(errno));
+		else if (ibv_destroy_qp(qp))
+			fail("%s: ibv_destroy_qp", s);
+		/* A create flag uroce does not offer is EOPNOTSUPP. */
+		qpx.create_flags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+		errno = 0;
+		qp = ibv_create_qp_ex(d0->ctx, &qpx);
+		printf("%s: ibv_create_qp_ex(BLOCK_SELF_MCAST_LB) -> %s, errno %s\n", s,
+		       qp ? "QP" : "NULL", strerror(errno));
+		if (qp || errno != EOPNOTSUPP)
+			fail("%s: ibv_create_qp_ex(BLOCK_SELF_MCAST_LB): expected EOPNOTSUPP", s);
+		qpx.create_flags = 0;
+	}
 	/* With send-ops flags it needs the extended verb (the ibv_wr_* API), which uroce lacks. */
 	qpx.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 	qpx.send_ops_flags = IBV_QP_EX_WITH_SEND;
