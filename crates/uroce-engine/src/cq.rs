@@ -88,4 +88,14 @@ impl Cq {
     pub(crate) fn overflowed(&self) -> bool {
         self.overflowed
     }
+
+    /// Sets the capacity; refused (false) below the completions already queued, which a
+    /// smaller queue could not hold (`ibv_resize_cq(3)`).
+    pub(crate) fn resize(&mut self, capacity: usize) -> bool {
+        if capacity < self.entries.len() {
+            return false;
+        }
+        self.capacity = capacity;
+        true
+    }
 }

@@ -162,6 +162,32 @@ impl fmt::Display for DestroyError {
 
 impl std::error::Error for DestroyError {}
 
+/// Why `resize_cq` refused; the queue is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResizeCqError {
+    /// No such CQ.
+    UnknownCq,
+    /// The capacity is 0 or above `max_cqe`.
+    OutOfRange,
+    /// Fewer entries than the completions queued now.
+    BelowQueued {
+        /// Completions in the queue.
+        queued: usize,
+    },
+}
+
+impl fmt::Display for ResizeCqError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownCq => f.write_str("no such CQ"),
+            Self::OutOfRange => write!(f, "cqe outside 1..={}", DEVICE_ATTR.max_cqe),
+            Self::BelowQueued { queued } => write!(f, "{queued} completions are queued"),
+        }
+    }
+}
+
+impl std::error::Error for ResizeCqError {}
+
 /// Why creating an object failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CreateError {
@@ -777,6 +803,17 @@ impl<M: MemoryAccess> Device<M> {
         self.next_cq += 1;
         self.ctx.cqs.insert(cq.0, Cq::new(capacity));
         Ok(cq)
+    }
+
+    /// Changes a completion queue's capacity (`ibv_resize_cq`), keeping what it holds. Refused
+    /// outside 1..=`max_cqe`, and below the completions queued now.
+    pub fn resize_cq(&mut self, cq: CqHandle, capacity: usize) -> Result<(), ResizeCqError> {
+        if capacity == 0 || capacity > DEVICE_ATTR.max_cqe as usize {
+            return Err(ResizeCqError::OutOfRange);
+        }
+        let q = self.ctx.cqs.get_mut(&cq.0).ok_or(ResizeCqError::UnknownCq)?;
+        let queued = q.len();
+        if q.resize(capacity) { Ok(()) } else { Err(ResizeCqError::BelowQueued { queued }) }
     }
 
     /// Destroys a completion queue (`ibv_destroy_cq`). Refused while a QP still uses it

@@ -40,7 +40,7 @@ pub use bring_up::{PathAttr, Reliability};
 pub use counters::{Counters, PacketFate, QpCounters};
 pub use device::{
     AsyncEvent, CreateError, DEVICE_ATTR, DestroyError, Device, DeviceAttr, DeviceConfig,
-    McastError, QpnBlock, RxInfo, Transmit,
+    McastError, QpnBlock, ResizeCqError, RxInfo, Transmit,
 };
 pub use gsi::GsiMad;
 pub use inspect::QpInfo;

@@ -205,12 +205,7 @@ macro_rules! nothing {
 }
 
 // Extensions uroce does not have.
-errno_code!(
-    uroce_verbs_query_ece,
-    uroce_verbs_set_ece,
-    uroce_verbs_resize_cq,
-    uroce_verbs_resolve_eth_l2_from_gid,
-);
+errno_code!(uroce_verbs_query_ece, uroce_verbs_set_ece, uroce_verbs_resolve_eth_l2_from_gid,);
 null!(
     uroce_verbs_import_device,
     uroce_verbs_import_pd,

@@ -943,6 +943,21 @@ unsafe fn cq_parts<'a>(cq: *mut IbvCq) -> Option<(&'a Context, CqHandle)> {
     Some((unsafe { ctx_of(c) }?, h))
 }
 
+/// `ibv_resize_cq(3)`: the CQ takes at least `cqe` completions from now on, keeping those it
+/// holds; EINVAL for a size outside 1..=`max_cqe` or below the completions queued.
+#[unsafe(no_mangle)]
+unsafe extern "C" fn uroce_verbs_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
+    // SAFETY: the caller passes a CQ it created.
+    let Some((ctx, handle)) = (unsafe { cq_parts(cq) }) else { return libc::EINVAL };
+    let Ok(capacity) = usize::try_from(cqe) else { return libc::EINVAL };
+    if let Err(e) = ctx.net.with(|s| s.engine().resize_cq(handle, capacity)) {
+        return refuse("ibv_resize_cq", format_args!("cqe {cqe}: {e}"), libc::EINVAL);
+    }
+    // SAFETY: a live CQ of this library; `cqe` is read by the application between calls.
+    unsafe { (*cq).cqe = cqe };
+    0
+}
+
 #[unsafe(no_mangle)]
 pub(crate) unsafe extern "C" fn uroce_verbs_create_cq(
     context: *mut IbvContext,

@@ -73,9 +73,10 @@
  *      cur_qp_state is taken. ibv_dealloc_pd returns EBUSY while an MR or a QP uses the PD
  *      (ibv_dealloc_pd(3)) and 0 once neither does. ibv_create_cq with comp_vector equal to
  *      the context's num_comp_vectors fails with EINVAL (ibv_create_cq(3): the vector is below
- *      num_comp_vectors). ibv_query_device_ex comes from the provider, not the legacy
- *      fallback: phys_port_cnt_ex equals phys_port_cnt and the legacy part equals what
- *      ibv_query_device reports.
+ *      num_comp_vectors). ibv_resize_cq grows and shrinks a CQ, keeping what it holds, and
+ *      refuses a size below the completions queued (EINVAL). ibv_query_device_ex comes from
+ *      the provider, not the legacy fallback: phys_port_cnt_ex equals phys_port_cnt and the
+ *      legacy part equals what ibv_query_device reports.
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -1431,6 +1432,41 @@ static void scenario_checks(struct dev *d0, struct dev *d1)
 		expect_rc(s, "ibv_dealloc_pd once unused", ibv_dealloc_pd(pd), 0, 0);
 		if (ibv_destroy_cq(cq))
 			fail("%s: ibv_destroy_cq", s);
+	}
+
+	{
+		/* ibv_resize_cq(3): up or down, but never below what the CQ holds. Three receives
+		 * flushed by a modify to ERR leave three completions in the CQ. */
+		struct ep e;
+
+		ep_create(&e, d0);
+		memset(&attr, 0, sizeof(attr));
+		attr.qp_state = IBV_QPS_INIT;
+		attr.port_num = PORT;
+		if (ibv_modify_qp(e.qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+							IBV_QP_ACCESS_FLAGS))
+			die("%s: modify_qp INIT", s);
+		for (int k = 0; k < 3; k++)
+			must_post(s, "receive", post_recv(&e, 100 + k, 64));
+		attr.qp_state = IBV_QPS_ERR;
+		if (ibv_modify_qp(e.qp, &attr, IBV_QP_STATE))
+			die("%s: modify_qp ERR", s);
+		expect_rc(s, "ibv_resize_cq(64)", ibv_resize_cq(e.cq, 64), 0, 0);
+		if (e.cq->cqe < 64)
+			fail("%s: cqe %d after resizing to 64", s, e.cq->cqe);
+		/* The modify to ERR flushed the receives (ibv_modify_qp(3)): they are queued. */
+		{
+			struct ibv_wc wc;
+
+			expect_rc(s, "ibv_resize_cq(2) with 3 completions queued",
+				  ibv_resize_cq(e.cq, 2), EINVAL, EINVAL);
+			expect_rc(s, "ibv_resize_cq(3)", ibv_resize_cq(e.cq, 3), 0, 0);
+			for (int k = 0; k < 3; k++)
+				if (poll_one(e.cq, &wc, POLL_MS) != 1 || wc.wr_id != (uint64_t)(100 + k) ||
+				    wc.status != IBV_WC_WR_FLUSH_ERR)
+					fail("%s: flushed receive %d after the resize", s, k);
+		}
+		ep_destroy(&e);
 	}
 
 	{
