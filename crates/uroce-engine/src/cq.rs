@@ -89,6 +89,11 @@ impl Cq {
         self.overflowed
     }
 
+    /// Drops the completions of QP `qpn` not yet polled.
+    pub(crate) fn forget_qp(&mut self, qpn: crate::Qpn) {
+        self.entries.retain(|wc| wc.qp_num != qpn);
+    }
+
     /// Sets the capacity; refused (false) below the completions already queued, which a
     /// smaller queue could not hold (`ibv_resize_cq(3)`).
     pub(crate) fn resize(&mut self, capacity: usize) -> bool {

@@ -757,6 +757,28 @@ impl<M: MemoryAccess> Device<M> {
         Ok(self.ctx.mrs.register(&mut self.ctx.rng, pd, addr, length, access))
     }
 
+    /// Region `lkey`, if registered.
+    pub fn mr(&self, lkey: LKey) -> Option<MemoryRegion> {
+        self.ctx.mrs.get(lkey)
+    }
+
+    /// Re-registers region `lkey` (`ibv_rereg_mr`): a new PD, range and access, the same keys,
+    /// which from now on reach the new range with the new rights only. Returns the region as
+    /// it was; `None` if the key is unknown, an error (nothing changed) for an unknown PD.
+    pub fn rereg_mr(
+        &mut self,
+        lkey: LKey,
+        pd: PdHandle,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> Option<Result<MemoryRegion, CreateError>> {
+        if !self.has_pd(pd) {
+            return Some(Err(CreateError::UnknownPd));
+        }
+        self.ctx.mrs.update(lkey, pd, addr, length, access).map(Ok)
+    }
+
     /// Deregisters a region: its keys stop working at once. `None` if the key is unknown.
     pub fn dereg_mr(&mut self, lkey: LKey) -> Option<MemoryRegion> {
         self.ctx.mrs.deregister(lkey)
@@ -1150,6 +1172,14 @@ impl<M: MemoryAccess> Device<M> {
             }
             QpState::Error if from != QpState::Error => completer::enter_error(qp, &mut self.ctx),
             QpState::Reset if from != QpState::Reset => {
+                // Its completions not yet polled go with it, as ConnectX drivers clean the CQs
+                // of a QP moved to Reset (mlx4/mlx5 `cq_clean`): a QP brought back to RTS
+                // does not hand its new work the flushes of its old.
+                for cq in [qp.init.send_cq, qp.init.recv_cq] {
+                    if let Some(q) = self.ctx.cqs.get_mut(&cq.0) {
+                        q.forget_qp(qpn);
+                    }
+                }
                 let (init, mtu, watched) = (qp.init, qp.mtu, qp.watched);
                 *qp = Qp::new(qpn, init);
                 qp.watched = watched;

@@ -109,6 +109,27 @@ impl MrTable {
         mr
     }
 
+    /// Region `lkey`, if registered.
+    pub(crate) fn get(&self, lkey: LKey) -> Option<MemoryRegion> {
+        self.by_lkey.get(&lkey.0).copied()
+    }
+
+    /// Gives region `lkey` a new PD, range and access under the same keys; the region as it
+    /// was, or `None` if the key is unknown.
+    pub(crate) fn update(
+        &mut self,
+        lkey: LKey,
+        pd: PdHandle,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> Option<MemoryRegion> {
+        let mr = self.by_lkey.get_mut(&lkey.0)?;
+        let old = *mr;
+        (mr.pd, mr.addr, mr.length, mr.access) = (pd, addr, length, access);
+        Some(old)
+    }
+
     /// Whether any region belongs to `pd`.
     pub(crate) fn any_in(&self, pd: PdHandle) -> bool {
         self.by_lkey.values().any(|mr| mr.pd == pd)

@@ -1532,3 +1532,38 @@ fn repeated_duplicates_queue_one_answer_each_not_one_per_copy() {
     assert_eq!(sent[0].0, Opcode::RC_ATOMIC_ACKNOWLEDGE);
     assert_eq!(p.mem(B, 0, 8), &1u64.to_le_bytes(), "executed once");
 }
+
+#[test]
+fn reset_drops_the_completions_its_qp_left_unpolled() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let qp = p.hosts[B].qp;
+    for k in 0..3 {
+        p.post_recv(B, k, 0, 8);
+    }
+    // Error flushes the three receives into the CQ; Reset takes them out again, as ConnectX
+    // drivers clean a QP's CQs when it is reset.
+    p.net[B].dev.modify_qp(qp, &rc_attrs(QpState::Error)).unwrap();
+    p.net[B].dev.modify_qp(qp, &rc_attrs(QpState::Reset)).unwrap();
+    assert!(p.cq(B).is_empty(), "the flushes of the QP's old work are gone");
+    // Without the reset they are there to poll.
+    for k in 0..2 {
+        connect_again_and_post(&mut p, k);
+    }
+    p.net[B].dev.modify_qp(qp, &rc_attrs(QpState::Error)).unwrap();
+    assert_eq!(statuses(&p.cq(B)), [(0, WcStatus::WR_FLUSH_ERR), (1, WcStatus::WR_FLUSH_ERR)]);
+}
+
+/// Brings B's QP from Reset to Init again and posts receive `k`.
+fn connect_again_and_post(p: &mut Pair, k: u64) {
+    let qp = p.hosts[B].qp;
+    if p.net[B].dev.qp_state(qp) == Some(QpState::Reset) {
+        let init = QpAttr {
+            pkey_index: Some(0),
+            port_num: Some(1),
+            access_flags: Some(Access::NONE),
+            ..rc_attrs(QpState::Init)
+        };
+        p.net[B].dev.modify_qp(qp, &init).unwrap();
+    }
+    p.post_recv(B, k, 0, 8);
+}

@@ -553,6 +553,34 @@ impl State {
         Ok(mr)
     }
 
+    /// Re-registers region `lkey` with a new PD and access, and, with `region`, a new range
+    /// (`ibv_rereg_mr`): the keys stay, the old range leaves the registry. `None` if the key
+    /// is unknown.
+    pub fn reregister(
+        &mut self,
+        lkey: LKey,
+        pd: PdHandle,
+        region: Option<Arc<RawRegion>>,
+        access: Access,
+    ) -> Option<Result<MemoryRegion, CreateError>> {
+        let (addr, len) = match &region {
+            Some(r) => (r.addr(), r.len() as u64),
+            None => {
+                let mr = self.engine.mr(lkey)?;
+                (mr.addr, mr.length)
+            }
+        };
+        let old = match self.engine.rereg_mr(lkey, pd, addr, len, access)? {
+            Ok(old) => old,
+            Err(e) => return Some(Err(e)),
+        };
+        if let Some(r) = region {
+            self.engine.memory_mut().remove(old.addr, old.length);
+            self.engine.memory_mut().insert(r);
+        }
+        self.engine.mr(lkey).map(Ok)
+    }
+
     /// Deregisters a region, or, while a work request not yet completed names it, defers
     /// that until the last such one completes: an outstanding work request keeps its memory
     /// alive (the registry holds the region). Then the keys stop working and the engine can no

@@ -684,6 +684,9 @@ pub(crate) mod consts {
     pub(crate) const IBV_ACCESS_REMOTE_WRITE: c_int = 2;
     pub(crate) const IBV_ACCESS_REMOTE_READ: c_int = 4;
     pub(crate) const IBV_ACCESS_REMOTE_ATOMIC: c_int = 8;
+    pub(crate) const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;
+    pub(crate) const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
+    pub(crate) const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
     pub(crate) const IBV_ACCESS_MW_BIND: c_int = 1 << 4;
     pub(crate) const IBV_ACCESS_ZERO_BASED: c_int = 1 << 5;
     pub(crate) const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;

@@ -138,13 +138,6 @@ extern "C" fn uroce_verbs_query_qp_data_in_order(
     0
 }
 
-/// `ibv_rereg_mr(3)` is not supported: `IBV_REREG_MR_ERR_INPUT` (the old MR stays valid).
-#[unsafe(no_mangle)]
-extern "C" fn uroce_verbs_rereg_mr() -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    -1
-}
-
 #[unsafe(no_mangle)]
 static uroce_verbs_verbs_allow_disassociate_destroy: AtomicBool = AtomicBool::new(false);
 

@@ -732,6 +732,8 @@ pub(crate) unsafe extern "C" fn uroce_verbs_dealloc_pd(pd: *mut IbvPd) -> c_int 
 struct Mr {
     ibv: IbvMr,
     lkey: LKey,
+    /// The access it was registered with (`ibv_rereg_mr` keeps it unless told otherwise).
+    access: Access,
 }
 
 /// Access flags as the engine takes them, or the errno and rule of a refusal: a combination
@@ -774,35 +776,11 @@ unsafe extern "C" fn uroce_verbs_reg_mr(
 ) -> *mut IbvMr {
     // SAFETY: the caller passes a PD it allocated.
     let Some((ctx, pdh)) = (unsafe { pd_parts(pd) }) else { return fail(libc::EINVAL) };
-    let access = match mr_access(access) {
-        Ok(a) => a,
-        Err((errno, rule)) => {
-            return fail(refuse("ibv_reg_mr", format_args!("access {access:#x}: {rule}"), errno));
-        }
-    };
-    if length == 0 {
-        return fail(refuse("ibv_reg_mr", "length 0", libc::EINVAL));
-    }
-    // A device pins the pages: a range that wraps is EINVAL, one not mapped (or not writable
-    // when the registration writes to it) EFAULT, as Linux's ib_umem_get answers.
-    let write = access.contains(Access::LOCAL_WRITE);
-    if let Err(e) = uroce_net::mappings::check_range(addr as u64, length as u64, write) {
-        let errno = match e {
-            uroce_net::mappings::RangeError::Wraps => libc::EINVAL,
-            _ => libc::EFAULT,
-        };
-        let why = format_args!("{length} bytes at {addr:p}: {e}");
-        return fail(refuse("ibv_reg_mr", why, errno));
-    }
-    // SAFETY: ibv_reg_mr(3): the memory stays valid until ibv_dereg_mr, which removes the
-    // region from the engine before returning; the engine reaches it only for work requests
-    // the application posted on it.
-    let Ok(region) = (unsafe { RawRegion::borrowed(addr.cast(), length) }) else {
-        return fail(libc::EINVAL);
-    };
-    let mr = match ctx.net.with(|s| s.register(pdh, Arc::new(region), access)) {
-        Ok(mr) => mr,
-        Err(e) => return fail(refuse("ibv_reg_mr", e, libc::ENOMEM)),
+    // SAFETY: ibv_reg_mr(3)'s contract: `length` bytes at `addr` stay valid until
+    // ibv_dereg_mr.
+    let (mr, access) = match unsafe { register(ctx, pdh, addr, length, access, "ibv_reg_mr") } {
+        Ok(r) => r,
+        Err(errno) => return fail(errno),
     };
     let boxed = Box::new(Mr {
         ibv: IbvMr {
@@ -815,8 +793,137 @@ unsafe extern "C" fn uroce_verbs_reg_mr(
             rkey: mr.rkey.0,
         },
         lkey: mr.lkey,
+        access,
     });
     Box::into_raw(boxed).cast()
+}
+
+/// Checks and registers `length` bytes at `addr` with `access` in PD `pdh`, as `verb` (for its
+/// messages); the region and its access, or the errno.
+///
+/// # Safety
+///
+/// The memory stays valid until the region is deregistered (ibv_reg_mr(3)).
+unsafe fn register(
+    ctx: &Context,
+    pdh: PdHandle,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+    verb: &str,
+) -> Result<(uroce_engine::MemoryRegion, Access), c_int> {
+    // SAFETY: the caller's contract.
+    let (region, access) = unsafe { prepare(addr, length, access, verb) }?;
+    match ctx.net.with(|s| s.register(pdh, Arc::new(region), access)) {
+        Ok(mr) => Ok((mr, access)),
+        Err(e) => Err(refuse(verb, e, libc::ENOMEM)),
+    }
+}
+
+/// The checks a registration of `length` bytes at `addr` with `access` passes, and the
+/// region the engine will reach; the errno of the first that fails, as `verb` reports it.
+///
+/// # Safety
+///
+/// The memory stays valid until the region is deregistered (ibv_reg_mr(3)).
+unsafe fn prepare(
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+    verb: &str,
+) -> Result<(RawRegion, Access), c_int> {
+    let access = match mr_access(access) {
+        Ok(a) => a,
+        Err((errno, rule)) => {
+            return Err(refuse(verb, format_args!("access {access:#x}: {rule}"), errno));
+        }
+    };
+    if length == 0 {
+        return Err(refuse(verb, "length 0", libc::EINVAL));
+    }
+    // A device pins the pages: a range that wraps is EINVAL, one not mapped (or not writable
+    // when the registration writes to it) EFAULT, as Linux's ib_umem_get answers.
+    let write = access.contains(Access::LOCAL_WRITE);
+    if let Err(e) = uroce_net::mappings::check_range(addr as u64, length as u64, write) {
+        let errno = match e {
+            uroce_net::mappings::RangeError::Wraps => libc::EINVAL,
+            _ => libc::EFAULT,
+        };
+        return Err(refuse(verb, format_args!("{length} bytes at {addr:p}: {e}"), errno));
+    }
+    // SAFETY: the caller's contract: the memory stays valid until deregistration, which
+    // removes the region from the engine before returning; the engine reaches it only for
+    // work requests the application posted on it.
+    match unsafe { RawRegion::borrowed(addr.cast(), length) } {
+        Ok(region) => Ok((region, access)),
+        Err(_) => Err(libc::EINVAL),
+    }
+}
+
+/// `ibv_rereg_mr(3)`: a new translation (`addr`, `length`), PD or access for `mr`, each alone
+/// or together, in the same `struct ibv_mr` and under the same keys (as rxe and mlx5 keep
+/// them), which from now on reach the new range with the new rights only. An input error
+/// leaves the region as it was (`IBV_REREG_MR_ERR_INPUT`, errno set).
+#[unsafe(no_mangle)]
+unsafe extern "C" fn uroce_verbs_rereg_mr(
+    mr: *mut IbvMr,
+    flags: c_int,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    const INPUT: c_int = -1; // IBV_REREG_MR_ERR_INPUT
+    let input = |errno| {
+        set_errno(errno);
+        INPUT
+    };
+    let supported =
+        IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+    if mr.is_null() || flags == 0 || flags & !supported != 0 {
+        return input(libc::EINVAL);
+    }
+    let m = mr.cast::<Mr>();
+    // SAFETY: a live MR of this library (the caller's contract).
+    let old = unsafe { &mut *m };
+    let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 { pd } else { old.ibv.pd };
+    let (addr, length) = if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+        if addr.is_null() || length == 0 {
+            return input(libc::EINVAL);
+        }
+        (addr, length)
+    } else {
+        (old.ibv.addr, old.ibv.length)
+    };
+    let access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+        access
+    } else {
+        old.access.bits().cast_signed()
+    };
+    // SAFETY: the new PD is the caller's (or the MR's own).
+    let Some((ctx, pdh)) = (unsafe { pd_parts(new_pd) }) else { return input(libc::EINVAL) };
+    if !ptr::eq(ctx_ptr(ctx), old.ibv.context) {
+        return input(libc::EINVAL);
+    }
+    // SAFETY: ibv_rereg_mr(3): the new range, like the old, stays valid until deregistration.
+    let (region, access) = match unsafe { prepare(addr, length, access, "ibv_rereg_mr") } {
+        Ok(r) => r,
+        Err(errno) => return input(errno),
+    };
+    let translate = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+    let region = translate.then(|| Arc::new(region));
+    let lkey = old.lkey;
+    match ctx.net.with(|s| s.reregister(lkey, pdh, region, access)) {
+        Some(Ok(_)) => {}
+        Some(Err(e)) => return input(refuse("ibv_rereg_mr", e, libc::EINVAL)),
+        None => return input(libc::EINVAL),
+    }
+    // The keys stay: only what they reach changes.
+    old.ibv.pd = new_pd;
+    old.ibv.addr = addr;
+    old.ibv.length = length;
+    old.access = access;
+    0
 }
 
 /// `ibv_reg_mr_iova(3)`: uroce's virtual addresses are the process's own, so only an IOVA

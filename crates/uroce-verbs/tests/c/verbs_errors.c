@@ -74,7 +74,10 @@
  *      (ibv_dealloc_pd(3)) and 0 once neither does. ibv_create_cq with comp_vector equal to
  *      the context's num_comp_vectors fails with EINVAL (ibv_create_cq(3): the vector is below
  *      num_comp_vectors). ibv_resize_cq grows and shrinks a CQ, keeping what it holds, and
- *      refuses a size below the completions queued (EINVAL). ibv_query_device_ex comes from
+ *      refuses a size below the completions queued (EINVAL). ibv_rereg_mr changes access,
+ *      PD and translation, alone and together, in the same struct ibv_mr (no flags:
+ *      IBV_REREG_MR_ERR_INPUT with EINVAL), and the PD it leaves can be deallocated while the
+ *      one it joined cannot. ibv_query_device_ex comes from
  *      the provider, not the legacy fallback: phys_port_cnt_ex equals phys_port_cnt and the
  *      legacy part equals what ibv_query_device reports.
  *
@@ -1467,6 +1470,43 @@ static void scenario_checks(struct dev *d0, struct dev *d1)
 					fail("%s: flushed receive %d after the resize", s, k);
 		}
 		ep_destroy(&e);
+	}
+
+	{
+		/* ibv_rereg_mr(3): translation, PD and access, keeping the struct ibv_mr. */
+		static char one[128], two[128];
+		struct ibv_pd *pd2 = ibv_alloc_pd(d0->ctx);
+		struct ibv_mr *mr = ibv_reg_mr(d0->pd, one, sizeof(one), IBV_ACCESS_LOCAL_WRITE);
+		uint32_t rkey;
+
+		if (!pd2 || !mr)
+			die("%s: ibv_alloc_pd / ibv_reg_mr: %s", s, strerror(errno));
+		errno = 0;
+		rc = ibv_rereg_mr(mr, 0, NULL, NULL, 0, 0);
+		printf("%s: ibv_rereg_mr(no flags) -> %d, errno %s\n", s, rc, strerror(errno));
+		if (rc != IBV_REREG_MR_ERR_INPUT || errno != EINVAL)
+			fail("%s: ibv_rereg_mr(no flags): expected IBV_REREG_MR_ERR_INPUT, EINVAL", s);
+		rkey = mr->rkey;
+		rc = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+				  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		expect_rc(s, "ibv_rereg_mr(CHANGE_ACCESS)", rc, 0, 0);
+		printf("%s: rkey %s\n", s, mr->rkey != rkey ? "changed" : "kept");
+		if (!strncmp(d0->name, "uroce", 5) && mr->rkey != rkey)
+			fail("%s: uroce keeps the keys through ibv_rereg_mr, as rxe and mlx5 do", s);
+		rc = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0);
+		expect_rc(s, "ibv_rereg_mr(CHANGE_PD)", rc, 0, 0);
+		if (mr->pd != pd2)
+			fail("%s: mr->pd is not the new PD", s);
+		expect_rc(s, "ibv_dealloc_pd of the MR's new PD", ibv_dealloc_pd(pd2), EBUSY, EBUSY);
+		rc = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_TRANSLATION, d0->pd,
+				  two, sizeof(two), 0);
+		expect_rc(s, "ibv_rereg_mr(CHANGE_PD | CHANGE_TRANSLATION)", rc, 0, 0);
+		if (mr->addr != two || mr->length != sizeof(two) || mr->pd != d0->pd)
+			fail("%s: mr after CHANGE_PD | CHANGE_TRANSLATION: addr %p length %zu", s,
+			     mr->addr, mr->length);
+		expect_rc(s, "ibv_dealloc_pd once the MR left it", ibv_dealloc_pd(pd2), 0, 0);
+		if (ibv_dereg_mr(mr))
+			fail("%s: ibv_dereg_mr after rereg", s);
 	}
 
 	{
