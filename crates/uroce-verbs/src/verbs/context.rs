@@ -1,0 +1,435 @@
+//! Contexts (`ibv_open_device`) and the queries of a device, its port, GIDs and P_Keys.
+
+use super::*;
+
+/// An open device (`ibv_open_device`).
+#[repr(C)]
+pub(crate) struct Context {
+    pub(super) vctx: VerbsContext,
+    pub(super) dev: &'static Device,
+    pub(crate) net: Arc<NetDevice>,
+    pub(super) async_fd: Arc<EventFd>,
+    pub(super) objects: Arc<Mutex<Objects>>,
+    /// This context's share of the device's asynchronous events: those of its objects.
+    pub(super) events: SubscriberId,
+}
+
+/// The C objects of a context by engine handle: what completion and asynchronous events name.
+#[derive(Default)]
+pub(super) struct Objects {
+    pub(super) cqs: HashMap<CqHandle, usize>,
+    pub(super) qps: HashMap<Qpn, usize>,
+    pub(super) srqs: HashMap<SrqHandle, usize>,
+}
+
+impl Objects {
+    /// The C object an event is about, and the event's `enum ibv_event_type`.
+    pub(super) fn event(&self, e: &AsyncEvent) -> Option<(usize, c_int)> {
+        let (element, kind) = match *e {
+            AsyncEvent::QpFatal(q) => (self.qps.get(&q), IBV_EVENT_QP_FATAL),
+            AsyncEvent::QpAccessError(q) => (self.qps.get(&q), IBV_EVENT_QP_ACCESS_ERR),
+            AsyncEvent::CommEstablished(q) => (self.qps.get(&q), IBV_EVENT_COMM_EST),
+            AsyncEvent::LastWqeReached(q) => (self.qps.get(&q), IBV_EVENT_QP_LAST_WQE_REACHED),
+            AsyncEvent::CqError(c) => (self.cqs.get(&c), IBV_EVENT_CQ_ERR),
+            AsyncEvent::SrqLimitReached(s) => (self.srqs.get(&s), IBV_EVENT_SRQ_LIMIT_REACHED),
+        };
+        element.map(|&p| (p, kind))
+    }
+}
+
+/// The context of an `ibv_context` pointer.
+///
+/// # Safety
+///
+/// `p` is NULL or a context this library opened and has not closed.
+pub(crate) unsafe fn ctx_of<'a>(p: *mut IbvContext) -> Option<&'a Context> {
+    // SAFETY: every ibv_context this library hands out is the `vctx.context` of a live boxed
+    // Context (the caller's contract); nothing writes a context after it is opened.
+    Context::from_c(p).map(|c| unsafe { &*c })
+}
+
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) -> *mut IbvContext {
+    let Some(dev) = device_of(device) else { return fail(libc::ENODEV) };
+    let net = match open_net(dev.addr) {
+        Ok(n) => n,
+        Err(e) => return fail(e),
+    };
+    let async_fd = match EventFd::new_blocking() {
+        Ok(fd) => Arc::new(fd),
+        Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
+    };
+    // Several contexts may share one device: each takes the events of its own objects.
+    let objects = Arc::new(Mutex::new(Objects::default()));
+    let mine = Arc::clone(&objects);
+    let wants = Box::new(move |e: &AsyncEvent| lock(&mine).event(e).is_some());
+    let events = net.with(|s| s.subscribe_async(Arc::clone(&async_fd), wants));
+    let ops = IbvContextOps {
+        compat_query_device: None,
+        compat_query_port: None,
+        compat_1: [None; 5],
+        alloc_mw: None,
+        bind_mw: None,
+        dealloc_mw: None,
+        compat_create_cq: None,
+        poll_cq: Some(poll_cq),
+        req_notify_cq: Some(req_notify_cq),
+        compat_2: [None; 7],
+        post_srq_recv: Some(post_srq_recv),
+        compat_3: [None; 4],
+        post_send: Some(post_send),
+        post_recv: Some(post_recv),
+        compat_4: [None; 5],
+    };
+    let ctx = Box::new(Context {
+        vctx: VerbsContext {
+            query_port: Some(query_port_ex),
+            unset_before_query_device_ex: [None; 26],
+            query_device_ex: Some(query_device_ex),
+            unset_before_create_qp_ex: [None; 5],
+            create_qp_ex: Some(create_qp_ex),
+            unset_after_create_qp_ex: [None; 5],
+            sz: size_of::<VerbsContext>(),
+            context: IbvContext {
+                device,
+                ops,
+                cmd_fd: -1,
+                async_fd: async_fd.as_raw_fd(),
+                num_comp_vectors: 1,
+                mutex: [0; 5],
+                abi_compat: VERBS_ABI_IS_EXTENDED,
+            },
+        },
+        dev,
+        net,
+        async_fd,
+        objects,
+        events,
+    });
+    ctx.into_c()
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_close_device(context: *mut IbvContext) -> c_int {
+    // SAFETY: made by `ibv_open_device`; closing it is the caller's last use
+    // (ibv_close_device(3)).
+    let Some(ctx) = (unsafe { Context::take(context) }) else { return libc::EINVAL };
+    ctx.net.with(|s| s.unsubscribe_async(ctx.events));
+    0
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_query_device(
+    context: *mut IbvContext,
+    attr: *mut IbvDeviceAttr,
+) -> c_int {
+    // SAFETY: the caller passes a context it opened.
+    let Some(ctx) = (unsafe { ctx_of(context) }) else { return libc::EINVAL };
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller passes room for a struct ibv_device_attr (checked non-NULL).
+    unsafe { attr.write(device_attr(ctx)) };
+    0
+}
+
+/// `verbs_context.query_device_ex` (`ibv_query_device_ex(3)`): the legacy attributes and the
+/// extended ones, as far as `attr_size` (the caller's `sizeof(struct ibv_device_attr_ex)`,
+/// which an older header makes smaller) reaches. Every extended capability uroce lacks reads
+/// 0: no on-demand paging, no completion timestamps (so no core clock), no device memory, no
+/// TSO, RSS, packet pacing or tag matching.
+pub(super) unsafe extern "C" fn query_device_ex(
+    context: *mut IbvContext,
+    input: *const IbvQueryDeviceExInput,
+    attr: *mut IbvDeviceAttrEx,
+    attr_size: usize,
+) -> c_int {
+    // SAFETY: the caller passes a context it opened.
+    let Some(ctx) = (unsafe { ctx_of(context) }) else { return libc::EINVAL };
+    // SAFETY: NULL or the caller's input.
+    if unsafe { input.as_ref() }.is_some_and(|i| i.comp_mask != 0) {
+        return libc::EINVAL;
+    }
+    if attr.is_null() || attr_size < size_of::<IbvDeviceAttr>() {
+        return libc::EINVAL;
+    }
+    let orig_attr = device_attr(ctx);
+    let out = IbvDeviceAttrEx {
+        device_cap_flags_ex: u64::from(orig_attr.device_cap_flags),
+        phys_port_cnt_ex: u32::from(orig_attr.phys_port_cnt),
+        orig_attr,
+        comp_mask: 0,
+        odp_caps: IbvOdpCaps::default(),
+        completion_timestamp_mask: 0,
+        hca_core_clock: 0,
+        tso_caps: IbvTsoCaps::default(),
+        rss_caps: IbvRssCaps::default(),
+        max_wq_type_rq: 0,
+        packet_pacing_caps: IbvPacketPacingCaps::default(),
+        raw_packet_caps: 0,
+        tm_caps: IbvTmCaps::default(),
+        cq_mod_caps: IbvCqModerationCaps::default(),
+        max_dm_size: 0,
+        pci_atomic_caps: IbvPciAtomicCaps::default(),
+        xrc_odp_caps: 0,
+    };
+    let n = attr_size.min(size_of::<IbvDeviceAttrEx>());
+    // SAFETY: the caller passes `attr_size` writable bytes at `attr` (checked non-NULL);
+    // `out` is a local of at least `n` bytes; they cannot overlap.
+    unsafe { ptr::copy_nonoverlapping((&raw const out).cast::<u8>(), attr.cast::<u8>(), n) };
+    0
+}
+
+/// The device's attributes as `ibv_query_device(3)` reports them.
+pub(super) fn device_attr(ctx: &Context) -> IbvDeviceAttr {
+    let a = DEVICE_ATTR;
+    let int = |v: u32| c_int::try_from(v).unwrap_or(c_int::MAX);
+    let rd_atom = c_int::from(a.max_qp_rd_atom);
+    IbvDeviceAttr {
+        fw_ver: c_string(concat!("uroce ", env!("CARGO_PKG_VERSION"))),
+        node_guid: ctx.dev.guid_be,
+        sys_image_guid: ctx.dev.guid_be,
+        max_mr_size: uroce_net::mappings::MAX_REGION,
+        page_size_cap: 4096,
+        // Vendor 0xFFFFFF (none assigned) and part 0: tools that pick fast paths by vendor
+        // (perftest) use the standard verbs.
+        vendor_id: 0x00FF_FFFF,
+        vendor_part_id: 0,
+        hw_ver: 0,
+        max_qp: int(a.max_qp),
+        max_qp_wr: int(a.max_qp_wr),
+        device_cap_flags: IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN,
+        max_sge: int(a.max_sge),
+        max_sge_rd: int(a.max_sge),
+        max_cq: int(a.max_qp),
+        max_cqe: int(a.max_cqe),
+        max_mr: int(a.max_mr),
+        max_pd: int(a.max_qp),
+        max_qp_rd_atom: rd_atom,
+        max_ee_rd_atom: 0,
+        max_res_rd_atom: rd_atom.saturating_mul(int(a.max_qp)),
+        max_qp_init_rd_atom: rd_atom,
+        max_ee_init_rd_atom: 0,
+        atomic_cap: IBV_ATOMIC_HCA,
+        max_ee: 0,
+        max_rdd: 0,
+        max_mw: 0,
+        max_raw_ipv6_qp: 0,
+        max_raw_ethy_qp: 0,
+        max_mcast_grp: int(a.max_mcast_grp),
+        max_mcast_qp_attach: int(a.max_mcast_qp_attach),
+        max_total_mcast_qp_attach: int(a.max_total_mcast_qp_attach),
+        max_ah: int(a.max_ah),
+        max_fmr: 0,
+        max_map_per_fmr: 0,
+        max_srq: int(a.max_qp),
+        max_srq_wr: int(a.max_qp_wr),
+        max_srq_sge: int(a.max_sge),
+        max_pkeys: 1,
+        local_ca_ack_delay: 15,
+        phys_port_cnt: 1,
+    }
+}
+
+/// Port 1 as `ibv_query_port(3)` describes it.
+pub(super) fn port_attr(ctx: &Context) -> IbvPortAttr {
+    let mtu = ctx.net.with(|s| s.engine().port_mtu());
+    IbvPortAttr {
+        state: IBV_PORT_ACTIVE,
+        max_mtu: IBV_MTU_4096,
+        active_mtu: mtu_enum(mtu),
+        gid_tbl_len: 1,
+        port_cap_flags: 0,
+        max_msg_sz: DEVICE_ATTR.max_msg_sz,
+        bad_pkey_cntr: 0,
+        qkey_viol_cntr: 0,
+        pkey_tbl_len: 1,
+        lid: 0,
+        sm_lid: 0,
+        lmc: 0,
+        max_vl_num: 1,
+        sm_sl: 0,
+        subnet_timeout: 0,
+        init_type_reply: 0,
+        // 1X QDR (10 Gbit/s): near what one uroce QP moves over loopback; a software device
+        // has no link speed of its own.
+        active_width: ACTIVE_WIDTH_1X,
+        active_speed: ACTIVE_SPEED_QDR,
+        phys_state: PHYS_STATE_LINK_UP,
+        link_layer: IBV_LINK_LAYER_ETHERNET,
+        flags: IBV_QPF_GRH_REQUIRED,
+        port_cap_flags2: 0,
+    }
+}
+
+pub(super) fn mtu_enum(m: Mtu) -> c_int {
+    match m {
+        Mtu::Mtu256 => 1,
+        Mtu::Mtu512 => 2,
+        Mtu::Mtu1024 => 3,
+        Mtu::Mtu2048 => 4,
+        Mtu::Mtu4096 => 5,
+    }
+}
+
+pub(super) fn mtu_from_enum(m: c_int) -> Option<Mtu> {
+    Some(match m {
+        1 => Mtu::Mtu256,
+        2 => Mtu::Mtu512,
+        3 => Mtu::Mtu1024,
+        4 => Mtu::Mtu2048,
+        5 => Mtu::Mtu4096,
+        _ => return None,
+    })
+}
+
+/// `verbs_context.query_port`: what the header's `ibv_query_port` calls, with the caller's
+/// structure size (newer callers have `port_cap_flags2`).
+pub(super) unsafe extern "C" fn query_port_ex(
+    context: *mut IbvContext,
+    port: u8,
+    attr: *mut IbvPortAttr,
+    len: usize,
+) -> c_int {
+    // SAFETY: the caller passes a context it opened.
+    let Some(ctx) = (unsafe { ctx_of(context) }) else { return libc::EINVAL };
+    if port != 1 || attr.is_null() {
+        return libc::EINVAL;
+    }
+    let a = port_attr(ctx);
+    let n = len.min(size_of::<IbvPortAttr>());
+    // SAFETY: the caller's buffer holds `len` bytes (at least `n`); `a` is a separate local.
+    unsafe { ptr::copy_nonoverlapping(ptr::from_ref(&a).cast::<u8>(), attr.cast::<u8>(), n) };
+    0
+}
+
+/// `ibv_query_port@IBVERBS_1.1`: the caller's structure is the 48-byte
+/// `_compat_ibv_port_attr`; writing `port_cap_flags2` would run past it.
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_query_port(
+    context: *mut IbvContext,
+    port: u8,
+    attr: *mut IbvPortAttr,
+) -> c_int {
+    // SAFETY: same contract as the extended verb, with the compat size.
+    unsafe { query_port_ex(context, port, attr, COMPAT_PORT_ATTR_SIZE) }
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_query_gid(
+    context: *mut IbvContext,
+    port: u8,
+    index: c_int,
+    gid: *mut IbvGid,
+) -> c_int {
+    // SAFETY: the caller passes a context it opened.
+    let Some(ctx) = (unsafe { ctx_of(context) }) else { return -1 };
+    if port != 1 || index != 0 || gid.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller passes room for a union ibv_gid.
+    unsafe { gid.write(gid_of(ctx.dev.addr)) };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_query_gid_type(
+    context: *mut IbvContext,
+    port: u8,
+    index: c_uint,
+    gid_type: *mut c_int,
+) -> c_int {
+    if context.is_null() || port != 1 || index != 0 || gid_type.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller passes room for the enum.
+    unsafe { gid_type.write(IBV_GID_TYPE_SYSFS_ROCE_V2) };
+    0
+}
+
+pub(super) fn gid_entry(ctx: &Context) -> IbvGidEntry {
+    IbvGidEntry {
+        gid: gid_of(ctx.dev.addr),
+        gid_index: 0,
+        port_num: 1,
+        gid_type: IBV_GID_TYPE_ROCE_V2,
+        ndev_ifindex: 0,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_query_gid_ex(
+    context: *mut IbvContext,
+    port: u32,
+    index: u32,
+    entry: *mut IbvGidEntry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    // SAFETY: the caller passes a context it opened.
+    let Some(ctx) = (unsafe { ctx_of(context) }) else { return libc::EINVAL };
+    if flags != 0 || entry.is_null() || entry_size < size_of::<IbvGidEntry>() {
+        return libc::EINVAL;
+    }
+    if port != 1 || index != 0 {
+        return libc::ENODATA;
+    }
+    // SAFETY: the caller passes room for `entry_size` >= size_of bytes.
+    unsafe { entry.write(gid_entry(ctx)) };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_query_gid_table(
+    context: *mut IbvContext,
+    entries: *mut IbvGidEntry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    // SAFETY: the caller passes a context it opened.
+    let Some(ctx) = (unsafe { ctx_of(context) }) else { return -(libc::EINVAL as isize) };
+    if flags != 0 || entry_size < size_of::<IbvGidEntry>() {
+        return -(libc::EINVAL as isize);
+    }
+    if max_entries < 1 || entries.is_null() {
+        return -(libc::EINVAL as isize);
+    }
+    // SAFETY: the caller passes room for `max_entries` >= 1 entries.
+    unsafe { entries.write(gid_entry(ctx)) };
+    1
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_query_pkey(
+    context: *mut IbvContext,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    if context.is_null() || port != 1 || index != 0 || pkey.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller passes room for a __be16. The one P_Key is the default, full member.
+    unsafe { pkey.write(0xFFFF_u16.to_be()) };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_get_pkey_index(
+    context: *mut IbvContext,
+    port: u8,
+    pkey_be: u16,
+) -> c_int {
+    if context.is_null() || port != 1 {
+        return -libc::EINVAL;
+    }
+    if u16::from_be(pkey_be) | 0x8000 == 0xFFFF { 0 } else { -libc::ENOENT }
+}
+
+pub(super) fn ctx_ptr(ctx: &Context) -> *mut IbvContext {
+    ptr::from_ref(&ctx.vctx.context).cast_mut()
+}

@@ -1,0 +1,354 @@
+//! Completion channels and completion queues: creation, polling, notification, events.
+
+use super::*;
+
+#[repr(C)]
+pub(super) struct CompChannel {
+    pub(super) ibv: IbvCompChannel,
+    pub(super) channel: Arc<Channel>,
+}
+
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn uroce_verbs_create_comp_channel(
+    context: *mut IbvContext,
+) -> *mut IbvCompChannel {
+    if context.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let channel = match Channel::new_blocking() {
+        Ok(c) => Arc::new(c),
+        Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
+    };
+    let boxed = Box::new(CompChannel {
+        ibv: IbvCompChannel { context, fd: channel.as_raw_fd(), refcnt: 0 },
+        channel,
+    });
+    boxed.into_c()
+}
+
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn uroce_verbs_destroy_comp_channel(
+    channel: *mut IbvCompChannel,
+) -> c_int {
+    if channel.is_null() {
+        return libc::EINVAL;
+    }
+    let field = channel.wrapping_byte_add(offset_of!(IbvCompChannel, refcnt)).cast::<u32>();
+    // SAFETY: a live channel (the caller's contract); its refcount is only accessed atomically.
+    let refcnt = unsafe { AtomicU32::from_ptr(field) };
+    // ibv_create_comp_channel(3): destroying a channel that CQs still use fails with EBUSY.
+    if refcnt.load(Ordering::Acquire) != 0 {
+        return libc::EBUSY;
+    }
+    // SAFETY: made by `ibv_create_comp_channel`; destroying it is the caller's last use.
+    drop(unsafe { CompChannel::take(channel) });
+    0
+}
+
+#[repr(C)]
+pub(super) struct Cq {
+    pub(super) ibv: IbvCq,
+    pub(super) handle: CqHandle,
+    /// Completion events `ibv_get_cq_event` returned for this CQ: `ibv_destroy_cq` waits
+    /// until the application has acknowledged as many (`ibv.comp_events_completed`).
+    pub(super) events_reported: AtomicU32,
+}
+
+/// Signaled on every `ibv_ack_cq_events`, for a destroy waiting for the acknowledgements.
+pub(super) static ACKED: (Mutex<()>, std::sync::Condvar) =
+    (Mutex::new(()), std::sync::Condvar::new());
+
+/// The context and engine handle of a CQ.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ of this library.
+pub(super) unsafe fn cq_parts<'a>(cq: *mut IbvCq) -> Option<(&'a Context, CqHandle)> {
+    let cq = Cq::from_c(cq)?;
+    // SAFETY: a live Cq (the caller's contract); reads a plain field.
+    let c = unsafe { (*cq).ibv.context };
+    // SAFETY: as above.
+    let h = unsafe { (*cq).handle };
+    // SAFETY: a CQ's context outlives it.
+    Some((unsafe { ctx_of(c) }?, h))
+}
+
+/// `ibv_resize_cq(3)`: the CQ takes at least `cqe` completions from now on, keeping those it
+/// holds; EINVAL for a size outside 1..=`max_cqe` or below the completions queued.
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
+    // SAFETY: the caller passes a CQ it created.
+    let Some((ctx, handle)) = (unsafe { cq_parts(cq) }) else { return libc::EINVAL };
+    let Ok(capacity) = usize::try_from(cqe) else { return libc::EINVAL };
+    if let Err(e) = ctx.net.with(|s| s.engine().resize_cq(handle, capacity)) {
+        return refuse("ibv_resize_cq", format_args!("cqe {cqe}: {e}"), libc::EINVAL);
+    }
+    // SAFETY: a live CQ of this library; `cqe` is read by the application between calls.
+    unsafe { (*cq).cqe = cqe };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn uroce_verbs_create_cq(
+    context: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    comp_vector: c_int,
+) -> *mut IbvCq {
+    // SAFETY: the caller passes a context it opened.
+    let Some(ctx) = (unsafe { ctx_of(context) }) else { return fail(libc::EINVAL) };
+    let Ok(capacity) = usize::try_from(cqe) else { return fail(libc::EINVAL) };
+    if capacity == 0 {
+        return fail(libc::EINVAL);
+    }
+    // ibv_create_cq(3): comp_vector is at least 0 and less than the context's
+    // num_comp_vectors (the kernel refuses any other with EINVAL).
+    // SAFETY: a live context of this library; a plain field.
+    let vectors = unsafe { (*context).num_comp_vectors };
+    if !(0..vectors).contains(&comp_vector) {
+        let why = format_args!("comp_vector {comp_vector}: the context has {vectors} vector(s)");
+        return fail(refuse("ibv_create_cq", why, libc::EINVAL));
+    }
+    let handle = match ctx.net.with(|s| s.engine().create_cq(capacity)) {
+        Ok(h) => h,
+        Err(e) => return fail(refuse("ibv_create_cq", e, libc::EINVAL)),
+    };
+    if let Some(ch) = CompChannel::from_c(channel) {
+        // SAFETY: a live channel of this context (the caller's contract).
+        let arc = unsafe { Arc::clone(&(*ch).channel) };
+        let field = channel.wrapping_byte_add(offset_of!(IbvCompChannel, refcnt)).cast::<u32>();
+        // SAFETY: as above; the refcount is only accessed atomically.
+        let refcnt = unsafe { AtomicU32::from_ptr(field) };
+        refcnt.fetch_add(1, Ordering::AcqRel);
+        ctx.net.with(|s| s.bind_channel(handle, arc));
+    }
+    let boxed = Box::new(Cq {
+        ibv: IbvCq {
+            context,
+            channel,
+            cq_context,
+            handle: handle.get(),
+            cqe,
+            mutex: [0; 5],
+            cond: [0; 6],
+            comp_events_completed: 0,
+            async_events_completed: 0,
+        },
+        handle,
+        events_reported: AtomicU32::new(0),
+    });
+    let raw = boxed.into_c();
+    lock(&ctx.objects).cqs.insert(handle, raw as usize);
+    raw
+}
+
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn uroce_verbs_destroy_cq(cq: *mut IbvCq) -> c_int {
+    // SAFETY: the caller passes a CQ it created.
+    let Some((ctx, handle)) = (unsafe { cq_parts(cq) }) else { return libc::EINVAL };
+    let Some(object) = Cq::from_c(cq) else { return libc::EINVAL };
+    // ibv_destroy_cq(3): EBUSY while a QP uses the CQ.
+    match ctx.net.with(|s| s.destroy_cq(handle)) {
+        Ok(()) => {}
+        Err(DestroyError::InUse) => return libc::EBUSY,
+        Err(DestroyError::Unknown) => return libc::EINVAL,
+    }
+    // From here `ibv_get_cq_event` drops this CQ's events instead of returning them.
+    lock(&ctx.objects).cqs.remove(&handle);
+    // As rdma-core's ibv_destroy_cq does, wait until every event returned for this CQ is
+    // acknowledged (ibv_get_cq_event(3)): a thread that got one may still be handling it,
+    // and the CQ (and whatever its cq_context names) must outlive that.
+    let field = cq.wrapping_byte_add(offset_of!(IbvCq, comp_events_completed)).cast::<u32>();
+    // SAFETY: the CQ is live until freed below; the counter is only accessed atomically.
+    let acked = unsafe { AtomicU32::from_ptr(field) };
+    // SAFETY: as above; a field of our CQ, read atomically.
+    let reported = unsafe { &(*object).events_reported };
+    let mut g = lock(&ACKED.0);
+    while acked.load(Ordering::Acquire) < reported.load(Ordering::Acquire) {
+        let wait = ACKED.1.wait_timeout(g, Duration::from_millis(10));
+        g = wait.map_or_else(|e| e.into_inner().0, |w| w.0);
+    }
+    drop(g);
+    // SAFETY: made by `ibv_create_cq`; destroying it is the caller's last use.
+    let Some(boxed) = (unsafe { Cq::take(cq) }) else { return libc::EINVAL };
+    let channel = boxed.ibv.channel;
+    if !channel.is_null() {
+        let field = channel.wrapping_byte_add(offset_of!(IbvCompChannel, refcnt)).cast::<u32>();
+        // SAFETY: a CQ's channel outlives it (ibv_destroy_comp_channel fails while in use);
+        // the refcount is only accessed atomically.
+        let refcnt = unsafe { AtomicU32::from_ptr(field) };
+        refcnt.fetch_sub(1, Ordering::AcqRel);
+    }
+    0
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<WorkCompletion>> = const { RefCell::new(Vec::new()) };
+}
+
+pub(super) fn wc_of(w: &WorkCompletion) -> IbvWc {
+    let opcode = match w.opcode {
+        WcOpcode::Send => IBV_WC_SEND,
+        WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
+        WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
+        WcOpcode::CompSwap => IBV_WC_COMP_SWAP,
+        WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
+        WcOpcode::Recv => IBV_WC_RECV,
+        WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
+    };
+    let mut flags = 0;
+    if w.grh {
+        flags |= IBV_WC_GRH;
+    }
+    if w.imm.is_some() {
+        flags |= IBV_WC_WITH_IMM;
+    }
+    IbvWc {
+        wr_id: w.wr_id,
+        status: c_int::try_from(w.status.0).unwrap_or(c_int::MAX),
+        opcode,
+        vendor_err: 0,
+        byte_len: w.byte_len,
+        // `__be32`: the wire bytes, in memory order.
+        imm_data: w.imm.map_or(0, u32::from_ne_bytes),
+        qp_num: w.qp_num.get(),
+        src_qp: w.src_qp.get(),
+        wc_flags: flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: ud_sl(w),
+        dlid_path_bits: 0,
+    }
+}
+
+/// The `sl` of a UD receive on RoCE: Ethernet has no service level, and a ConnectX reports
+/// the packet type there instead (rdma-core's mlx5 provider copies bits 24–27 of the CQE's
+/// `flags_rqpn` into `wc.sl`; for a UD responder on RoCE they are bit 3 "UDP header present",
+/// bits 2:0 the L3 header, 1 IPv6 and 2 IPv4). UCX reads it to find the destination GID in
+/// the GRH area (IBA A17.4.5.1: the CQE says whether the frame was IPv4 or IPv6). Linux rxe
+/// leaves it 0. Everything else: 0.
+pub(super) fn ud_sl(w: &WorkCompletion) -> u8 {
+    if !w.grh {
+        return 0;
+    }
+    const UDP_PRESENT: u8 = 0x8;
+    UDP_PRESENT | if w.ipv4 { 0x2 } else { 0x1 }
+}
+
+/// `ibv_poll_cq(3)` (through `ibv_context.ops`): a round of progress in the calling thread,
+/// then up to `num_entries` completions.
+pub(super) unsafe extern "C" fn poll_cq(
+    cq: *mut IbvCq,
+    num_entries: c_int,
+    wc: *mut IbvWc,
+) -> c_int {
+    // SAFETY: the caller passes a CQ it created.
+    let Some((ctx, handle)) = (unsafe { cq_parts(cq) }) else { return -1 };
+    let Ok(max) = usize::try_from(num_entries) else { return -1 };
+    if max == 0 || wc.is_null() {
+        return 0;
+    }
+    SCRATCH.with_borrow_mut(|got| {
+        got.clear();
+        let n = ctx.net.poll_cq_with(Some(handle), |s| s.engine().poll_cq(handle, max, got));
+        for (i, w) in got.iter().enumerate() {
+            // SAFETY: the caller's array holds `num_entries` >= n entries.
+            unsafe { wc.wrapping_add(i).write(wc_of(w)) };
+        }
+        c_int::try_from(n).unwrap_or(c_int::MAX)
+    })
+}
+
+pub(super) unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_int {
+    // SAFETY: the caller passes a CQ it created.
+    let Some((ctx, handle)) = (unsafe { cq_parts(cq) }) else { return libc::EINVAL };
+    if ctx.net.with(|s| s.engine().req_notify_cq(handle, solicited_only != 0)) {
+        0
+    } else {
+        libc::EINVAL
+    }
+}
+
+/// Whether `fd` is in non-blocking mode (then waiting verbs return `EAGAIN`).
+pub(crate) fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL reads the file status flags; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_get_cq_event(
+    channel: *mut IbvCompChannel,
+    cq_out: *mut *mut IbvCq,
+    cq_context_out: *mut *mut c_void,
+) -> c_int {
+    let Some(ch) = CompChannel::from_c(channel) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    if cq_out.is_null() || cq_context_out.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: a live channel (the caller's contract); a reference to its private part.
+    let chan = unsafe { &(*ch).channel };
+    // SAFETY: as above; reads a plain field.
+    let fd = unsafe { (*ch).ibv.fd };
+    // SAFETY: as above.
+    let context = unsafe { (*ch).ibv.context };
+    // SAFETY: a channel's context outlives it.
+    let Some(ctx) = (unsafe { ctx_of(context) }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    loop {
+        // An event already there is returned in either mode, without asking which.
+        let got = if let Some(h) = chan.try_get() {
+            h
+        } else if nonblocking(fd) {
+            set_errno(libc::EAGAIN);
+            return -1;
+        } else if let Some(h) = ctx.net.spin_for_event(chan) {
+            h
+        } else {
+            ctx.net.end_busy_poll();
+            match chan.get(None) {
+                Ok(Some(h)) => h,
+                Ok(None) => continue,
+                Err(e) => {
+                    set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                    return -1;
+                }
+            }
+        };
+        // An event of a CQ destroyed meanwhile is dropped, as the kernel does. One returned
+        // is counted under the same lock the destroy takes, so the destroy waits for its ack.
+        let objects = lock(&ctx.objects);
+        let Some(&cq) = objects.cqs.get(&got) else { continue };
+        let cq = cq as *mut Cq;
+        // SAFETY: registered CQs are live; the counter is atomic.
+        unsafe { (*cq).events_reported.fetch_add(1, Ordering::AcqRel) };
+        drop(objects);
+        // SAFETY: registered CQs are live; reads one plain field.
+        let cq_context = unsafe { (*cq).ibv.cq_context };
+        // SAFETY: the caller passes room for both pointers (checked non-NULL).
+        unsafe { cq_out.write(cq.wrapping_byte_add(Cq::OFFSET).cast()) };
+        // SAFETY: as above.
+        unsafe { cq_context_out.write(cq_context) };
+        return 0;
+    }
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
+    if cq.is_null() {
+        return;
+    }
+    let field = cq.wrapping_byte_add(offset_of!(IbvCq, comp_events_completed)).cast::<u32>();
+    // SAFETY: a live CQ (the caller's contract); the counter is only accessed atomically.
+    let done = unsafe { AtomicU32::from_ptr(field) };
+    done.fetch_add(nevents, Ordering::AcqRel);
+    let _g = lock(&ACKED.0);
+    ACKED.1.notify_all();
+}

@@ -1,0 +1,158 @@
+//! Shared receive queues.
+
+use super::*;
+
+#[repr(C)]
+pub(super) struct Srq {
+    pub(super) ibv: IbvSrq,
+    pub(super) handle: SrqHandle,
+    pub(super) max_wr: u32,
+    pub(super) max_sge: u32,
+}
+
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn uroce_verbs_create_srq(
+    pd: *mut IbvPd,
+    init: *mut IbvSrqInitAttr,
+) -> *mut IbvSrq {
+    // SAFETY: the caller passes a PD it allocated.
+    let Some((ctx, pdh)) = (unsafe { pd_parts(pd) }) else { return fail(libc::EINVAL) };
+    if init.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller passes a valid struct ibv_srq_init_attr (checked non-NULL).
+    let IbvSrqInitAttr { srq_context, attr } = unsafe { init.read() };
+    // ibv_create_srq(3): `srq_limit` is not used here (ibv_modify_srq arms the limit).
+    let IbvSrqAttr { max_wr, max_sge, .. } = attr;
+    if max_wr == 0 {
+        return fail(libc::EINVAL);
+    }
+    let max_sge = max_sge.max(1);
+    let handle = match ctx.net.with(|s| s.engine().create_srq(pdh, max_wr, max_sge)) {
+        Ok(h) => h,
+        Err(e) => return fail(refuse("ibv_create_srq", e, libc::EINVAL)),
+    };
+    // SAFETY: as above; ibv_create_srq(3) reports the actual sizes in `attr`.
+    unsafe { (*init).attr = IbvSrqAttr { max_wr, max_sge, srq_limit: 0 } };
+    let boxed = Box::new(Srq {
+        ibv: IbvSrq {
+            context: ctx_ptr(ctx),
+            srq_context,
+            pd,
+            handle: handle.get(),
+            mutex: [0; 5],
+            cond: [0; 6],
+            events_completed: 0,
+        },
+        handle,
+        max_wr,
+        max_sge,
+    });
+    let raw = boxed.into_c();
+    lock(&ctx.objects).srqs.insert(handle, raw as usize);
+    raw
+}
+
+/// The context of an SRQ and the SRQ.
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ of this library.
+pub(super) unsafe fn srq_parts<'a>(srq: *mut IbvSrq) -> Option<(&'a Context, &'a Srq)> {
+    // SAFETY: a live Srq (the caller's contract). The C side never writes it, and this
+    // library writes no field of it after creation except the atomic limit.
+    let s = unsafe { &*Srq::from_c(srq)? };
+    // SAFETY: an SRQ's context outlives it.
+    Some((unsafe { ctx_of(s.ibv.context) }?, s))
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_modify_srq(
+    srq: *mut IbvSrq,
+    attr: *mut IbvSrqAttr,
+    mask: c_int,
+) -> c_int {
+    // SAFETY: the caller passes an SRQ it created.
+    let Some((ctx, s)) = (unsafe { srq_parts(srq) }) else { return libc::EINVAL };
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    // Resizing is not supported (IBV_DEVICE_SRQ_RESIZE is not claimed).
+    if mask & IBV_SRQ_MAX_WR != 0 {
+        return libc::EINVAL;
+    }
+    if mask & IBV_SRQ_LIMIT != 0 {
+        // SAFETY: the caller passes a valid struct ibv_srq_attr (checked non-NULL).
+        let limit = unsafe { (*attr).srq_limit };
+        // ibv_modify_srq(3): the limit must not exceed the SRQ's size.
+        if limit > s.max_wr {
+            return libc::EINVAL;
+        }
+        ctx.net.with(|st| st.engine().arm_srq_limit(s.handle, limit));
+    }
+    0
+}
+
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn uroce_verbs_query_srq(
+    srq: *mut IbvSrq,
+    attr: *mut IbvSrqAttr,
+) -> c_int {
+    // SAFETY: the caller passes an SRQ it created.
+    let Some((ctx, s)) = (unsafe { srq_parts(srq) }) else { return libc::EINVAL };
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    // ibv_query_srq(3): a limit of 0 means not armed, or no longer (it fired).
+    let limit = ctx.net.with(|st| st.engine().srq_limit(s.handle)).unwrap_or(0);
+    let out = IbvSrqAttr { max_wr: s.max_wr, max_sge: s.max_sge, srq_limit: limit };
+    // SAFETY: the caller passes room for a struct ibv_srq_attr.
+    unsafe { attr.write(out) };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn uroce_verbs_destroy_srq(srq: *mut IbvSrq) -> c_int {
+    // SAFETY: the caller passes an SRQ it created.
+    let Some((ctx, s)) = (unsafe { srq_parts(srq) }) else { return libc::EINVAL };
+    // ibv_destroy_srq(3): EBUSY while a QP takes its receives from the SRQ.
+    match ctx.net.with(|st| st.engine().destroy_srq(s.handle)) {
+        Ok(()) => {}
+        Err(DestroyError::InUse) => return libc::EBUSY,
+        Err(DestroyError::Unknown) => return libc::EINVAL,
+    }
+    lock(&ctx.objects).srqs.remove(&s.handle);
+    // SAFETY: made by `ibv_create_srq`; destroying it is the caller's last use.
+    drop(unsafe { Srq::take(srq) });
+    0
+}
+
+pub(super) unsafe extern "C" fn post_srq_recv(
+    srq: *mut IbvSrq,
+    wr: *mut IbvRecvWr,
+    bad_wr: *mut *mut IbvRecvWr,
+) -> c_int {
+    // SAFETY: the caller passes an SRQ it created.
+    let Some((ctx, s)) = (unsafe { srq_parts(srq) }) else { return libc::EINVAL };
+    ctx.net.post_recv_with(|st| {
+        let mut cur = wr;
+        while !cur.is_null() {
+            // SAFETY: the caller passes a valid list.
+            let posted = match unsafe { read_recv_wr(cur) } {
+                Some(w) => st
+                    .engine()
+                    .post_srq_recv(s.handle, w)
+                    .map_err(|e| refuse("ibv_post_srq_recv", e, post_errno(e))),
+                None => Err(refuse("ibv_post_srq_recv", "a bad scatter/gather list", libc::EINVAL)),
+            };
+            if let Err(e) = posted {
+                // SAFETY: the caller passes room for the failed request's pointer.
+                unsafe { write_bad(bad_wr, cur) };
+                return e;
+            }
+            // SAFETY: a valid list node.
+            cur = unsafe { (*cur).next };
+        }
+        0
+    })
+}

@@ -1,0 +1,138 @@
+//! Work requests read from C: send, receive and scatter/gather lists.
+
+use super::*;
+
+/// Reads a C receive work request list into engine work requests.
+///
+/// # Safety
+///
+/// `wr` is a valid list: each `sg_list` holds `num_sge` entries.
+pub(super) unsafe fn read_recv_wr(wr: *const IbvRecvWr) -> Option<RecvWr> {
+    // SAFETY: the caller's contract; a bitwise copy of the C structure.
+    let IbvRecvWr { wr_id, sg_list: sg, num_sge: n, .. } = unsafe { wr.read() };
+    // SAFETY: as above.
+    let sg_list = unsafe { read_sges(sg, n) }?;
+    Some(RecvWr { wr_id, sg_list })
+}
+
+/// Reads `n` scatter/gather elements.
+///
+/// # Safety
+///
+/// `sg` holds `n` entries when `n > 0`.
+pub(super) unsafe fn read_sges(sg: *const IbvSge, n: c_int) -> Option<Vec<Sge>> {
+    let n = usize::try_from(n).ok()?;
+    if n > 0 && sg.is_null() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: the caller's array holds `n` entries.
+        let e = unsafe { sg.wrapping_add(i).read() };
+        out.push(Sge { addr: e.addr, length: e.length, lkey: LKey(e.lkey) });
+    }
+    Some(out)
+}
+
+/// The errno for a work request the engine refused (ibv_post_send(3): `EINVAL` for an
+/// invalid value, `ENOMEM` for a full queue).
+pub(super) fn post_errno(e: PostError) -> c_int {
+    match e {
+        PostError::QueueFull => libc::ENOMEM,
+        _ => libc::EINVAL,
+    }
+}
+
+/// Stores the first failed work request where the caller asked (if it did).
+///
+/// # Safety
+///
+/// `bad` is NULL or valid for a write.
+pub(super) unsafe fn write_bad<T>(bad: *mut *mut T, wr: *mut T) {
+    if !bad.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe { bad.write(wr) };
+    }
+}
+
+/// Reads one C send work request into an engine work request.
+///
+/// # Safety
+///
+/// `wr` is a valid work request of a QP of type `qp_type`; inline data is read from the
+/// addresses its scatter/gather list names.
+pub(super) unsafe fn read_send_wr(wr: *const IbvSendWr, qp_type: QpType) -> Result<SendWr, c_int> {
+    // SAFETY: the caller's contract; a bitwise copy of the C structure.
+    let w = unsafe { wr.read() };
+    let opcode = match w.opcode {
+        IBV_WR_RDMA_WRITE => WrOpcode::RdmaWrite,
+        IBV_WR_RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm,
+        IBV_WR_SEND => WrOpcode::Send,
+        IBV_WR_SEND_WITH_IMM => WrOpcode::SendWithImm,
+        IBV_WR_RDMA_READ => WrOpcode::RdmaRead,
+        IBV_WR_ATOMIC_CMP_AND_SWP => WrOpcode::AtomicCmpAndSwp,
+        IBV_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAndAdd,
+        _ => return Err(libc::EINVAL),
+    };
+    // SAFETY: the caller's contract: `sg_list` holds `num_sge` entries.
+    let sg_list = unsafe { read_sges(w.sg_list, w.num_sge) }.ok_or(libc::EINVAL)?;
+    let mut flags = SendFlags::NONE;
+    if w.send_flags & IBV_SEND_SIGNALED != 0 {
+        flags = flags | SendFlags::SIGNALED;
+    }
+    if w.send_flags & IBV_SEND_SOLICITED != 0 {
+        flags = flags | SendFlags::SOLICITED;
+    }
+    if w.send_flags & IBV_SEND_FENCE != 0 {
+        flags = flags | SendFlags::FENCE;
+    }
+    let mut out = SendWr::new(w.wr_id, opcode, sg_list);
+    out.flags = flags;
+    if opcode.has_imm() {
+        out.imm = Some(w.imm_data.to_ne_bytes());
+    }
+    if opcode.is_atomic() {
+        // SAFETY: an atomic opcode: the union holds `wr.atomic`.
+        let a = unsafe { w.wr.atomic };
+        out.remote = Some(RemoteAddr { addr: a.remote_addr, rkey: RKey(a.rkey) });
+        out.compare_add = a.compare_add;
+        out.swap = a.swap;
+    } else if opcode.is_rdma() {
+        // SAFETY: an RDMA opcode: the union holds `wr.rdma`.
+        let r = unsafe { w.wr.rdma };
+        out.remote = Some(RemoteAddr { addr: r.remote_addr, rkey: RKey(r.rkey) });
+    }
+    if qp_type == QpType::Ud {
+        // SAFETY: a UD QP: the union holds `wr.ud`.
+        let u = unsafe { w.wr.ud };
+        let ah = Ah::from_c(u.ah).ok_or(libc::EINVAL)?;
+        // SAFETY: a live address handle of this library (the caller's contract).
+        let handle = unsafe { (*ah).handle };
+        out.ud = Some(UdDest {
+            ah: handle,
+            remote_qpn: Qpn::new(u.remote_qpn).ok_or(libc::EINVAL)?,
+            remote_qkey: QKey(u.remote_qkey),
+        });
+    }
+    // ibv_post_send(3): with IBV_SEND_INLINE the data is read at post time and the lkeys are
+    // not checked.
+    if w.send_flags & IBV_SEND_INLINE != 0 && !opcode.is_read_or_atomic() {
+        let total: usize = out.sg_list.iter().map(|s| s.length as usize).sum();
+        let mut data = Vec::with_capacity(total);
+        // An empty element adds nothing (MPICH posts them with a null address; a slice from
+        // a null pointer is undefined even when empty).
+        for s in out.sg_list.iter().filter(|s| s.length > 0) {
+            let from = s.addr as *const u8;
+            if from.is_null() {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: the application's buffer of `length` bytes (the verbs contract for
+            // inline sends).
+            let bytes = unsafe { core::slice::from_raw_parts(from, s.length as usize) };
+            data.extend_from_slice(bytes);
+        }
+        out.inline_data = Some(data);
+        out.sg_list.clear();
+    }
+    Ok(out)
+}
