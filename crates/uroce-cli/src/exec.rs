@@ -106,11 +106,13 @@ fn drop_in_dir() -> Result<PathBuf, String> {
     };
     let verbs = base.join("liburoce_verbs.so");
     let cm = base.join("liburoce_rdmacm.so");
-    if !verbs.exists() {
+    // Both or nothing: without the drop-in librdmacm the system's would load, find the
+    // device view's /dev/infiniband/rdma_cm (no kernel CM behind it) and wait forever.
+    if let Some(missing) = [&verbs, &cm].into_iter().find(|l| !l.exists()) {
         return Err(format!(
             "uroce exec: {} is missing: build the drop-in libraries (cargo build --release \
              --workspace) or name their directory in UROCE_LIB_DIR",
-            verbs.display()
+            missing.display()
         ));
     }
     // The caller's own directory: the build's may not be theirs to write.
@@ -128,9 +130,6 @@ fn drop_in_dir() -> Result<PathBuf, String> {
         return Err(format!("uroce exec: {} is not a directory of this user's", dir.display()));
     }
     for (name, target) in [("libibverbs.so.1", &verbs), ("librdmacm.so.1", &cm)] {
-        if !target.exists() {
-            continue;
-        }
         // Made under a private name and renamed: processes starting together do not race.
         let tmp = dir.join(format!(".{name}.{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);

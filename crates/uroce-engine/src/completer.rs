@@ -355,6 +355,7 @@ pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
                 src_qp: qp.dest_qpn,
                 grh: false,
                 ipv4: false,
+                timestamp: Instant::ZERO,
             };
             ctx.complete(qp.init.send_cq, wc);
         }
@@ -393,6 +394,7 @@ pub(crate) fn fail_front<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, status:
             src_qp: qp.dest_qpn,
             grh: false,
             ipv4: false,
+            timestamp: Instant::ZERO,
         };
         ctx.complete(qp.init.send_cq, wc);
     }

@@ -364,6 +364,9 @@ impl std::error::Error for McastError {}
 /// QP mutably beside it.
 pub(crate) struct Ctx<M> {
     pub(crate) config: DeviceConfig,
+    /// The latest time the runtime has passed in: what completions are stamped with. Never
+    /// goes back, though callers on several threads may pass their readings out of order.
+    pub(crate) now: Instant,
     pub(crate) mrs: MrTable,
     pub(crate) mem: M,
     pub(crate) cqs: BTreeMap<u32, Cq>,
@@ -417,6 +420,11 @@ pub enum AsyncEvent {
 }
 
 impl<M> Ctx<M> {
+    /// Takes in a time the runtime passed.
+    pub(crate) fn advance_clock(&mut self, now: Instant) {
+        self.now = self.now.max(now);
+    }
+
     /// Puts `qp` on the transmit rotation if it is not there.
     pub(crate) fn schedule(&mut self, qp: &mut Qp) {
         if !qp.scheduled {
@@ -432,8 +440,14 @@ impl<M> Ctx<M> {
 
     /// Delivers a completion that may be solicited (a received message whose last packet had
     /// the SE bit), raising the CQ's notification or CQ error as it does.
-    pub(crate) fn complete_solicited(&mut self, cq: CqHandle, wc: WorkCompletion, solicited: bool) {
+    pub(crate) fn complete_solicited(
+        &mut self,
+        cq: CqHandle,
+        mut wc: WorkCompletion,
+        solicited: bool,
+    ) {
         let Some(q) = self.cqs.get_mut(&cq.0) else { return };
+        wc.timestamp = self.now;
         let pushed = q.push(wc, solicited);
         if !pushed.stored {
             self.counters.cq_overflows += 1;
@@ -640,6 +654,7 @@ impl<M: MemoryAccess> Device<M> {
         Self {
             ctx: Ctx {
                 config,
+                now: Instant::ZERO,
                 mrs: MrTable::default(),
                 mem,
                 cqs: BTreeMap::new(),
@@ -1293,6 +1308,7 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     fn handle(&mut self, now: Instant, rx: &RxInfo, payload: &[u8]) {
+        self.ctx.advance_clock(now);
         self.handle_unwatched(now, rx, payload);
         if let Ok(view) = bth::Packet::new_checked(payload)
             && view.dest_qp() != Qpn::MULTICAST
@@ -1450,6 +1466,7 @@ impl<M: MemoryAccess> Device<M> {
     /// Writes the next packet to send into `buf` (replacing its contents) and says where it
     /// goes; `None` when nothing is ready. Call until `None` after every input.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        self.ctx.advance_clock(now);
         let local = self.ctx.config.addr;
         if let Some(tx) =
             self.gsi.poll_transmit(local, self.ctx.defer_icrc, buf, &mut self.ctx.counters)
@@ -1494,6 +1511,7 @@ impl<M: MemoryAccess> Device<M> {
 
     /// Runs the timers due at `now`: ACK timeouts, tail-loss probes and RNR waits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.ctx.advance_clock(now);
         for qpn in self.watch.due_at(now) {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 completer::on_timer(qp, &mut self.ctx, now);
@@ -1666,5 +1684,6 @@ pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> WorkCompletion
         src_qp: Qpn::QP0,
         grh: false,
         ipv4: false,
+        timestamp: Instant::ZERO,
     }
 }

@@ -382,6 +382,7 @@ fn recv_wc(
         src_qp: qp.dest_qpn,
         grh: false,
         ipv4: false,
+        timestamp: Instant::ZERO,
     }
 }
 

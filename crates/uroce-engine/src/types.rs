@@ -487,6 +487,9 @@ pub struct WorkCompletion {
     pub grh: bool,
     /// UD receives: that header is IPv4 (RoCEv2 over IPv4; IPv6 otherwise).
     pub ipv4: bool,
+    /// When the completion entered its CQ, on the engine's clock (the latest time the runtime
+    /// has passed in): `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`.
+    pub timestamp: crate::Instant,
 }
 
 #[cfg(test)]

@@ -261,6 +261,27 @@ fn send_of_every_size_arrives_whole() {
     }
 }
 
+#[test]
+fn completions_carry_the_time_the_packet_that_made_them_arrived() {
+    // IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: a receive is stamped when the SEND arrives, the
+    // send when the ACK for it arrives, not when either is polled.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let delay = Duration::from_micros(70);
+    p.set_delay(delay);
+    p.post_recv(B, 1, 0x8_0000, 4096);
+    p.run(Duration::from_millis(1));
+    p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 100)]));
+    p.run(Duration::from_millis(10));
+    let log = p.log();
+    let sent = |op: Opcode| log.iter().find(|l| l.2 == op).unwrap().0;
+    let (send_at, ack_at) = (sent(Opcode::RC_SEND_ONLY), sent(Opcode::RC_ACKNOWLEDGE));
+    let recv = p.cq(B);
+    assert_eq!(recv[0].timestamp, send_at + delay);
+    let send = p.cq(A);
+    assert_eq!(send[0].timestamp, ack_at + delay);
+    assert!(send[0].timestamp > recv[0].timestamp);
+}
+
 fn write_wr(p: &Pair, wr_id: u64, local: u64, remote: u64, len: u32) -> SendWr {
     let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWrite, vec![p.sge(A, local, len)]);
     wr.remote = Some(p.remote(B, remote));

@@ -700,8 +700,7 @@ impl State {
     }
 
     fn now(&self) -> Instant {
-        let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        Instant::from_nanos(ns)
+        clock_at(self.origin)
     }
 
     /// One round of progress: everything the fabric holds, due timers, then everything the
@@ -733,8 +732,12 @@ impl State {
     /// Receives, runs due timers and collects what the engine has to send (the caller sends
     /// it); returns whether packets arrived.
     fn progress_at(&mut self, now: Instant) -> bool {
-        let Self { engine, fabric, counters, .. } = self;
+        let Self { engine, fabric, counters, origin, .. } = self;
+        // Packets are handled at a fresh reading (one per round that receives), so that what
+        // they complete is stamped when it arrived, not up to CLOCK_EVERY rounds before.
+        let mut arrival = None;
         let received = fabric.receive(now, counters, &mut |rx: &RxInfo, bytes: &[u8], intact| {
+            let now = *arrival.get_or_insert_with(|| clock_at(*origin));
             if intact {
                 engine.handle_datagram_intact(now, rx, bytes);
             } else {
@@ -900,6 +903,8 @@ struct Shared {
     last_busy_poll: AtomicU64,
     /// The device clock's origin (the same instant as `State::origin`).
     origin: std::time::Instant,
+    /// The wall clock at `origin`, since the Unix epoch (as the capture's timestamps).
+    wall_origin: Duration,
     addr: IpAddr,
 }
 
@@ -958,6 +963,11 @@ fn spin(shared: &Shared, spin_ns: u64) {
         }
         core::hint::spin_loop();
     }
+}
+
+/// The device clock: nanoseconds since `origin`.
+fn clock_at(origin: std::time::Instant) -> Instant {
+    Instant::from_nanos(u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// A busy-polling thread reads the clock on one round in this many (and whenever packets
@@ -1130,6 +1140,7 @@ impl NetDevice {
             sleeping_until: AtomicU64::new(u64::MAX),
             last_busy_poll: AtomicU64::new(0),
             origin,
+            wall_origin,
             addr,
         });
         let thread = if options.no_progress_thread {
@@ -1168,6 +1179,19 @@ impl NetDevice {
     /// The device's address.
     pub fn addr(&self) -> IpAddr {
         self.shared.addr
+    }
+
+    /// The device clock now: nanoseconds since this process opened the device, the timeline
+    /// the engine runs on and completion timestamps are read on (a 1 GHz `hca_core_clock`).
+    pub fn clock(&self) -> Instant {
+        Instant::from_nanos(self.shared.now_ns())
+    }
+
+    /// Wall-clock nanoseconds since the Unix epoch at device time `t`: the clock read at open
+    /// plus the monotonic time since, as the capture file stamps packets.
+    pub fn wall_clock_ns(&self, t: Instant) -> u64 {
+        let origin = u64::try_from(self.shared.wall_origin.as_nanos()).unwrap_or(u64::MAX);
+        origin.saturating_add(t.as_nanos())
     }
 
     /// Binds an RDMA CM port (`space`: the port space's value, `rdma_cma.h`; port 0: an

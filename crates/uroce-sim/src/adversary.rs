@@ -784,6 +784,7 @@ mod tests {
             src_qp: Qpn::QP0,
             grh: false,
             ipv4: false,
+            timestamp: Instant::ZERO,
         }
     }
 

@@ -82,8 +82,11 @@ pub(crate) const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 #[repr(C)]
 pub(crate) struct VerbsContext {
     pub(crate) query_port: Option<QueryPortFn>,
-    /// `advise_mr` … `create_cq_ex`, and `priv`.
-    pub(crate) unset_before_query_device_ex: [Unset; 26],
+    /// `advise_mr` … `create_wq`.
+    pub(crate) unset_before_query_rt_values: [Unset; 23],
+    pub(crate) query_rt_values: Option<QueryRtValuesFn>,
+    pub(crate) create_cq_ex: Option<CreateCqExFn>,
+    pub(crate) priv_: Unset,
     pub(crate) query_device_ex: Option<QueryDeviceExFn>,
     /// `ibv_destroy_flow`, `ABI_placeholder2`, `ibv_create_flow`, `ABI_placeholder1`,
     /// `open_qp`.
@@ -251,6 +254,75 @@ pub(crate) struct IbvDeviceAttrEx {
     pub(crate) xrc_odp_caps: u32,
     pub(crate) phys_port_cnt_ex: u32,
 }
+
+/// `struct ibv_cq_ex`: a `struct ibv_cq` and, after it, the current completion of a poll in
+/// progress and the functions that poll and read it.
+#[repr(C)]
+pub(crate) struct IbvCqEx {
+    pub(crate) cq: IbvCq,
+    pub(crate) comp_mask: u32,
+    pub(crate) status: c_int,
+    pub(crate) wr_id: u64,
+    pub(crate) start_poll: Option<StartPollFn>,
+    pub(crate) next_poll: CqExRead<c_int>,
+    pub(crate) end_poll: Option<EndPollFn>,
+    pub(crate) read_opcode: CqExRead<c_int>,
+    pub(crate) read_vendor_err: CqExRead<u32>,
+    pub(crate) read_byte_len: CqExRead<u32>,
+    pub(crate) read_imm_data: CqExRead<u32>,
+    pub(crate) read_qp_num: CqExRead<u32>,
+    pub(crate) read_src_qp: CqExRead<u32>,
+    pub(crate) read_wc_flags: CqExRead<c_uint>,
+    pub(crate) read_slid: CqExRead<u32>,
+    pub(crate) read_sl: CqExRead<u8>,
+    pub(crate) read_dlid_path_bits: CqExRead<u8>,
+    pub(crate) read_completion_ts: CqExRead<u64>,
+    pub(crate) read_cvlan: CqExRead<u16>,
+    pub(crate) read_flow_tag: CqExRead<u32>,
+    pub(crate) read_tm_info: Unset,
+    pub(crate) read_completion_wallclock_ns: CqExRead<u64>,
+}
+
+/// `ibv_cq_ex.start_poll`.
+pub(crate) type StartPollFn = unsafe extern "C" fn(*mut IbvCqEx, *mut IbvPollCqAttr) -> c_int;
+/// `ibv_cq_ex.end_poll`.
+pub(crate) type EndPollFn = unsafe extern "C" fn(*mut IbvCqEx);
+/// `ibv_cq_ex.next_poll` and the `read_*` functions.
+pub(crate) type CqExRead<R> = Option<unsafe extern "C" fn(*mut IbvCqEx) -> R>;
+
+/// `struct ibv_poll_cq_attr`.
+#[repr(C)]
+pub(crate) struct IbvPollCqAttr {
+    pub(crate) comp_mask: u32,
+}
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IbvCqInitAttrEx {
+    pub(crate) cqe: u32,
+    pub(crate) cq_context: *mut c_void,
+    pub(crate) channel: *mut IbvCompChannel,
+    pub(crate) comp_vector: u32,
+    pub(crate) wc_flags: u64,
+    pub(crate) comp_mask: u32,
+    pub(crate) flags: u32,
+    pub(crate) parent_domain: *mut IbvPd,
+}
+
+/// `verbs_context.create_cq_ex`.
+pub(crate) type CreateCqExFn =
+    unsafe extern "C" fn(*mut IbvContext, *mut IbvCqInitAttrEx) -> *mut IbvCqEx;
+
+/// `struct ibv_values_ex`.
+#[repr(C)]
+pub(crate) struct IbvValuesEx {
+    pub(crate) comp_mask: u32,
+    pub(crate) raw_clock: libc::timespec,
+}
+
+/// `verbs_context.query_rt_values`.
+pub(crate) type QueryRtValuesFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvValuesEx) -> c_int;
 
 /// `struct ibv_query_device_ex_input`.
 #[repr(C)]
@@ -680,6 +752,28 @@ pub(crate) mod consts {
     pub(crate) const IBV_WC_GRH: u32 = 1;
     pub(crate) const IBV_WC_WITH_IMM: u32 = 2;
 
+    pub(crate) const IBV_WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
+    pub(crate) const IBV_WC_EX_WITH_IMM: u64 = 1 << 1;
+    pub(crate) const IBV_WC_EX_WITH_QP_NUM: u64 = 1 << 2;
+    pub(crate) const IBV_WC_EX_WITH_SRC_QP: u64 = 1 << 3;
+    pub(crate) const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
+    pub(crate) const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
+    pub(crate) const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+    pub(crate) const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+    pub(crate) const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
+    pub(crate) const IBV_WC_STANDARD_FLAGS: u64 = IBV_WC_EX_WITH_BYTE_LEN
+        | IBV_WC_EX_WITH_IMM
+        | IBV_WC_EX_WITH_QP_NUM
+        | IBV_WC_EX_WITH_SRC_QP
+        | IBV_WC_EX_WITH_SLID
+        | IBV_WC_EX_WITH_SL
+        | IBV_WC_EX_WITH_DLID_PATH_BITS;
+    pub(crate) const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+    pub(crate) const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
+    pub(crate) const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
+    pub(crate) const IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: u32 = 1 << 1;
+    pub(crate) const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1 << 0;
+
     pub(crate) const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
     pub(crate) const IBV_ACCESS_REMOTE_WRITE: c_int = 2;
     pub(crate) const IBV_ACCESS_REMOTE_READ: c_int = 4;
@@ -788,8 +882,36 @@ mod tests {
             v,
             VerbsContext,
             "verbs_context",
-            [query_port, query_device_ex, create_qp_ex, sz, context]
+            [query_port, query_rt_values, create_cq_ex, query_device_ex, create_qp_ex, sz, context]
         );
+        layout!(
+            v,
+            IbvCqEx,
+            "ibv_cq_ex",
+            [
+                comp_mask,
+                status,
+                wr_id,
+                start_poll,
+                next_poll,
+                end_poll,
+                read_opcode,
+                read_imm_data,
+                read_wc_flags,
+                read_sl,
+                read_completion_ts,
+                read_tm_info,
+                read_completion_wallclock_ns
+            ]
+        );
+        layout!(v, IbvPollCqAttr, "ibv_poll_cq_attr", [comp_mask]);
+        layout!(
+            v,
+            IbvCqInitAttrEx,
+            "ibv_cq_init_attr_ex",
+            [cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain]
+        );
+        layout!(v, IbvValuesEx, "ibv_values_ex", [comp_mask, raw_clock]);
         layout!(
             v,
             IbvQpInitAttrEx,
@@ -1140,6 +1262,21 @@ mod tests {
                 IBV_WC_RECV_RDMA_WITH_IMM,
                 IBV_WC_GRH,
                 IBV_WC_WITH_IMM,
+                IBV_WC_EX_WITH_BYTE_LEN,
+                IBV_WC_EX_WITH_IMM,
+                IBV_WC_EX_WITH_QP_NUM,
+                IBV_WC_EX_WITH_SRC_QP,
+                IBV_WC_EX_WITH_SLID,
+                IBV_WC_EX_WITH_SL,
+                IBV_WC_EX_WITH_DLID_PATH_BITS,
+                IBV_WC_EX_WITH_COMPLETION_TIMESTAMP,
+                IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK,
+                IBV_WC_STANDARD_FLAGS,
+                IBV_CQ_INIT_ATTR_MASK_FLAGS,
+                IBV_CQ_INIT_ATTR_MASK_PD,
+                IBV_CREATE_CQ_ATTR_SINGLE_THREADED,
+                IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN,
+                IBV_VALUES_MASK_RAW_CLOCK,
                 IBV_ACCESS_LOCAL_WRITE,
                 IBV_ACCESS_REMOTE_WRITE,
                 IBV_ACCESS_REMOTE_READ,

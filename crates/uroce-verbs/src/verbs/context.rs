@@ -84,7 +84,10 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
     let ctx = Box::new(Context {
         vctx: VerbsContext {
             query_port: Some(query_port_ex),
-            unset_before_query_device_ex: [None; 26],
+            unset_before_query_rt_values: [None; 23],
+            query_rt_values: Some(query_rt_values),
+            create_cq_ex: Some(create_cq_ex),
+            priv_: None,
             query_device_ex: Some(query_device_ex),
             unset_before_create_qp_ex: [None; 5],
             create_qp_ex: Some(create_qp_ex),
@@ -160,8 +163,10 @@ pub(super) unsafe extern "C" fn query_device_ex(
         orig_attr,
         comp_mask: 0,
         odp_caps: IbvOdpCaps::default(),
-        completion_timestamp_mask: 0,
-        hca_core_clock: 0,
+        // Completion timestamps are device-clock nanoseconds (`NetDevice::clock`): a 64-bit
+        // counter at 1 GHz, `hca_core_clock` being in kHz (ibv_query_device_ex(3)).
+        completion_timestamp_mask: u64::MAX,
+        hca_core_clock: DEVICE_CLOCK_KHZ,
         tso_caps: IbvTsoCaps::default(),
         rss_caps: IbvRssCaps::default(),
         max_wq_type_rq: 0,

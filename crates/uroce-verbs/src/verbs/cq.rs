@@ -45,10 +45,14 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_comp_channel(
     0
 }
 
+/// A CQ, legacy or extended: both are a `struct ibv_cq_ex` (`ibv_cq_ex_to_cq(3)` is a cast),
+/// and a legacy CQ simply never has its extended part read.
 #[repr(C)]
 pub(super) struct Cq {
-    pub(super) ibv: IbvCq,
+    pub(super) ibv: IbvCqEx,
     pub(super) handle: CqHandle,
+    /// `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`: the poll in progress (`cq_ex`).
+    pub(super) poll: PollState,
     /// Completion events `ibv_get_cq_event` returned for this CQ: `ibv_destroy_cq` waits
     /// until the application has acknowledged as many (`ibv.comp_events_completed`).
     pub(super) events_reported: AtomicU32,
@@ -66,7 +70,7 @@ pub(super) static ACKED: (Mutex<()>, std::sync::Condvar) =
 pub(super) unsafe fn cq_parts<'a>(cq: *mut IbvCq) -> Option<(&'a Context, CqHandle)> {
     let cq = Cq::from_c(cq)?;
     // SAFETY: a live Cq (the caller's contract); reads a plain field.
-    let c = unsafe { (*cq).ibv.context };
+    let c = unsafe { (*cq).ibv.cq.context };
     // SAFETY: as above.
     let h = unsafe { (*cq).handle };
     // SAFETY: a CQ's context outlives it.
@@ -96,24 +100,60 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_cq(
     channel: *mut IbvCompChannel,
     comp_vector: c_int,
 ) -> *mut IbvCq {
-    // SAFETY: the caller passes a context it opened.
-    let Some(ctx) = (unsafe { ctx_of(context) }) else { return fail(libc::EINVAL) };
-    let Ok(capacity) = usize::try_from(cqe) else { return fail(libc::EINVAL) };
+    let Ok(cqe) = u32::try_from(cqe) else { return fail(libc::EINVAL) };
+    let Ok(comp_vector) = u32::try_from(comp_vector) else {
+        return fail(refuse("ibv_create_cq", "a negative comp_vector", libc::EINVAL));
+    };
+    let spec = CqSpec { cqe, cq_context, channel, comp_vector, locked: true };
+    // SAFETY: the caller passes a context it opened and, if not NULL, a channel of it.
+    match unsafe { create(context, &spec) } {
+        Ok(cq) => cq.cast(),
+        Err(e) => fail(refuse("ibv_create_cq", e.1, e.0)),
+    }
+}
+
+/// What a CQ is created with, by `ibv_create_cq` or `ibv_create_cq_ex`.
+pub(super) struct CqSpec {
+    pub(super) cqe: u32,
+    pub(super) cq_context: *mut c_void,
+    pub(super) channel: *mut IbvCompChannel,
+    pub(super) comp_vector: u32,
+    /// `ibv_start_poll` to `ibv_end_poll` excludes other threads (not
+    /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`).
+    pub(super) locked: bool,
+}
+
+/// Creates a CQ: (errno, why) when refused.
+///
+/// # Safety
+///
+/// `context` is NULL or a live context of this library; `spec.channel` is NULL or a live
+/// channel of it.
+pub(super) unsafe fn create(
+    context: *mut IbvContext,
+    spec: &CqSpec,
+) -> Result<*mut IbvCqEx, (c_int, String)> {
+    // SAFETY: the caller's contract.
+    let Some(ctx) = (unsafe { ctx_of(context) }) else {
+        return Err((libc::EINVAL, "not a context of this library".into()));
+    };
+    let capacity = usize::try_from(spec.cqe).unwrap_or(usize::MAX);
     if capacity == 0 {
-        return fail(libc::EINVAL);
+        return Err((libc::EINVAL, "cqe 0".into()));
     }
     // ibv_create_cq(3): comp_vector is at least 0 and less than the context's
     // num_comp_vectors (the kernel refuses any other with EINVAL).
     // SAFETY: a live context of this library; a plain field.
     let vectors = unsafe { (*context).num_comp_vectors };
-    if !(0..vectors).contains(&comp_vector) {
-        let why = format_args!("comp_vector {comp_vector}: the context has {vectors} vector(s)");
-        return fail(refuse("ibv_create_cq", why, libc::EINVAL));
+    if u32::try_from(vectors).is_ok_and(|v| spec.comp_vector >= v) {
+        let why = format!("comp_vector {}: the context has {vectors} vector(s)", spec.comp_vector);
+        return Err((libc::EINVAL, why));
     }
     let handle = match ctx.net.with(|s| s.engine().create_cq(capacity)) {
         Ok(h) => h,
-        Err(e) => return fail(refuse("ibv_create_cq", e, libc::EINVAL)),
+        Err(e) => return Err((libc::EINVAL, e.to_string())),
     };
+    let channel = spec.channel;
     if let Some(ch) = CompChannel::from_c(channel) {
         // SAFETY: a live channel of this context (the caller's contract).
         let arc = unsafe { Arc::clone(&(*ch).channel) };
@@ -123,24 +163,26 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_cq(
         refcnt.fetch_add(1, Ordering::AcqRel);
         ctx.net.with(|s| s.bind_channel(handle, arc));
     }
+    let cq = IbvCq {
+        context,
+        channel,
+        cq_context: spec.cq_context,
+        handle: handle.get(),
+        cqe: c_int::try_from(spec.cqe).unwrap_or(c_int::MAX),
+        mutex: [0; 5],
+        cond: [0; 6],
+        comp_events_completed: 0,
+        async_events_completed: 0,
+    };
     let boxed = Box::new(Cq {
-        ibv: IbvCq {
-            context,
-            channel,
-            cq_context,
-            handle: handle.get(),
-            cqe,
-            mutex: [0; 5],
-            cond: [0; 6],
-            comp_events_completed: 0,
-            async_events_completed: 0,
-        },
+        ibv: extended(cq),
         handle,
+        poll: PollState::new(spec.locked),
         events_reported: AtomicU32::new(0),
     });
     let raw = boxed.into_c();
     lock(&ctx.objects).cqs.insert(handle, raw as usize);
-    raw
+    Ok(raw.cast())
 }
 
 #[unsafe(no_mangle)]
@@ -172,7 +214,7 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_cq(cq: *mut IbvCq) -> c_int 
     drop(g);
     // SAFETY: made by `ibv_create_cq`; destroying it is the caller's last use.
     let Some(boxed) = (unsafe { Cq::take(cq) }) else { return libc::EINVAL };
-    let channel = boxed.ibv.channel;
+    let channel = boxed.ibv.cq.channel;
     if !channel.is_null() {
         let field = channel.wrapping_byte_add(offset_of!(IbvCompChannel, refcnt)).cast::<u32>();
         // SAFETY: a CQ's channel outlives it (ibv_destroy_comp_channel fails while in use);
@@ -187,8 +229,9 @@ thread_local! {
     static SCRATCH: RefCell<Vec<WorkCompletion>> = const { RefCell::new(Vec::new()) };
 }
 
-pub(super) fn wc_of(w: &WorkCompletion) -> IbvWc {
-    let opcode = match w.opcode {
+/// `enum ibv_wc_opcode` of a completion.
+pub(super) fn wc_opcode(w: &WorkCompletion) -> c_int {
+    match w.opcode {
         WcOpcode::Send => IBV_WC_SEND,
         WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
         WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
@@ -196,7 +239,11 @@ pub(super) fn wc_of(w: &WorkCompletion) -> IbvWc {
         WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
         WcOpcode::Recv => IBV_WC_RECV,
         WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
-    };
+    }
+}
+
+/// `wc_flags` of a completion (`IBV_WC_GRH`, `IBV_WC_WITH_IMM`).
+pub(super) fn wc_flags(w: &WorkCompletion) -> u32 {
     let mut flags = 0;
     if w.grh {
         flags |= IBV_WC_GRH;
@@ -204,17 +251,22 @@ pub(super) fn wc_of(w: &WorkCompletion) -> IbvWc {
     if w.imm.is_some() {
         flags |= IBV_WC_WITH_IMM;
     }
+    flags
+}
+
+/// A completion as `struct ibv_wc`.
+pub(super) fn wc_of(w: &WorkCompletion) -> IbvWc {
     IbvWc {
         wr_id: w.wr_id,
         status: c_int::try_from(w.status.0).unwrap_or(c_int::MAX),
-        opcode,
+        opcode: wc_opcode(w),
         vendor_err: 0,
         byte_len: w.byte_len,
         // `__be32`: the wire bytes, in memory order.
         imm_data: w.imm.map_or(0, u32::from_ne_bytes),
         qp_num: w.qp_num.get(),
         src_qp: w.src_qp.get(),
-        wc_flags: flags,
+        wc_flags: wc_flags(w),
         pkey_index: 0,
         slid: 0,
         sl: ud_sl(w),
@@ -331,7 +383,7 @@ pub(super) unsafe extern "C" fn uroce_verbs_get_cq_event(
         unsafe { (*cq).events_reported.fetch_add(1, Ordering::AcqRel) };
         drop(objects);
         // SAFETY: registered CQs are live; reads one plain field.
-        let cq_context = unsafe { (*cq).ibv.cq_context };
+        let cq_context = unsafe { (*cq).ibv.cq.cq_context };
         // SAFETY: the caller passes room for both pointers (checked non-NULL).
         unsafe { cq_out.write(cq.wrapping_byte_add(Cq::OFFSET).cast()) };
         // SAFETY: as above.

@@ -35,7 +35,7 @@ use core::time::Duration;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use uroce_engine::{
@@ -117,6 +117,7 @@ mod ah;
 mod async_event;
 mod context;
 mod cq;
+mod cq_ex;
 mod device;
 mod handle;
 mod mr;
@@ -128,6 +129,7 @@ mod work_request;
 use ah::*;
 pub(crate) use context::*;
 pub(crate) use cq::*;
+use cq_ex::*;
 pub(crate) use device::*;
 pub(crate) use handle::*;
 use mr::*;

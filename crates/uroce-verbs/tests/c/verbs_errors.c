@@ -80,6 +80,9 @@
  *      one it joined cannot. ibv_query_device_ex comes from
  *      the provider, not the legacy fallback: phys_port_cnt_ex equals phys_port_cnt and the
  *      legacy part equals what ibv_query_device reports.
+ *   l. the extended CQ, polled with ibv_start_poll/ibv_next_poll/ibv_end_poll and read with
+ *      ibv_wc_read_*, its completion timestamps checked against ibv_query_rt_values_ex's
+ *      clock (scenario_cq_ex).
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -95,6 +98,7 @@
  */
 
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -204,6 +208,8 @@ static void close_dev(struct dev *d)
 		fail("cleanup: ibv_close_device(%s)", d->name);
 }
 
+static void ep_attach(struct ep *e, struct dev *d, struct ibv_srq *srq);
+
 /*
  * A fresh RC QP in RESET, with its CQ and a zeroed, registered buffer. The CQ reports to
  * `channel` with `cq_context` (NULL, NULL: no channel); with an `srq` the QP takes its receives
@@ -212,6 +218,16 @@ static void close_dev(struct dev *d)
 static void ep_create_ex(struct ep *e, struct dev *d, struct ibv_comp_channel *channel,
 			 void *cq_context, struct ibv_srq *srq)
 {
+	memset(e, 0, sizeof(*e));
+	e->cq = ibv_create_cq(d->ctx, CQ_DEPTH, cq_context, channel, 0);
+	if (!e->cq)
+		die("ibv_create_cq(%s): %s", d->name, strerror(errno));
+	ep_attach(e, d, srq);
+}
+
+/* The QP, MR and buffer of an end whose CQ (e->cq, set by the caller) already exists. */
+static void ep_attach(struct ep *e, struct dev *d, struct ibv_srq *srq)
+{
 	struct ibv_qp_init_attr init = {
 		.qp_type = IBV_QPT_RC,
 		.srq = srq,
@@ -219,7 +235,6 @@ static void ep_create_ex(struct ep *e, struct dev *d, struct ibv_comp_channel *c
 			 .max_recv_sge = srq ? 0 : 1 },
 	};
 
-	memset(e, 0, sizeof(*e));
 	e->dev = d;
 	e->buf = aligned_alloc(4096, BUF_SIZE);
 	if (!e->buf)
@@ -228,9 +243,6 @@ static void ep_create_ex(struct ep *e, struct dev *d, struct ibv_comp_channel *c
 	e->mr = ibv_reg_mr(d->pd, e->buf, BUF_SIZE, MR_ACCESS);
 	if (!e->mr)
 		die("ibv_reg_mr(%s): %s", d->name, strerror(errno));
-	e->cq = ibv_create_cq(d->ctx, CQ_DEPTH, cq_context, channel, 0);
-	if (!e->cq)
-		die("ibv_create_cq(%s): %s", d->name, strerror(errno));
 	init.send_cq = e->cq;
 	init.recv_cq = e->cq;
 	e->qp = ibv_create_qp(d->pd, &init);
@@ -1561,6 +1573,189 @@ static void scenario_checks(struct dev *d0, struct dev *d1)
 	}
 }
 
+/* The device clock now, in ns (ibv_query_rt_values_ex(3), IBV_VALUES_MASK_RAW_CLOCK). */
+static uint64_t raw_clock(struct dev *d)
+{
+	struct ibv_values_ex v = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
+	int rc = ibv_query_rt_values_ex(d->ctx, &v);
+
+	if (rc) {
+		fail("cq_ex: ibv_query_rt_values_ex: %s", strerror(rc));
+		return 0;
+	}
+	if (v.comp_mask != IBV_VALUES_MASK_RAW_CLOCK)
+		fail("cq_ex: ibv_query_rt_values_ex: comp_mask 0x%x", v.comp_mask);
+	return (uint64_t)v.raw_clock.tv_sec * 1000000000u + (uint64_t)v.raw_clock.tv_nsec;
+}
+
+/* ibv_start_poll until a completion comes (0) or the deadline passes (ENOENT). */
+static int start_poll_wait(struct ibv_cq_ex *cq)
+{
+	struct ibv_poll_cq_attr attr = { 0 };
+	struct timespec t0;
+	int rc;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while ((rc = ibv_start_poll(cq, &attr)) == ENOENT && elapsed_ms(&t0) < POLL_MS)
+		;
+	return rc;
+}
+
+/*
+ * l. the extended CQ (ibv_create_cq_ex(3)): ibv_query_device_ex reports a completion timestamp
+ *    mask and hca_core_clock; ibv_query_rt_values_ex reads a clock that moves forward;
+ *    ibv_create_cq_ex refuses what it cannot report (CVLAN: EOPNOTSUPP), unknown comp_mask bits
+ *    and a comp_vector the context lacks (EINVAL). A SEND with immediate to a QP whose CQ is
+ *    extended is read field by field after ibv_start_poll; its completion timestamp lies
+ *    between two raw-clock readings around it and its wall-clock stamp near CLOCK_REALTIME.
+ *    Two completions come from start_poll then next_poll, in order with non-decreasing
+ *    stamps; a third through ibv_poll_cq on ibv_cq_ex_to_cq (one queue, two interfaces);
+ *    an empty CQ answers ENOENT, and a poll attribute comp_mask EINVAL.
+ */
+static void scenario_cq_ex(struct dev *d0, struct dev *d1)
+{
+	const char *sc = "cq_ex";
+	const uint64_t wanted = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+				IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+	struct ibv_cq_init_attr_ex ca = { .cqe = CQ_DEPTH, .wc_flags = wanted };
+	struct ibv_device_attr_ex dx;
+	struct ibv_poll_cq_attr bad_attr = { .comp_mask = 1 };
+	struct ibv_cq_ex *cqx, *refused;
+	struct ep a, b;
+	struct ibv_wc wc;
+	uint64_t t0, t1, ts, ts2;
+	struct timespec wall;
+	int64_t skew;
+	int rc;
+
+	if (ibv_query_device_ex(d1->ctx, NULL, &dx))
+		fail("%s: ibv_query_device_ex", sc);
+	else if (!dx.completion_timestamp_mask || !dx.hca_core_clock)
+		fail("%s: no timestamps: mask 0x%" PRIx64 ", hca_core_clock %" PRIu64 " kHz", sc,
+		     (uint64_t)dx.completion_timestamp_mask, (uint64_t)dx.hca_core_clock);
+	t0 = raw_clock(d1);
+	t1 = raw_clock(d1);
+	if (t1 < t0)
+		fail("%s: the raw clock went back: %" PRIu64 " then %" PRIu64, sc, t0, t1);
+
+	ca.wc_flags = IBV_WC_EX_WITH_CVLAN;
+	refused = ibv_create_cq_ex(d1->ctx, &ca);
+	if (refused || errno != EOPNOTSUPP)
+		fail("%s: wc_flags CVLAN: %s, expected EOPNOTSUPP", sc,
+		     refused ? "created" : strerror(errno));
+	ca.wc_flags = wanted;
+	ca.comp_mask = 1u << 7;
+	refused = ibv_create_cq_ex(d1->ctx, &ca);
+	if (refused || errno != EINVAL)
+		fail("%s: comp_mask 1 << 7: %s, expected EINVAL", sc,
+		     refused ? "created" : strerror(errno));
+	ca.comp_mask = 0;
+	ca.comp_vector = d1->ctx->num_comp_vectors;
+	refused = ibv_create_cq_ex(d1->ctx, &ca);
+	if (refused || errno != EINVAL)
+		fail("%s: comp_vector %d: %s, expected EINVAL", sc, d1->ctx->num_comp_vectors,
+		     refused ? "created" : strerror(errno));
+	ca.comp_vector = 0;
+	ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+	ca.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+	cqx = ibv_create_cq_ex(d1->ctx, &ca);
+	if (!cqx)
+		die("%s: ibv_create_cq_ex: %s", sc, strerror(errno));
+
+	ep_create(&a, d0);
+	memset(&b, 0, sizeof(b));
+	b.cq = ibv_cq_ex_to_cq(cqx);
+	ep_attach(&b, d1, NULL);
+	connect_pair(&a, &b);
+
+	rc = ibv_start_poll(cqx, &bad_attr);
+	if (rc != EINVAL)
+		fail("%s: start_poll with comp_mask 1: %d, expected EINVAL", sc, rc);
+	rc = ibv_start_poll(cqx, &(struct ibv_poll_cq_attr){ 0 });
+	if (rc != ENOENT)
+		fail("%s: start_poll on an empty CQ: %d, expected ENOENT", sc, rc);
+
+	/* One SEND with immediate, read field by field. */
+	must_post(sc, "recv 1", post_recv(&b, 1, BUF_SIZE));
+	t0 = raw_clock(d1);
+	{
+		struct ibv_sge sge = { (uintptr_t)a.buf, 100, a.mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 10, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_SEND_WITH_IMM,
+					  .send_flags = IBV_SEND_SIGNALED,
+					  .imm_data = htonl(0x12345678) };
+		struct ibv_send_wr *bad;
+
+		must_post(sc, "send with imm", ibv_post_send(a.qp, &wr, &bad));
+	}
+	expect_wc(sc, "sender", &a, 10, IBV_WC_SUCCESS, POLL_MS);
+	rc = start_poll_wait(cqx);
+	t1 = raw_clock(d1);
+	if (rc) {
+		fail("%s: start_poll: %d, expected a completion", sc, rc);
+	} else {
+		ts = ibv_wc_read_completion_ts(cqx);
+		clock_gettime(CLOCK_REALTIME, &wall);
+		skew = (int64_t)((uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec -
+				 ibv_wc_read_completion_wallclock_ns(cqx));
+		printf("%s: receive %s, %u bytes, stamped %" PRIu64 " ns after the post\n", sc,
+		       ibv_wc_status_str(cqx->status), ibv_wc_read_byte_len(cqx), ts - t0);
+		if (cqx->status != IBV_WC_SUCCESS || cqx->wr_id != 1)
+			fail("%s: status %d wr_id %" PRIu64, sc, cqx->status, (uint64_t)cqx->wr_id);
+		if (ibv_wc_read_opcode(cqx) != IBV_WC_RECV)
+			fail("%s: opcode %d, expected IBV_WC_RECV", sc, ibv_wc_read_opcode(cqx));
+		if (ibv_wc_read_byte_len(cqx) != 100)
+			fail("%s: byte_len %u, expected 100", sc, ibv_wc_read_byte_len(cqx));
+		if (ntohl(ibv_wc_read_imm_data(cqx)) != 0x12345678)
+			fail("%s: imm 0x%x", sc, ntohl(ibv_wc_read_imm_data(cqx)));
+		if (!(ibv_wc_read_wc_flags(cqx) & IBV_WC_WITH_IMM))
+			fail("%s: wc_flags 0x%x lack IBV_WC_WITH_IMM", sc, ibv_wc_read_wc_flags(cqx));
+		if (ibv_wc_read_qp_num(cqx) != b.qp->qp_num)
+			fail("%s: qp_num 0x%x, expected 0x%x", sc, ibv_wc_read_qp_num(cqx),
+			     b.qp->qp_num);
+		if (ibv_wc_read_src_qp(cqx) != a.qp->qp_num)
+			fail("%s: src_qp 0x%x, expected 0x%x", sc, ibv_wc_read_src_qp(cqx),
+			     a.qp->qp_num);
+		if (ts < t0 || ts > t1)
+			fail("%s: timestamp %" PRIu64 " outside [%" PRIu64 ", %" PRIu64 "]", sc, ts,
+			     t0, t1);
+		if (skew < -1000000000LL || skew > 1000000000LL)
+			fail("%s: wall-clock stamp %" PRId64 " ns from CLOCK_REALTIME", sc, skew);
+		rc = ibv_next_poll(cqx);
+		if (rc != ENOENT)
+			fail("%s: next_poll after the only completion: %d, expected ENOENT", sc, rc);
+		ibv_end_poll(cqx);
+	}
+
+	/* Two completions in one poll, then one through the legacy interface. */
+	for (int i = 0; i < 3; i++) {
+		must_post(sc, "recv", post_recv(&b, 20 + i, BUF_SIZE));
+		must_post(sc, "send", post_send(&a, IBV_WR_SEND, 30 + i, 8, 0, 0));
+		expect_wc(sc, "sender", &a, 30 + i, IBV_WC_SUCCESS, POLL_MS);
+	}
+	rc = start_poll_wait(cqx);
+	if (rc) {
+		fail("%s: start_poll: %d, expected the first of three", sc, rc);
+	} else {
+		ts = ibv_wc_read_completion_ts(cqx);
+		if (cqx->wr_id != 20)
+			fail("%s: first wr_id %" PRIu64 ", expected 20", sc, (uint64_t)cqx->wr_id);
+		rc = ibv_next_poll(cqx);
+		ts2 = rc ? 0 : ibv_wc_read_completion_ts(cqx);
+		if (rc || cqx->wr_id != 21)
+			fail("%s: next_poll: %d, wr_id %" PRIu64 ", expected 21", sc, rc,
+			     (uint64_t)cqx->wr_id);
+		else if (ts2 < ts)
+			fail("%s: stamps out of order: %" PRIu64 " then %" PRIu64, sc, ts, ts2);
+		ibv_end_poll(cqx);
+	}
+	if (poll_one(b.cq, &wc, POLL_MS) != 1 || wc.wr_id != 22 || wc.status != IBV_WC_SUCCESS)
+		fail("%s: ibv_poll_cq on ibv_cq_ex_to_cq: no completion 22", sc);
+	expect_no_wc(sc, "receiver", &b);
+	ep_destroy(&a);
+	ep_destroy(&b);
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -1604,6 +1799,7 @@ int main(void)
 	scenario_unmapped_after_registration(&d0, &d1);
 	scenario_abi(&d0);
 	scenario_checks(&d0, &d1);
+	scenario_cq_ex(&d0, &d1);
 
 	close_dev(&d0);
 	close_dev(&d1);
