@@ -89,6 +89,30 @@ fn pingpong(prog: &str, args: &[&str]) {
     println!("{prog} {args:?}:\n{}", c.stdout);
 }
 
+/// `ibv_rc_pingpong -t`: an extended CQ with completion timestamps. The pingpong prints the
+/// average device-clock ticks between receive completions; at `hca_core_clock` 1 GHz that is
+/// nanoseconds, and it must describe the same iterations its own wall clock timed (the
+/// deltas add up to the span from the first receive to the last), not a constant or zero.
+fn completion_timestamps_time_the_pingpong() {
+    let args = ["-g", "0", "-t", "-n", "2000"];
+    let (s, c) = pair("ibv_rc_pingpong", &args, &SERVER, &CLIENT, PORT, Duration::from_secs(120));
+    for (side, o) in [("server", &s), ("client", &c)] {
+        assert!(o.ok(), "ibv_rc_pingpong -t {side}: {o}");
+        // "<label> = <value>[ <unit>]" on the line that names `unit` (or `label`).
+        let value = |label: &str, unit: &str| -> f64 {
+            let line = o.stdout.lines().find(|l| l.contains(label) && l.contains(unit));
+            let line = line.unwrap_or_else(|| panic!("no {label:?} in:\n{o}"));
+            let after = line.rsplit(" = ").next().unwrap().trim_end_matches(unit).trim();
+            after.parse().unwrap_or_else(|_| panic!("{line}"))
+        };
+        let ticks = value("Average receive completion clock cycles", "");
+        let usec = value(" iters in ", "usec/iter");
+        let ratio = ticks / (usec * 1000.0);
+        println!("ibv_rc_pingpong -t {side}: {ticks:.0} ns between receives, {usec} usec/iter");
+        assert!((0.5..2.0).contains(&ratio), "{side}: {ticks} ticks against {usec} us:\n{o}");
+    }
+}
+
 #[test]
 fn rdma_core_pingpongs_run_unmodified() {
     if !have("ibv_rc_pingpong", "ibverbs-utils") {
@@ -98,6 +122,7 @@ fn rdma_core_pingpongs_run_unmodified() {
     pingpong("ibv_rc_pingpong", &["-g", "0"]);
     pingpong("ibv_rc_pingpong", &["-g", "0", "-e"]);
     pingpong("ibv_rc_pingpong", &["-g", "0", "-s", "65536", "-n", "10000"]);
+    completion_timestamps_time_the_pingpong();
     pingpong("ibv_uc_pingpong", &["-g", "0"]);
     pingpong("ibv_ud_pingpong", &["-g", "0"]);
     pingpong("ibv_ud_pingpong", &["-g", "0", "-e"]);
