@@ -1218,6 +1218,36 @@ impl<M: MemoryAccess> Device<M> {
         r
     }
 
+    /// Posts `wrs` all or none (`ibv_wr_complete(3)`: a failure aborts the entire posting):
+    /// every request is checked, and the queue's room for all of them, before any is posted.
+    /// The error names the first request refused.
+    pub fn post_send_batch(
+        &mut self,
+        qpn: Qpn,
+        wrs: Vec<SendWr>,
+    ) -> Result<(), (usize, PostError)> {
+        let qp = self.qps.get(&qpn.get()).ok_or((0, PostError::UnknownQp(qpn)))?;
+        let room = (qp.init.cap.max_send_wr as usize).saturating_sub(qp.req.sq.len());
+        if wrs.len() > room {
+            return Err((room, PostError::QueueFull));
+        }
+        for (i, wr) in wrs.iter().enumerate() {
+            validate_send(qp, wr).map_err(|e| (i, e))?;
+            if qp.init.qp_type == QpType::Ud {
+                let ud = wr.ud.ok_or((i, PostError::MissingAddressHandle))?;
+                if self.ctx.ahs.get(&ud.ah.0).is_none_or(|ah| ah.pd != qp.init.pd) {
+                    return Err((i, PostError::UnknownAh));
+                }
+            }
+        }
+        for (i, wr) in wrs.into_iter().enumerate() {
+            // Checked above, with room for all: cannot fail.
+            self.post_send_unwatched(qpn, wr).map_err(|e| (i, e))?;
+        }
+        self.watch(qpn.get());
+        Ok(())
+    }
+
     fn post_send_unwatched(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
         let qp = self.qps.get_mut(&qpn.get()).ok_or(PostError::UnknownQp(qpn))?;
         let len = validate_send(qp, &wr)?;

@@ -908,6 +908,29 @@ fn max_rd_atomic_limits_outstanding_reads() {
 }
 
 #[test]
+fn a_batch_is_posted_whole_or_not_at_all() {
+    // ibv_wr_complete(3): a failure aborts the entire posting.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    for k in 0..3 {
+        p.post_recv(B, 100 + k, 0x8_0000 + k * 64, 64);
+    }
+    let send = |p: &Pair, id| SendWr::new(id, WrOpcode::Send, vec![p.sge(A, 0, 8)]);
+    let (qp, bad) = (p.hosts[A].qp, SendWr::new(9, WrOpcode::RdmaWrite, vec![]));
+    let batch = vec![send(&p, 1), bad, send(&p, 3)];
+    assert_eq!(p.net[A].dev.post_send_batch(qp, batch), Err((1, PostError::MissingRemote)));
+    let too_many: Vec<_> = (0..257).map(|k| send(&p, 10 + k)).collect();
+    assert_eq!(p.net[A].dev.post_send_batch(qp, too_many), Err((256, PostError::QueueFull)));
+    p.run(Duration::from_millis(10));
+    assert!(p.cq(A).is_empty() && p.cq(B).is_empty(), "a refused batch posted something");
+    let good = vec![send(&p, 1), send(&p, 2), send(&p, 3)];
+    p.net[A].dev.post_send_batch(qp, good).unwrap();
+    p.run(Duration::from_millis(10));
+    let ok = |ids: [u64; 3]| ids.map(|id| (id, WcStatus::SUCCESS)).to_vec();
+    assert_eq!(statuses(&p.cq(A)), ok([1, 2, 3]));
+    assert_eq!(statuses(&p.cq(B)), ok([100, 101, 102]));
+}
+
+#[test]
 fn post_checks_name_the_rule_broken() {
     let mut p = Pair::new(Mtu::Mtu1024);
     let (h, dev) = (p.hosts[A], &mut p.net[A].dev);

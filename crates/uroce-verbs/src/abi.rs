@@ -441,6 +441,47 @@ pub(crate) struct IbvQp {
     pub(crate) events_completed: u32,
 }
 
+/// `struct ibv_qp_ex`: a `struct ibv_qp`, the `wr_id` and `wr_flags` the next work-request
+/// builder takes, and the `ibv_wr_*` functions (`ibv_wr_post(3)`).
+#[repr(C)]
+#[expect(clippy::use_self, reason = "the callbacks' C signatures, as verbs.h spells them")]
+pub(crate) struct IbvQpEx {
+    pub(crate) qp_base: IbvQp,
+    pub(crate) comp_mask: u64,
+    pub(crate) wr_id: u64,
+    pub(crate) wr_flags: c_uint,
+    pub(crate) wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u64, u64)>,
+    pub(crate) wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u64)>,
+    pub(crate) wr_bind_mw:
+        Option<unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, u32, *const c_void)>,
+    pub(crate) wr_local_inv: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
+    pub(crate) wr_rdma_read: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64)>,
+    pub(crate) wr_rdma_write: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64)>,
+    pub(crate) wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u32)>,
+    pub(crate) wr_send: Option<unsafe extern "C" fn(*mut IbvQpEx)>,
+    pub(crate) wr_send_imm: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
+    pub(crate) wr_send_inv: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
+    pub(crate) wr_send_tso: Option<unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, u16, u16)>,
+    pub(crate) wr_set_ud_addr: Option<unsafe extern "C" fn(*mut IbvQpEx, *mut IbvAh, u32, u32)>,
+    pub(crate) wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
+    pub(crate) wr_set_inline_data: Option<unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, usize)>,
+    pub(crate) wr_set_inline_data_list:
+        Option<unsafe extern "C" fn(*mut IbvQpEx, usize, *const IbvDataBuf)>,
+    pub(crate) wr_set_sge: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u32)>,
+    pub(crate) wr_set_sge_list: Option<unsafe extern "C" fn(*mut IbvQpEx, usize, *const IbvSge)>,
+    pub(crate) wr_start: Option<unsafe extern "C" fn(*mut IbvQpEx)>,
+    pub(crate) wr_complete: Option<unsafe extern "C" fn(*mut IbvQpEx) -> c_int>,
+    pub(crate) wr_abort: Option<unsafe extern "C" fn(*mut IbvQpEx)>,
+    pub(crate) wr_atomic_write: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, *const c_void)>,
+}
+
+/// `struct ibv_data_buf`.
+#[repr(C)]
+pub(crate) struct IbvDataBuf {
+    pub(crate) addr: *mut c_void,
+    pub(crate) length: usize,
+}
+
 /// `struct ibv_ah`.
 #[repr(C)]
 pub(crate) struct IbvAh {
@@ -705,6 +746,14 @@ pub(crate) mod consts {
 
     pub(crate) const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
     pub(crate) const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+    pub(crate) const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+    pub(crate) const IBV_QP_EX_WITH_RDMA_WRITE: u64 = 1 << 0;
+    pub(crate) const IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM: u64 = 1 << 1;
+    pub(crate) const IBV_QP_EX_WITH_SEND: u64 = 1 << 2;
+    pub(crate) const IBV_QP_EX_WITH_SEND_WITH_IMM: u64 = 1 << 3;
+    pub(crate) const IBV_QP_EX_WITH_RDMA_READ: u64 = 1 << 4;
+    pub(crate) const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
+    pub(crate) const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
 
     pub(crate) const IBV_QP_STATE: c_int = 1 << 0;
     pub(crate) const IBV_QP_CUR_STATE: c_int = 1 << 1;
@@ -904,6 +953,30 @@ mod tests {
                 read_completion_wallclock_ns
             ]
         );
+        layout!(
+            v,
+            IbvQpEx,
+            "ibv_qp_ex",
+            [
+                qp_base,
+                comp_mask,
+                wr_id,
+                wr_flags,
+                wr_atomic_cmp_swp,
+                wr_bind_mw,
+                wr_rdma_write_imm,
+                wr_send,
+                wr_send_tso,
+                wr_set_ud_addr,
+                wr_set_xrc_srqn,
+                wr_set_sge_list,
+                wr_start,
+                wr_complete,
+                wr_abort,
+                wr_atomic_write
+            ]
+        );
+        layout!(v, IbvDataBuf, "ibv_data_buf", [addr, length]);
         layout!(v, IbvPollCqAttr, "ibv_poll_cq_attr", [comp_mask]);
         layout!(
             v,
@@ -1262,6 +1335,14 @@ mod tests {
                 IBV_WC_RECV_RDMA_WITH_IMM,
                 IBV_WC_GRH,
                 IBV_WC_WITH_IMM,
+                IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                IBV_QP_EX_WITH_RDMA_WRITE,
+                IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
+                IBV_QP_EX_WITH_SEND,
+                IBV_QP_EX_WITH_SEND_WITH_IMM,
+                IBV_QP_EX_WITH_RDMA_READ,
+                IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
+                IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
                 IBV_WC_EX_WITH_BYTE_LEN,
                 IBV_WC_EX_WITH_IMM,
                 IBV_WC_EX_WITH_QP_NUM,

@@ -119,14 +119,6 @@ unsafe extern "C" fn uroce_verbs_read_sysfs_file(
     c_int::try_from(text.len()).unwrap_or(c_int::MAX)
 }
 
-/// `ibv_qp_to_qp_ex`: NULL, as for any QP not created with `ibv_create_qp_ex` (which uroce
-/// does not offer: the `ibv_wr_*` API is not implemented).
-#[unsafe(no_mangle)]
-extern "C" fn uroce_verbs_qp_to_qp_ex(_qp: *mut c_void) -> *mut c_void {
-    set_errno(libc::EOPNOTSUPP);
-    null_mut()
-}
-
 /// `ibv_query_qp_data_in_order(3)`: 0, no in-order guarantee is promised beyond the verbs
 /// semantics.
 #[unsafe(no_mangle)]

@@ -175,7 +175,7 @@ pub(super) unsafe fn create(
         async_events_completed: 0,
     };
     let boxed = Box::new(Cq {
-        ibv: extended(cq),
+        ibv: extended_cq(cq),
         handle,
         poll: PollState::new(spec.locked),
         events_reported: AtomicU32::new(0),

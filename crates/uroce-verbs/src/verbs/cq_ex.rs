@@ -56,7 +56,7 @@ impl PollState {
 }
 
 /// The `struct ibv_cq_ex` of a new CQ: `cq`, and the extended poll.
-pub(super) fn extended(cq: IbvCq) -> IbvCqEx {
+pub(super) fn extended_cq(cq: IbvCq) -> IbvCqEx {
     IbvCqEx {
         cq,
         comp_mask: 0,

@@ -123,6 +123,7 @@ mod handle;
 mod mr;
 mod pd;
 mod qp;
+mod qp_ex;
 mod srq;
 mod work_request;
 
@@ -135,6 +136,7 @@ pub(crate) use handle::*;
 use mr::*;
 pub(crate) use pd::*;
 pub(crate) use qp::*;
+use qp_ex::*;
 pub(crate) use srq::*;
 use work_request::*;
 

@@ -4,7 +4,9 @@ use super::*;
 
 #[repr(C)]
 pub(super) struct Qp {
-    pub(super) ibv: IbvQp,
+    /// Every QP is a `struct ibv_qp_ex`; `ibv_qp_to_qp_ex` hands out the extension only for
+    /// QPs created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+    pub(super) ibv: IbvQpEx,
     pub(super) inner: QpInner,
 }
 
@@ -16,6 +18,10 @@ pub(super) struct QpInner {
     pub(super) cap: IbvQpCap,
     /// The attributes set so far, for `ibv_query_qp`.
     pub(super) attr: Mutex<IbvQpAttr>,
+    /// Created for the `ibv_wr_*` API (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`).
+    pub(super) wr_api: bool,
+    /// The requests built since `ibv_wr_start`; the lock is the API's per-QP critical section.
+    pub(super) batch: Mutex<WrBatch>,
 }
 
 /// The context of a QP and the QP.
@@ -26,7 +32,7 @@ pub(super) struct QpInner {
 pub(super) unsafe fn qp_parts<'a>(qp: *mut IbvQp) -> Option<(&'a Context, &'a QpInner)> {
     let q = Qp::from_c(qp)?;
     // SAFETY: a live Qp (the caller's contract); reads a plain field.
-    let c = unsafe { (*q).ibv.context };
+    let c = unsafe { (*q).ibv.qp_base.context };
     // SAFETY: as above. The reference covers the private part only, which nothing writes but
     // through its mutex; the public part (`ibv.state` is written) is reached by raw places.
     let private = unsafe { &(*q).inner };
@@ -48,11 +54,12 @@ pub(super) unsafe extern "C" fn create_qp_ex(
     }
     // SAFETY: the caller's extended attributes (checked non-NULL).
     let a = unsafe { &*attr };
-    let supported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    let supported =
+        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     if a.comp_mask & !supported != 0 {
         let why = format_args!(
-            "comp_mask {:#x}: only IBV_QP_INIT_ATTR_PD and IBV_QP_INIT_ATTR_CREATE_FLAGS (XRC, \
-             TSO, RSS and the ibv_wr_* API are not supported)",
+            "comp_mask {:#x}: only IBV_QP_INIT_ATTR_PD, _CREATE_FLAGS and _SEND_OPS_FLAGS (XRC, \
+             TSO and RSS are not supported)",
             a.comp_mask
         );
         return fail(refuse("ibv_create_qp_ex", why, libc::EOPNOTSUPP));
@@ -68,8 +75,9 @@ pub(super) unsafe extern "C" fn create_qp_ex(
     if unsafe { (*a.pd).context } != context {
         return fail(refuse("ibv_create_qp_ex", "the PD is another context's", libc::EINVAL));
     }
+    let send_ops = (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);
     // SAFETY: `struct ibv_qp_init_attr_ex` begins with `struct ibv_qp_init_attr`.
-    unsafe { uroce_verbs_create_qp(a.pd, attr.cast::<IbvQpInitAttr>()) }
+    unsafe { create(a.pd, attr.cast::<IbvQpInitAttr>(), send_ops) }
 }
 
 #[unsafe(no_mangle)]
@@ -77,6 +85,18 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_qp(
     pd: *mut IbvPd,
     init: *mut IbvQpInitAttr,
 ) -> *mut IbvQp {
+    // SAFETY: the caller's contract is create's.
+    unsafe { create(pd, init, None) }
+}
+
+/// Creates a QP; `send_ops` are the `ibv_wr_*` operations it will use (`ibv_create_qp_ex`
+/// with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`), refused with EOPNOTSUPP where the type cannot
+/// carry one or uroce lacks it (ibv_wr_post(3): "QP creation will fail").
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD of this library; `init` NULL or a valid `ibv_qp_init_attr`.
+unsafe fn create(pd: *mut IbvPd, init: *mut IbvQpInitAttr, send_ops: Option<u64>) -> *mut IbvQp {
     // SAFETY: the caller passes a PD it allocated.
     let Some((ctx, pdh)) = (unsafe { pd_parts(pd) }) else { return fail(libc::EINVAL) };
     if init.is_null() {
@@ -93,6 +113,9 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_qp(
             return fail(refuse("ibv_create_qp", why, libc::EOPNOTSUPP));
         }
     };
+    if let Some(Err(why)) = send_ops.map(|ops| check_send_ops(qp_type, ops)) {
+        return fail(refuse("ibv_create_qp_ex", why, libc::EOPNOTSUPP));
+    }
     // SAFETY: CQs passed by the caller are live CQs of this library (or NULL).
     let (Some((_, send_cq)), Some((_, recv_cq))) =
         (unsafe { cq_parts(i.send_cq) }, unsafe { cq_parts(i.recv_cq) })
@@ -133,7 +156,7 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_qp(
     qattr.qp_state = IBV_QPS_RESET;
     qattr.port_num = 1;
     let boxed = Box::new(Qp {
-        ibv: IbvQp {
+        ibv: extended_qp(IbvQp {
             context: ctx_ptr(ctx),
             qp_context: i.qp_context,
             pd,
@@ -147,13 +170,15 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_qp(
             mutex: [0; 5],
             cond: [0; 6],
             events_completed: 0,
-        },
+        }),
         inner: QpInner {
             qpn,
             qp_type,
             sq_sig_all: i.sq_sig_all != 0,
             cap: actual,
             attr: Mutex::new(qattr),
+            wr_api: send_ops.is_some(),
+            batch: Mutex::new(WrBatch::default()),
         },
     });
     let raw = boxed.into_c();

@@ -76,18 +76,8 @@ pub(super) unsafe fn read_send_wr(wr: *const IbvSendWr, qp_type: QpType) -> Resu
     };
     // SAFETY: the caller's contract: `sg_list` holds `num_sge` entries.
     let sg_list = unsafe { read_sges(w.sg_list, w.num_sge) }.ok_or(libc::EINVAL)?;
-    let mut flags = SendFlags::NONE;
-    if w.send_flags & IBV_SEND_SIGNALED != 0 {
-        flags = flags | SendFlags::SIGNALED;
-    }
-    if w.send_flags & IBV_SEND_SOLICITED != 0 {
-        flags = flags | SendFlags::SOLICITED;
-    }
-    if w.send_flags & IBV_SEND_FENCE != 0 {
-        flags = flags | SendFlags::FENCE;
-    }
     let mut out = SendWr::new(w.wr_id, opcode, sg_list);
-    out.flags = flags;
+    out.flags = send_flags(w.send_flags);
     if opcode.has_imm() {
         out.imm = Some(w.imm_data.to_ne_bytes());
     }
@@ -114,25 +104,9 @@ pub(super) unsafe fn read_send_wr(wr: *const IbvSendWr, qp_type: QpType) -> Resu
             remote_qkey: QKey(u.remote_qkey),
         });
     }
-    // ibv_post_send(3): with IBV_SEND_INLINE the data is read at post time and the lkeys are
-    // not checked.
-    if w.send_flags & IBV_SEND_INLINE != 0 && !opcode.is_read_or_atomic() {
-        let total: usize = out.sg_list.iter().map(|s| s.length as usize).sum();
-        let mut data = Vec::with_capacity(total);
-        // An empty element adds nothing (MPICH posts them with a null address; a slice from
-        // a null pointer is undefined even when empty).
-        for s in out.sg_list.iter().filter(|s| s.length > 0) {
-            let from = s.addr as *const u8;
-            if from.is_null() {
-                return Err(libc::EINVAL);
-            }
-            // SAFETY: the application's buffer of `length` bytes (the verbs contract for
-            // inline sends).
-            let bytes = unsafe { core::slice::from_raw_parts(from, s.length as usize) };
-            data.extend_from_slice(bytes);
-        }
-        out.inline_data = Some(data);
-        out.sg_list.clear();
+    if w.send_flags & IBV_SEND_INLINE != 0 {
+        // SAFETY: the caller's contract: inline data is at the addresses the SGEs name.
+        unsafe { inline_from_sges(&mut out) }?;
     }
     Ok(out)
 }

@@ -61,7 +61,7 @@
  *      IBV_EVENT_QP_ACCESS_ERR for that QP (IBA §11.6.3.1, local access violation work queue
  *      error), the process goes on, and the region still deregisters.
  *   h. ABI details: ibv_query_port@IBVERBS_1.1 called directly writes 48 bytes, no more;
- *      ibv_query_device_ex answers; on uroce, ibv_create_qp_ex with send-ops flags,
+ *      ibv_query_device_ex answers; on uroce, ibv_create_qp_ex with the TSO send operation,
  *      ibv_alloc_mw, ibv_reg_dmabuf_mr and ibv_reg_mr with IBV_ACCESS_MW_BIND or
  *      IBV_ACCESS_ON_DEMAND fail with EOPNOTSUPP (capabilities uroce does not have yet).
  *   k. checks a device makes before it changes anything: ibv_modify_qp against the table of
@@ -83,6 +83,8 @@
  *   l. the extended CQ, polled with ibv_start_poll/ibv_next_poll/ibv_end_poll and read with
  *      ibv_wc_read_*, its completion timestamps checked against ibv_query_rt_values_ex's
  *      clock (scenario_cq_ex).
+ *   m. the extended QP's ibv_wr_* send API: one batch of five operations, a batch refused
+ *      whole, an aborted one (scenario_wr_api).
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -820,9 +822,9 @@ static void scenario_abi(struct dev *d0)
 			fail("%s: ibv_create_qp_ex(BLOCK_SELF_MCAST_LB): expected EOPNOTSUPP", s);
 		qpx.create_flags = 0;
 	}
-	/* With send-ops flags it needs the extended verb (the ibv_wr_* API), which uroce lacks. */
+	/* A send operation uroce lacks (TSO, a raw-packet offload) fails the creation. */
 	qpx.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-	qpx.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	qpx.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO;
 	{
 		struct {
 			const char *what;
@@ -832,7 +834,7 @@ static void scenario_abi(struct dev *d0)
 		static char mw_buf[64];
 
 		errno = 0;
-		r[0].what = "ibv_create_qp_ex(send_ops_flags)";
+		r[0].what = "ibv_create_qp_ex(send_ops_flags TSO)";
 		r[0].obj = ibv_create_qp_ex(d0->ctx, &qpx);
 		r[0].err = errno;
 		errno = 0;
@@ -1756,6 +1758,148 @@ static void scenario_cq_ex(struct dev *d0, struct dev *d1)
 	ep_destroy(&b);
 }
 
+/* An RC QP on e's CQ from ibv_create_qp_ex, for the ibv_wr_* operations `send_ops`. */
+static struct ibv_qp *create_qp_ex_ops(struct ep *e, struct dev *d, uint64_t send_ops)
+{
+	struct ibv_qp_init_attr_ex init = {
+		.qp_type = IBV_QPT_RC,
+		.send_cq = e->cq,
+		.recv_cq = e->cq,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 2, .max_recv_sge = 1,
+			 .max_inline_data = 64 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = d->pd,
+		.send_ops_flags = send_ops,
+	};
+
+	return ibv_create_qp_ex(d->ctx, &init);
+}
+
+/*
+ * m. the extended QP's send API (ibv_wr_post(3)): ibv_qp_to_qp_ex is NULL for a legacy QP and
+ *    the extension for one created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS; send_ops_flags the
+ *    device lacks (BIND_MW) fail the creation with EOPNOTSUPP. Between ibv_wr_start and
+ *    ibv_wr_complete: a SEND from an SGE list, a SEND with immediate from inline data (the
+ *    buffer overwritten before the complete, as the copy is taken at the call), an RDMA
+ *    WRITE with immediate, a READ and a FETCH_AND_ADD, all posted by one complete and each
+ *    completing with its wr_id and effect. A batch is refused whole: a setter before any
+ *    builder makes ibv_wr_complete return EINVAL and the good request after it is not
+ *    posted either; ibv_wr_abort drops what was built.
+ */
+static void scenario_wr_api(struct dev *d0, struct dev *d1)
+{
+	const char *sc = "wr_api";
+	const uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+			     IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+			     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+	struct ep a, b;
+	struct ibv_qp *legacy, *refused;
+	struct ibv_qp_ex *qpx;
+	struct ibv_sge two[2];
+	char inline_buf[16];
+	uint64_t *counter;
+	int rc;
+
+	ep_create(&a, d0);
+	ep_create(&b, d1);
+	if (ibv_qp_to_qp_ex(a.qp))
+		fail("%s: ibv_qp_to_qp_ex of a legacy QP is not NULL", sc);
+	refused = create_qp_ex_ops(&a, d0, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW);
+	if (refused || errno != EOPNOTSUPP)
+		fail("%s: send_ops BIND_MW: %s, expected EOPNOTSUPP", sc,
+		     refused ? "created" : strerror(errno));
+	/* Swap a's QP for an extended one on the same CQ. */
+	legacy = a.qp;
+	a.qp = create_qp_ex_ops(&a, d0, ops);
+	if (!a.qp)
+		die("%s: ibv_create_qp_ex: %s", sc, strerror(errno));
+	if (ibv_destroy_qp(legacy))
+		fail("%s: ibv_destroy_qp", sc);
+	a.psn = (a.qp->qp_num * 2654435761u) & 0xffffff;
+	qpx = ibv_qp_to_qp_ex(a.qp);
+	if (!qpx)
+		die("%s: ibv_qp_to_qp_ex of an extended QP is NULL", sc);
+	connect_pair(&a, &b);
+
+	counter = (uint64_t *)(b.buf + 1024);
+	*counter = 40;
+	memcpy(a.buf, "scatter", 7);
+	memcpy(a.buf + 64, "gather", 6);
+	two[0] = (struct ibv_sge){ (uintptr_t)a.buf, 7, a.mr->lkey };
+	two[1] = (struct ibv_sge){ (uintptr_t)(a.buf + 64), 6, a.mr->lkey };
+	memcpy(inline_buf, "inline!", 8);
+	for (int i = 0; i < 3; i++) {
+		struct ibv_sge sge = { (uintptr_t)(b.buf + 256 * i), 256, b.mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = 1 + i, .sg_list = &sge, .num_sge = 1 };
+		struct ibv_recv_wr *bad;
+
+		must_post(sc, "recv", ibv_post_recv(b.qp, &wr, &bad));
+	}
+
+	ibv_wr_start(qpx);
+	qpx->wr_id = 11;
+	qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qpx);
+	ibv_wr_set_sge_list(qpx, 2, two);
+	qpx->wr_id = 12;
+	qpx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_send_imm(qpx, htonl(7));
+	ibv_wr_set_inline_data(qpx, inline_buf, 8);
+	memcpy(inline_buf, "CHANGED", 8);
+	qpx->wr_id = 13;
+	qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write_imm(qpx, b.mr->rkey, (uintptr_t)(b.buf + 2048), htonl(9));
+	ibv_wr_set_sge(qpx, a.mr->lkey, (uintptr_t)a.buf, 7);
+	qpx->wr_id = 14;
+	ibv_wr_rdma_read(qpx, b.mr->rkey, (uintptr_t)(b.buf + 2048));
+	ibv_wr_set_sge(qpx, a.mr->lkey, (uintptr_t)(a.buf + 512), 7);
+	qpx->wr_id = 15;
+	ibv_wr_atomic_fetch_add(qpx, b.mr->rkey, (uintptr_t)counter, 2);
+	ibv_wr_set_sge(qpx, a.mr->lkey, (uintptr_t)(a.buf + 1024), 8);
+	rc = ibv_wr_complete(qpx);
+	if (rc)
+		fail("%s: ibv_wr_complete: %s", sc, strerror(rc));
+	for (uint64_t id = 11; id <= 15; id++)
+		expect_wc(sc, "requester", &a, id, IBV_WC_SUCCESS, POLL_MS);
+	for (uint64_t id = 1; id <= 3; id++)
+		expect_wc(sc, "responder", &b, id, IBV_WC_SUCCESS, POLL_MS);
+	if (memcmp(b.buf, "scattergather", 13))
+		fail("%s: the SGE-list SEND brought \"%.13s\"", sc, b.buf);
+	if (memcmp(b.buf + 256, "inline!", 8))
+		fail("%s: the inline SEND brought \"%.8s\" (not copied at the call?)", sc,
+		     b.buf + 256);
+	if (memcmp(b.buf + 2048, "scatter", 7))
+		fail("%s: WRITE left \"%.7s\"", sc, b.buf + 2048);
+	if (memcmp(a.buf + 512, "scatter", 7))
+		fail("%s: READ brought \"%.7s\"", sc, a.buf + 512);
+	if (*(uint64_t *)(a.buf + 1024) != 40 || *counter != 42)
+		fail("%s: FETCH_AND_ADD returned %" PRIu64 ", left %" PRIu64, sc,
+		     *(uint64_t *)(a.buf + 1024), *counter);
+	expect_no_wc(sc, "requester", &a);
+
+	/* A setter before any builder: the batch fails whole, a good request with it. */
+	ibv_wr_start(qpx);
+	ibv_wr_set_sge(qpx, a.mr->lkey, (uintptr_t)a.buf, 4);
+	qpx->wr_id = 21;
+	qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qpx);
+	ibv_wr_set_sge(qpx, a.mr->lkey, (uintptr_t)a.buf, 4);
+	rc = ibv_wr_complete(qpx);
+	if (rc != EINVAL)
+		fail("%s: setter before builder: ibv_wr_complete %d, expected EINVAL", sc, rc);
+	/* Aborted: nothing is sent. */
+	ibv_wr_start(qpx);
+	qpx->wr_id = 22;
+	ibv_wr_send(qpx);
+	ibv_wr_set_sge(qpx, a.mr->lkey, (uintptr_t)a.buf, 4);
+	ibv_wr_abort(qpx);
+	expect_no_wc(sc, "requester", &a);
+	expect_no_wc(sc, "responder", &b);
+
+	ep_destroy(&a);
+	ep_destroy(&b);
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -1800,6 +1944,7 @@ int main(void)
 	scenario_abi(&d0);
 	scenario_checks(&d0, &d1);
 	scenario_cq_ex(&d0, &d1);
+	scenario_wr_api(&d0, &d1);
 
 	close_dev(&d0);
 	close_dev(&d1);
