@@ -332,8 +332,9 @@ pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
             fail_front(qp, ctx, status);
             return;
         }
+        // A local operation at the front ran (`done`) once every WQE before it completed.
         let finished = w.started
-            && if w.wr.opcode.is_read_or_atomic() {
+            && if w.wr.opcode.is_read_or_atomic() || w.wr.opcode.is_local() {
                 w.done
             } else {
                 w.last_psn().is_before(qp.req.una)
@@ -356,6 +357,7 @@ pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
                 grh: false,
                 ipv4: false,
                 timestamp: Instant::ZERO,
+                invalidated_rkey: None,
             };
             ctx.complete(qp.init.send_cq, wc);
         }
@@ -395,6 +397,7 @@ pub(crate) fn fail_front<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, status:
             grh: false,
             ipv4: false,
             timestamp: Instant::ZERO,
+            invalidated_rkey: None,
         };
         ctx.complete(qp.init.send_cq, wc);
     }

@@ -89,6 +89,10 @@ pub struct Counters {
     /// Dropped: a UC request the responder's checks refused (opcode sequence, length, R_Key);
     /// UC answers nothing, so the rest of its message goes too.
     pub drop_uc_invalid: u64,
+    /// Memory window binds that failed their checks (`IBV_WC_MW_BIND_ERR`).
+    pub mw_bind_errors: u64,
+    /// Invalidations refused, local (`IBV_WR_LOCAL_INV`) or a peer's (SEND with invalidate).
+    pub invalidate_errors: u64,
 }
 
 /// One queue pair's counters: what `rdma statistic qp` shows per QP on Linux, for finding which
@@ -167,6 +171,8 @@ impl Counters {
             ("drop_not_gmp", self.drop_not_gmp),
             ("drop_gsi_overflow", self.drop_gsi_overflow),
             ("drop_uc_invalid", self.drop_uc_invalid),
+            ("mw_bind_errors", self.mw_bind_errors),
+            ("invalidate_errors", self.invalidate_errors),
         ]
     }
 

@@ -9,7 +9,7 @@ use std::fmt;
 use uroce_wire::icrc::{IdRecovery, Ipv4IdPolicy, PseudoCache, PseudoHeader};
 use uroce_wire::ip::{IpRepr, Ipv4Repr, Ipv6Repr};
 use uroce_wire::opcode::OpFlags;
-use uroce_wire::{PacketRepr, Psn, Qpn, ROCE_V2_PORT, bth};
+use uroce_wire::{PacketRepr, Psn, Qpn, RKey, ROCE_V2_PORT, bth};
 
 use crate::counters::Counters;
 use crate::cq::{Arm, Cq};
@@ -20,8 +20,8 @@ use crate::rng::Rng;
 use crate::srq::Srq;
 use crate::time::Instant;
 use crate::types::{
-    Access, AhAttr, AhHandle, CqHandle, LKey, Mtu, PdHandle, QpState, QpType, RecvWr, SendWr,
-    SrqHandle, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    Access, AhAttr, AhHandle, CqHandle, LKey, Mtu, MwHandle, MwType, PdHandle, QpState, QpType,
+    RecvWr, SendWr, SrqHandle, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use crate::watch::QpWatch;
 use crate::{completer, requester, responder};
@@ -110,6 +110,8 @@ pub struct DeviceAttr {
     pub max_cqe: u32,
     /// Memory regions at once.
     pub max_mr: u32,
+    /// Memory windows at once.
+    pub max_mw: u32,
     /// Bytes of inline data per send work request.
     pub max_inline_data: u32,
     /// READ and atomic requests a QP may have outstanding, or serve, at once.
@@ -133,6 +135,7 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
     max_sge: 32,
     max_cqe: 1 << 20,
     max_mr: 1 << 20,
+    max_mw: 1 << 20,
     max_inline_data: 1024,
     max_qp_rd_atom: crate::qp::MAX_RD_ATOMIC,
     max_msg_sz: 1 << 31,
@@ -742,6 +745,7 @@ impl<M: MemoryAccess> Device<M> {
             return Err(DestroyError::Unknown);
         }
         let used = self.ctx.mrs.any_in(pd)
+            || self.ctx.mrs.any_window_in(pd)
             || self.qps.values().any(|qp| qp.init.pd == pd)
             || self.ctx.srqs.values().any(|s| s.pd == pd)
             || self.ctx.ahs.values().any(|ah| ah.pd == pd);
@@ -792,6 +796,30 @@ impl<M: MemoryAccess> Device<M> {
             return Some(Err(CreateError::UnknownPd));
         }
         self.ctx.mrs.update(lkey, pd, addr, length, access).map(Ok)
+    }
+
+    /// Allocates a memory window of `pd` (`ibv_alloc_mw`; IBA 10.6.7.1): unbound, with its
+    /// handle and first key.
+    pub fn alloc_mw(
+        &mut self,
+        pd: PdHandle,
+        kind: MwType,
+    ) -> Result<(MwHandle, RKey), CreateError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(CreateError::UnknownPd);
+        }
+        within("max_mw", self.ctx.mrs.windows() as u64 + 1, u64::from(DEVICE_ATTR.max_mw))?;
+        Ok(self.ctx.mrs.alloc_window(&mut self.ctx.rng, pd, kind))
+    }
+
+    /// Deallocates a window (`ibv_dealloc_mw`): its key stops working at once, bound or not.
+    pub fn dealloc_mw(&mut self, mw: MwHandle) -> Result<(), DestroyError> {
+        self.ctx.mrs.dealloc_window(mw).map(|_| ()).ok_or(DestroyError::Unknown)
+    }
+
+    /// A window's current key: what the last successful bind gave it.
+    pub fn mw_rkey(&self, mw: MwHandle) -> Option<RKey> {
+        self.ctx.mrs.window(mw).map(|(_, _, rkey)| rkey)
     }
 
     /// Deregisters a region: its keys stop working at once. `None` if the key is unknown.
@@ -1266,6 +1294,7 @@ impl<M: MemoryAccess> Device<M> {
         let mtu = qp.mtu.bytes();
         let npkts = match wr.opcode {
             WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 1,
+            WrOpcode::LocalInv | WrOpcode::BindMw => 0,
             _ => len.div_ceil(mtu).max(1),
         };
         qp.req.sq.push_back(SendWqe {
@@ -1659,14 +1688,24 @@ fn validate_send(qp: &Qp, wr: &SendWr) -> Result<u32, PostError> {
     if qp.req.sq.len() >= qp.init.cap.max_send_wr as usize {
         return Err(PostError::QueueFull);
     }
-    // IBA 9.8: UC carries SEND and RDMA WRITE only; UD carries SEND only.
+    // IBA 9.8: UC carries SEND and RDMA WRITE only; UD carries SEND only. SEND with
+    // invalidate is RC's (its opcodes exist for RC and XRC only); windows are bound and keys
+    // invalidated on connected QPs (IBA 10.6.7.2).
+    let op = wr.opcode;
     let supported = match qp.init.qp_type {
         QpType::Rc => true,
-        QpType::Uc => !wr.opcode.is_read_or_atomic(),
-        QpType::Ud => !wr.opcode.is_rdma(),
+        QpType::Uc => !op.is_read_or_atomic() && op != WrOpcode::SendWithInv,
+        QpType::Ud => matches!(op, WrOpcode::Send | WrOpcode::SendWithImm),
     };
     if !supported {
         return Err(PostError::UnsupportedOpcode);
+    }
+    match op {
+        WrOpcode::BindMw if wr.bind.is_none() => return Err(PostError::MissingBind),
+        WrOpcode::LocalInv | WrOpcode::SendWithInv if wr.invalidate_rkey.is_none() => {
+            return Err(PostError::MissingInvalidateKey);
+        }
+        _ => {}
     }
     if wr.opcode.is_rdma() && wr.remote.is_none() {
         return Err(PostError::MissingRemote);
@@ -1715,5 +1754,6 @@ pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> WorkCompletion
         grh: false,
         ipv4: false,
         timestamp: Instant::ZERO,
+        invalidated_rkey: None,
     }
 }

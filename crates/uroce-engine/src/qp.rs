@@ -222,6 +222,10 @@ pub enum PostError {
     MissingAddressHandle,
     /// No address handle with this handle in the QP's protection domain.
     UnknownAh,
+    /// A bind work request without its binding.
+    MissingBind,
+    /// A local invalidate or SEND with invalidate without the key.
+    MissingInvalidateKey,
     /// A UD message longer than the path MTU: a datagram is one packet (IBA 9.8.2).
     ExceedsMtu {
         /// The message length.
@@ -250,6 +254,8 @@ impl fmt::Display for PostError {
             Self::UnknownSrq => f.write_str("no such shared receive queue"),
             Self::MissingAddressHandle => f.write_str("UD send without an address handle"),
             Self::UnknownAh => f.write_str("no such address handle in the QP's protection domain"),
+            Self::MissingBind => f.write_str("bind work request without a window and binding"),
+            Self::MissingInvalidateKey => f.write_str("invalidation without the key to invalidate"),
             Self::ExceedsMtu { len, mtu } => {
                 write!(f, "a {len}-byte datagram exceeds the {mtu}-byte MTU")
             }
@@ -654,7 +660,7 @@ mod size_tests {
     fn a_qp_and_its_work_requests_cost_what_the_readme_says() {
         let sizes = [
             ("a QP", size_of::<super::Qp>(), 1024),
-            ("a send WQE", size_of::<super::SendWqe>(), 160),
+            ("a send WQE", size_of::<super::SendWqe>(), 176),
             ("a receive WQE", size_of::<super::RecvWqe>(), 32),
             ("a queued response", size_of::<super::Response>(), 40),
         ];

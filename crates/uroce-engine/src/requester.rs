@@ -6,7 +6,7 @@
 //! `next_pkt` and `next_psn` (see `completer::rewind`); this module just sends from there.
 
 use uroce_wire::opcode::Opcode;
-use uroce_wire::{ExtHeaders, PacketRepr, atomic_eth, bth, deth, immdt, reth};
+use uroce_wire::{ExtHeaders, PacketRepr, atomic_eth, bth, deth, ieth, immdt, reth};
 
 use crate::completer;
 use crate::device::{Ctx, Transmit};
@@ -24,6 +24,24 @@ pub(crate) fn poll<M: MemoryAccess>(
 ) -> Option<Transmit> {
     if !qp.has_request_work(now) {
         return None;
+    }
+    // Local operations (memory window binds, local invalidations) run when their turn in the
+    // send queue comes, and put nothing on the wire (IBA 10.6.7.2, 10.8).
+    while qp.req.sq.get(qp.req.next_wqe).is_some_and(|w| w.wr.opcode.is_local()) {
+        let idx = qp.req.next_wqe;
+        if !qp.req.sq.get(idx).is_some_and(|w| w.started) {
+            if !start_wqe(qp, ctx, idx) {
+                return None;
+            }
+            if !run_local(qp, ctx, idx) {
+                return None;
+            }
+        }
+        qp.req.next_wqe += 1;
+        completer::drain(qp, ctx);
+        if !qp.has_request_work(now) {
+            return None;
+        }
     }
     let idx = qp.req.next_wqe;
     // The window: packets sent and not acknowledged, within the device's limit and the QP's
@@ -82,8 +100,20 @@ pub(crate) fn poll<M: MemoryAccess>(
                 Opcode::RC_FETCH_ADD
             }
         }
+        // Handled above; never reaches the wire.
+        WrOpcode::LocalInv | WrOpcode::BindMw => return None,
+        // IBA 9.4.1.2: the last packet of a SEND with invalidate carries the key in an IETH.
+        WrOpcode::SendWithInv if last => {
+            ext.ieth = w.wr.invalidate_rkey.map(|rkey| ieth::Repr { rkey });
+            if first {
+                Opcode::RC_SEND_ONLY_WITH_INVALIDATE
+            } else {
+                Opcode::RC_SEND_LAST_WITH_INVALIDATE
+            }
+        }
         WrOpcode::Send
         | WrOpcode::SendWithImm
+        | WrOpcode::SendWithInv
         | WrOpcode::RdmaWrite
         | WrOpcode::RdmaWriteWithImm => {
             let is_write = matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm);
@@ -240,6 +270,39 @@ fn start_wqe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) -> bool
     if !local_ok {
         fail_at_start(qp, ctx, idx, WcStatus::LOC_PROT_ERR);
         return false;
+    }
+    true
+}
+
+/// Runs local WQE `idx` (started): binds its window or invalidates its key in the memory
+/// table. A failure ends it with the memory-management error, `IBV_WC_MW_BIND_ERR` (IBA
+/// 10.6.7.2.4, rxe alike), and the QP in Error. Returns whether it succeeded.
+fn run_local<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) -> bool {
+    let Some(w) = qp.req.sq.get(idx) else { return false };
+    let (pd, qpn) = (qp.init.pd, qp.qpn);
+    let ok = match (w.wr.opcode, &w.wr.bind, w.wr.invalidate_rkey) {
+        (WrOpcode::BindMw, Some(b), _) => match ctx.mrs.bind(b, pd, qpn) {
+            Ok(_) => true,
+            Err(_) => {
+                ctx.counters.mw_bind_errors += 1;
+                false
+            }
+        },
+        (WrOpcode::LocalInv, _, Some(rkey)) => match ctx.mrs.invalidate(rkey, pd, qpn, false) {
+            Ok(()) => true,
+            Err(_) => {
+                ctx.counters.invalidate_errors += 1;
+                false
+            }
+        },
+        _ => false,
+    };
+    if !ok {
+        fail_at_start(qp, ctx, idx, WcStatus::MW_BIND_ERR);
+        return false;
+    }
+    if let Some(w) = qp.req.sq.get_mut(idx) {
+        w.done = true;
     }
     true
 }

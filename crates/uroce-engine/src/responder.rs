@@ -383,6 +383,7 @@ fn recv_wc(
         grh: false,
         ipv4: false,
         timestamp: Instant::ZERO,
+        invalidated_rkey: None,
     }
 }
 
@@ -512,8 +513,21 @@ fn send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
     }
     let written = written + u32::try_from(packet.payload.len()).unwrap_or(u32::MAX);
     if info.contains(OpFlags::LAST) {
+        // IBA 9.4.1.2 / 10.6.7.2.7: a SEND with invalidate frees the type 2 window its IETH
+        // names, bound to this QP, before the receive completes; a key that cannot be
+        // invalidated is an invalid request (rxe: the receive ends in REM_INV_REQ_ERR).
+        let invalidated = packet.ext.ieth.map(|i| i.rkey);
+        if let Some(rkey) = invalidated
+            && ctx.mrs.invalidate(rkey, qp.init.pd, qp.qpn, true).is_err()
+        {
+            ctx.counters.invalidate_errors += 1;
+            let refused = Some((wqe, WcStatus::REM_INV_REQ_ERR));
+            fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, refused);
+            return false;
+        }
         let imm = packet.ext.immdt.map(|i| i.imm);
-        let wc = recv_wc(qp, wqe.wr.wr_id, WcStatus::SUCCESS, WcOpcode::Recv, written, imm);
+        let mut wc = recv_wc(qp, wqe.wr.wr_id, WcStatus::SUCCESS, WcOpcode::Recv, written, imm);
+        wc.invalidated_rkey = invalidated;
         ctx.complete_solicited(qp.init.recv_cq, wc, packet.bth.solicited);
     } else {
         qp.resp.current = Some(InMessage::Send { wqe, written });
@@ -547,11 +561,18 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
         let addr = va.wrapping_add(u64::from(written));
         if ctx
             .mrs
-            .check_remote(rkey, qp.init.pd, addr, u64::from(len), Access::REMOTE_WRITE)
+            .check_remote(rkey, qp.init.pd, qp.qpn, addr, u64::from(len), Access::REMOTE_WRITE)
             .is_err()
             || ctx
                 .mrs
-                .check_remote(rkey, qp.init.pd, va, u64::from(dma_len), Access::REMOTE_WRITE)
+                .check_remote(
+                    rkey,
+                    qp.init.pd,
+                    qp.qpn,
+                    va,
+                    u64::from(dma_len),
+                    Access::REMOTE_WRITE,
+                )
                 .is_err()
         {
             fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
@@ -612,6 +633,7 @@ fn read<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
             .check_remote(
                 reth.rkey,
                 qp.init.pd,
+                qp.qpn,
                 reth.va,
                 u64::from(reth.dma_len),
                 Access::REMOTE_READ,
@@ -666,7 +688,7 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
         fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
         return;
     }
-    if ctx.mrs.check_remote(a.rkey, qp.init.pd, a.va, 8, Access::REMOTE_ATOMIC).is_err() {
+    if ctx.mrs.check_remote(a.rkey, qp.init.pd, qp.qpn, a.va, 8, Access::REMOTE_ATOMIC).is_err() {
         fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
         return;
     }
@@ -752,7 +774,14 @@ pub(crate) fn poll<M: MemoryAccess>(
             if chunk > 0
                 && ctx
                     .mrs
-                    .check_remote(rkey, qp.init.pd, addr, u64::from(chunk), Access::REMOTE_READ)
+                    .check_remote(
+                        rkey,
+                        qp.init.pd,
+                        qp.qpn,
+                        addr,
+                        u64::from(chunk),
+                        Access::REMOTE_READ,
+                    )
                     .is_err()
             {
                 qp.resp.out.pop_front();

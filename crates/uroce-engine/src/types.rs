@@ -102,6 +102,11 @@ impl Access {
     pub const REMOTE_READ: Self = Self(1 << 2);
     /// A peer may perform atomic operations.
     pub const REMOTE_ATOMIC: Self = Self(1 << 3);
+    /// Memory windows may be bound to the region (`IBV_ACCESS_MW_BIND`; IBA 10.6.7.2 C10-73).
+    pub const MW_BIND: Self = Self(1 << 4);
+    /// The rights a memory window can grant.
+    pub const REMOTE: Self =
+        Self(Self::REMOTE_WRITE.0 | Self::REMOTE_READ.0 | Self::REMOTE_ATOMIC.0);
 
     /// Whether every right in `other` is granted.
     pub const fn contains(self, other: Self) -> bool {
@@ -249,9 +254,20 @@ pub enum WrOpcode {
     AtomicCmpAndSwp,
     /// Atomic fetch and add of 8 bytes.
     AtomicFetchAndAdd,
+    /// SEND that invalidates a key at the responder (`IBV_WR_SEND_WITH_INV`; IETH, IBA 9.4.1.2
+    /// and 10.6.7.2.7): RC only.
+    SendWithInv,
+    /// Invalidates a type 2 memory window's key here (`IBV_WR_LOCAL_INV`; IBA 10.6.7.2.6).
+    LocalInv,
+    /// Binds a memory window (`IBV_WR_BIND_MW`, `ibv_bind_mw`; IBA 10.6.7.2).
+    BindMw,
 }
 
 impl WrOpcode {
+    /// Local operations: executed on this device in send-queue order, nothing on the wire.
+    pub const fn is_local(self) -> bool {
+        matches!(self, Self::LocalInv | Self::BindMw)
+    }
     /// READ or atomic: operations that wait for response data and count against
     /// `max_rd_atomic`.
     pub const fn is_read_or_atomic(self) -> bool {
@@ -263,7 +279,18 @@ impl WrOpcode {
     }
     /// Operations that name remote memory.
     pub const fn is_rdma(self) -> bool {
-        !matches!(self, Self::Send | Self::SendWithImm)
+        matches!(
+            self,
+            Self::RdmaWrite
+                | Self::RdmaWriteWithImm
+                | Self::RdmaRead
+                | Self::AtomicCmpAndSwp
+                | Self::AtomicFetchAndAdd
+        )
+    }
+    /// SENDs of every kind.
+    pub const fn is_send(self) -> bool {
+        matches!(self, Self::Send | Self::SendWithImm | Self::SendWithInv)
     }
     /// Operations that carry immediate data.
     pub const fn has_imm(self) -> bool {
@@ -338,6 +365,41 @@ pub struct SendWr {
     pub inline_data: Option<Vec<u8>>,
     /// UD only: where the datagram goes.
     pub ud: Option<UdDest>,
+    /// The key `SendWithInv` invalidates at the responder, or `LocalInv` here.
+    pub invalidate_rkey: Option<RKey>,
+    /// `BindMw`: the window and what it is bound to.
+    pub bind: Option<Box<MwBind>>,
+}
+
+/// A memory window binding (`struct ibv_mw_bind_info` with the window and its new key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBind {
+    /// The window.
+    pub mw: MwHandle,
+    /// The window's key as the consumer named it (`ibv_bind_mw`: the current one; a type 2
+    /// bind request: the new one, whose low 8 bits are the consumer's key, IBA 10.6.7.2.3).
+    pub rkey: RKey,
+    /// The region the window lies in (`lkey`: `bind_info.mr`).
+    pub mr: LKey,
+    /// First address of the window.
+    pub addr: u64,
+    /// Length; 0 unbinds a type 1 window.
+    pub length: u64,
+    /// The remote rights the window grants (a subset of [`Access::REMOTE`]).
+    pub access: Access,
+}
+
+/// A memory window (`ibv_alloc_mw`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MwHandle(pub u32);
+
+/// The two kinds of memory window (IBA 10.6.7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MwType {
+    /// Bound with `ibv_bind_mw`, usable by every QP of its PD, never invalidated.
+    Type1,
+    /// Bound by a work request to one QP (type 2B), invalidated locally or by the peer.
+    Type2,
 }
 
 impl SendWr {
@@ -354,6 +416,8 @@ impl SendWr {
             swap: 0,
             inline_data: None,
             ud: None,
+            invalidate_rkey: None,
+            bind: None,
         }
     }
 }
@@ -384,6 +448,8 @@ impl WcStatus {
     pub const LOC_PROT_ERR: Self = Self(4);
     /// Flushed: the QP was in the Error state.
     pub const WR_FLUSH_ERR: Self = Self(5);
+    /// A memory window bind failed its checks (IBA 10.6.7.2.4).
+    pub const MW_BIND_ERR: Self = Self(6);
     /// Bad response: an unexpected response opcode or length.
     pub const BAD_RESP_ERR: Self = Self(7);
     /// The responder reported an invalid request (NAK invalid request).
@@ -407,6 +473,7 @@ impl WcStatus {
             2 => "LOC_QP_OP_ERR",
             4 => "LOC_PROT_ERR",
             5 => "WR_FLUSH_ERR",
+            6 => "MW_BIND_ERR",
             7 => "BAD_RESP_ERR",
             9 => "REM_INV_REQ_ERR",
             10 => "REM_ACCESS_ERR",
@@ -451,12 +518,18 @@ pub enum WcOpcode {
     Recv,
     /// A received RDMA WRITE with immediate.
     RecvRdmaWithImm,
+    /// A memory window bound.
+    BindMw,
+    /// A key invalidated locally.
+    LocalInv,
 }
 
 impl From<WrOpcode> for WcOpcode {
     fn from(op: WrOpcode) -> Self {
         match op {
-            WrOpcode::Send | WrOpcode::SendWithImm => Self::Send,
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => Self::Send,
+            WrOpcode::LocalInv => Self::LocalInv,
+            WrOpcode::BindMw => Self::BindMw,
             WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => Self::RdmaWrite,
             WrOpcode::RdmaRead => Self::RdmaRead,
             WrOpcode::AtomicCmpAndSwp => Self::CompSwap,
@@ -487,6 +560,9 @@ pub struct WorkCompletion {
     pub grh: bool,
     /// UD receives: that header is IPv4 (RoCEv2 over IPv4; IPv6 otherwise).
     pub ipv4: bool,
+    /// Receives of a SEND with invalidate: the key the sender invalidated here
+    /// (`IBV_WC_WITH_INV`, `wc.invalidated_rkey`).
+    pub invalidated_rkey: Option<RKey>,
     /// When the completion entered its CQ, on the engine's clock (the latest time the runtime
     /// has passed in): `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`.
     pub timestamp: crate::Instant,

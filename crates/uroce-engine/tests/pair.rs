@@ -1611,3 +1611,212 @@ fn connect_again_and_post(p: &mut Pair, k: u64) {
     }
     p.post_recv(B, k, 0, 8);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Memory windows (IBA 10.6.7): B binds, A reaches B's memory through the window's key.
+
+/// The key after `k` with the next 8-bit tag (`ibv_inc_rkey`).
+fn next_tag(k: RKey) -> RKey {
+    RKey((k.0 & !0xff) | (k.0.wrapping_add(1) & 0xff))
+}
+
+/// A region of B's buffer that windows may be bound to, with `access` besides `MW_BIND`.
+fn bindable(p: &mut Pair, access: Access) -> MemoryRegion {
+    let (pd, base) = (p.hosts[B].pd, p.hosts[B].mr.addr);
+    p.net[B].dev.reg_mr(pd, base, BUF, access | Access::MW_BIND).unwrap()
+}
+
+/// B binds window `mw` (key `rkey`) to `len` bytes at `offset` of `mr` with `access`, on its
+/// QP; returns the bind's completion status.
+fn bind(
+    p: &mut Pair,
+    mw: MwHandle,
+    rkey: RKey,
+    mr: &MemoryRegion,
+    span: (u64, u64),
+    access: Access,
+) -> WcStatus {
+    let mut wr = SendWr::new(50, WrOpcode::BindMw, vec![]);
+    let (offset, length) = span;
+    wr.bind =
+        Some(Box::new(MwBind { mw, rkey, mr: mr.lkey, addr: mr.addr + offset, length, access }));
+    p.post_send(B, wr);
+    p.run(Duration::from_millis(5));
+    let wcs = p.cq(B);
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    assert_eq!(wcs[0].opcode, WcOpcode::BindMw);
+    wcs[0].status
+}
+
+/// A's RDMA WRITE of 8 bytes at `offset` of B's buffer through `rkey`: its status.
+fn write_through(p: &mut Pair, rkey: RKey, offset: u64) -> WcStatus {
+    let mut wr = write_wr(p, 60, 0, offset, 8);
+    wr.remote = Some(RemoteAddr { addr: p.hosts[B].mr.addr + offset, rkey });
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(20));
+    let wcs = p.cq(A);
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    wcs[0].status
+}
+
+#[test]
+fn a_type_1_window_opens_its_range_and_nothing_else() {
+    // Not yet bound: the key reaches nothing.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let pd = p.hosts[B].pd;
+    let (_, k0) = p.net[B].dev.alloc_mw(pd, MwType::Type1).unwrap();
+    assert_eq!(write_through(&mut p, k0, 0x100), WcStatus::REM_ACCESS_ERR);
+
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mr = bindable(&mut p, Access::LOCAL_WRITE);
+    let pd = p.hosts[B].pd;
+    let (mw, k0) = p.net[B].dev.alloc_mw(pd, MwType::Type1).unwrap();
+    let k1 = next_tag(k0);
+    assert_eq!(
+        bind(&mut p, mw, k1, &mr, (0x1000, 0x1000), Access::REMOTE_WRITE),
+        WcStatus::SUCCESS
+    );
+    assert_eq!(p.net[B].dev.mw_rkey(mw), Some(k1));
+    let data = fill(&mut p, A, 0, 8, 9);
+    assert_eq!(write_through(&mut p, k1, 0x1ff8), WcStatus::SUCCESS, "inside the window");
+    assert_eq!(p.mem(B, 0x1ff8, 8), &data[..]);
+    // Four bytes past the window, though inside the region: refused.
+    assert_eq!(write_through(&mut p, k1, 0x1ffc), WcStatus::REM_ACCESS_ERR);
+}
+
+#[test]
+fn a_window_refuses_rights_it_was_not_given_and_stale_keys() {
+    // Bound for READ only: a WRITE through it is a remote access error.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mr = bindable(&mut p, Access::LOCAL_WRITE);
+    let pd = p.hosts[B].pd;
+    let (mw, k0) = p.net[B].dev.alloc_mw(pd, MwType::Type1).unwrap();
+    assert_eq!(
+        bind(&mut p, mw, next_tag(k0), &mr, (0, 0x1000), Access::REMOTE_READ),
+        WcStatus::SUCCESS
+    );
+    assert_eq!(write_through(&mut p, next_tag(k0), 0), WcStatus::REM_ACCESS_ERR);
+
+    // A rebind gives a new key: the old one stops working.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mr = bindable(&mut p, Access::LOCAL_WRITE);
+    let pd = p.hosts[B].pd;
+    let (mw, k0) = p.net[B].dev.alloc_mw(pd, MwType::Type1).unwrap();
+    let (k1, k2) = (next_tag(k0), next_tag(next_tag(k0)));
+    let rw = Access::REMOTE_WRITE;
+    assert_eq!(bind(&mut p, mw, k1, &mr, (0, 0x1000), rw), WcStatus::SUCCESS);
+    assert_eq!(bind(&mut p, mw, k2, &mr, (0, 0x1000), rw), WcStatus::SUCCESS);
+    assert_eq!(write_through(&mut p, k2, 0), WcStatus::SUCCESS);
+    assert_eq!(write_through(&mut p, k1, 0), WcStatus::REM_ACCESS_ERR, "the key before the rebind");
+}
+
+#[test]
+fn binds_that_break_a_rule_end_in_mw_bind_err() {
+    type Case = (&'static str, Access, MwType, (u64, u64), Access);
+    let cases: [Case; 4] = [
+        // C10-73: the region must allow binding.
+        ("region without MW_BIND", Access::NONE, MwType::Type1, (0, 64), Access::REMOTE_READ),
+        // C10-74: a writable window needs local write on the region.
+        ("writable over read-only", Access::MW_BIND, MwType::Type1, (0, 64), Access::REMOTE_WRITE),
+        // C10-75: inside the region.
+        (
+            "past the region",
+            Access::MW_BIND | Access::LOCAL_WRITE,
+            MwType::Type1,
+            (BUF - 8, 64),
+            Access::REMOTE_READ,
+        ),
+        // o10-37.2.40: a type 2 window is never bound to nothing.
+        ("type 2 of length 0", Access::MW_BIND, MwType::Type2, (0, 0), Access::REMOTE_READ),
+    ];
+    for (what, mr_access, kind, span, rights) in cases {
+        let mut p = Pair::new(Mtu::Mtu1024);
+        let (pd, base) = (p.hosts[B].pd, p.hosts[B].mr.addr);
+        let mr = p.net[B].dev.reg_mr(pd, base, BUF, mr_access).unwrap();
+        let (mw, k0) = p.net[B].dev.alloc_mw(pd, kind).unwrap();
+        let status = bind(&mut p, mw, next_tag(k0), &mr, span, rights);
+        assert_eq!(status, WcStatus::MW_BIND_ERR, "{what}");
+        assert_eq!(p.net[B].dev.counters().mw_bind_errors, 1, "{what}");
+        assert_eq!(p.net[B].dev.mw_rkey(mw), Some(k0), "{what}: the key did not change");
+    }
+}
+
+#[test]
+fn a_type_2_window_is_invalidated_by_the_peer_and_then_refuses_access() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mr = bindable(&mut p, Access::LOCAL_WRITE);
+    let pd = p.hosts[B].pd;
+    let (mw, k0) = p.net[B].dev.alloc_mw(pd, MwType::Type2).unwrap();
+    let k1 = next_tag(k0);
+    assert_eq!(bind(&mut p, mw, k1, &mr, (0, 0x1000), Access::REMOTE_WRITE), WcStatus::SUCCESS);
+    assert_eq!(write_through(&mut p, k1, 0x10), WcStatus::SUCCESS);
+    // A bound type 2 window cannot be bound again before it is invalidated (o10-37.2.30).
+    let k2 = next_tag(k1);
+    assert_eq!(bind(&mut p, mw, k2, &mr, (0, 0x1000), Access::REMOTE_WRITE), WcStatus::MW_BIND_ERR);
+
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mr = bindable(&mut p, Access::LOCAL_WRITE);
+    let pd = p.hosts[B].pd;
+    let (mw, k0) = p.net[B].dev.alloc_mw(pd, MwType::Type2).unwrap();
+    let k1 = next_tag(k0);
+    assert_eq!(bind(&mut p, mw, k1, &mr, (0, 0x1000), Access::REMOTE_WRITE), WcStatus::SUCCESS);
+    p.post_recv(B, 7, 0x8_0000, 64);
+    let mut inv = SendWr::new(8, WrOpcode::SendWithInv, vec![p.sge(A, 0, 16)]);
+    inv.invalidate_rkey = Some(k1);
+    p.post_send(A, inv);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(8, WcStatus::SUCCESS)]);
+    let recv = p.cq(B);
+    assert_eq!((recv[0].status, recv[0].byte_len), (WcStatus::SUCCESS, 16));
+    assert_eq!(recv[0].invalidated_rkey, Some(k1), "IBV_WC_WITH_INV and the key");
+    assert!(p.log().iter().any(|l| l.2 == Opcode::RC_SEND_ONLY_WITH_INVALIDATE));
+    assert_eq!(write_through(&mut p, k1, 0x10), WcStatus::REM_ACCESS_ERR, "invalidated");
+}
+
+#[test]
+fn a_type_2_window_is_rebound_after_a_local_invalidate() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mr = bindable(&mut p, Access::LOCAL_WRITE);
+    let pd = p.hosts[B].pd;
+    let (mw, k0) = p.net[B].dev.alloc_mw(pd, MwType::Type2).unwrap();
+    let (k1, k2) = (next_tag(k0), next_tag(next_tag(k0)));
+    let rw = Access::REMOTE_WRITE;
+    assert_eq!(bind(&mut p, mw, k1, &mr, (0, 0x1000), rw), WcStatus::SUCCESS);
+    let mut inv = SendWr::new(51, WrOpcode::LocalInv, vec![]);
+    inv.invalidate_rkey = Some(k1);
+    p.post_send(B, inv);
+    p.run(Duration::from_millis(5));
+    let wcs = p.cq(B);
+    assert_eq!((wcs[0].opcode, wcs[0].status), (WcOpcode::LocalInv, WcStatus::SUCCESS));
+    assert_eq!(bind(&mut p, mw, k2, &mr, (0x2000, 0x1000), rw), WcStatus::SUCCESS);
+    assert_eq!(write_through(&mut p, k2, 0x2000), WcStatus::SUCCESS);
+}
+
+#[test]
+fn invalidating_what_cannot_be_invalidated_fails() {
+    // A type 1 window cannot be invalidated (o10-37.2.26): locally, MW_BIND_ERR here.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let mr = bindable(&mut p, Access::LOCAL_WRITE);
+    let pd = p.hosts[B].pd;
+    let (mw, k0) = p.net[B].dev.alloc_mw(pd, MwType::Type1).unwrap();
+    assert_eq!(
+        bind(&mut p, mw, next_tag(k0), &mr, (0, 64), Access::REMOTE_READ),
+        WcStatus::SUCCESS
+    );
+    let mut inv = SendWr::new(51, WrOpcode::LocalInv, vec![]);
+    inv.invalidate_rkey = Some(next_tag(k0));
+    p.post_send(B, inv);
+    p.run(Duration::from_millis(5));
+    assert_eq!(statuses(&p.cq(B)), [(51, WcStatus::MW_BIND_ERR)]);
+
+    // By the peer, a region's key: an invalid request on both sides, nothing invalidated.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.post_recv(B, 7, 0x8_0000, 64);
+    let mut inv = SendWr::new(8, WrOpcode::SendWithInv, vec![p.sge(A, 0, 16)]);
+    inv.invalidate_rkey = Some(p.hosts[B].mr.rkey);
+    p.post_send(A, inv);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(8, WcStatus::REM_INV_REQ_ERR)]);
+    assert_eq!(statuses(&p.cq(B)), [(7, WcStatus::REM_INV_REQ_ERR)]);
+    assert_eq!(p.net[B].dev.counters().invalidate_errors, 1);
+}

@@ -47,9 +47,10 @@ pub(crate) struct IbvContextOps {
     pub(crate) compat_query_device: Unset,
     pub(crate) compat_query_port: Unset,
     pub(crate) compat_1: [Unset; 5],
-    pub(crate) alloc_mw: Unset,
-    pub(crate) bind_mw: Unset,
-    pub(crate) dealloc_mw: Unset,
+    pub(crate) alloc_mw: Option<unsafe extern "C" fn(*mut IbvPd, c_int) -> *mut IbvMw>,
+    pub(crate) bind_mw:
+        Option<unsafe extern "C" fn(*mut IbvQp, *mut IbvMw, *mut IbvMwBind) -> c_int>,
+    pub(crate) dealloc_mw: Option<unsafe extern "C" fn(*mut IbvMw) -> c_int>,
     pub(crate) compat_create_cq: Unset,
     pub(crate) poll_cq: Option<PollCqFn>,
     pub(crate) req_notify_cq: Option<ReqNotifyFn>,
@@ -453,7 +454,7 @@ pub(crate) struct IbvQpEx {
     pub(crate) wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u64, u64)>,
     pub(crate) wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u64)>,
     pub(crate) wr_bind_mw:
-        Option<unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, u32, *const c_void)>,
+        Option<unsafe extern "C" fn(*mut IbvQpEx, *mut IbvMw, u32, *const IbvMwBindInfo)>,
     pub(crate) wr_local_inv: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
     pub(crate) wr_rdma_read: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64)>,
     pub(crate) wr_rdma_write: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64)>,
@@ -693,7 +694,45 @@ pub(crate) struct IbvSendWr {
     pub(crate) imm_data: u32,
     pub(crate) wr: WrUnion,
     pub(crate) qp_type: u32,
-    pub(crate) bind_mw_or_tso: [u64; 6],
+    /// The `bind_mw` member of the union it shares with `tso`.
+    pub(crate) bind_mw: IbvSendWrBindMw,
+}
+
+/// `ibv_send_wr.bind_mw`: a type 2 bind request (`IBV_WR_BIND_MW`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IbvSendWrBindMw {
+    pub(crate) mw: *mut IbvMw,
+    pub(crate) rkey: u32,
+    pub(crate) bind_info: IbvMwBindInfo,
+}
+
+/// `struct ibv_mw`.
+#[repr(C)]
+pub(crate) struct IbvMw {
+    pub(crate) context: *mut IbvContext,
+    pub(crate) pd: *mut IbvPd,
+    pub(crate) rkey: u32,
+    pub(crate) handle: u32,
+    pub(crate) mw_type: c_int,
+}
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IbvMwBindInfo {
+    pub(crate) mr: *mut IbvMr,
+    pub(crate) addr: u64,
+    pub(crate) length: u64,
+    pub(crate) mw_access_flags: c_uint,
+}
+
+/// `struct ibv_mw_bind`: a type 1 bind (`ibv_bind_mw(3)`).
+#[repr(C)]
+pub(crate) struct IbvMwBind {
+    pub(crate) wr_id: u64,
+    pub(crate) send_flags: c_uint,
+    pub(crate) bind_info: IbvMwBindInfo,
 }
 
 /// `struct ibv_wc`. `imm_data` is big-endian.
@@ -785,6 +824,16 @@ pub(crate) mod consts {
     pub(crate) const IBV_WR_RDMA_READ: c_int = 4;
     pub(crate) const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
     pub(crate) const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
+    pub(crate) const IBV_WR_LOCAL_INV: c_int = 7;
+    pub(crate) const IBV_WR_BIND_MW: c_int = 8;
+    pub(crate) const IBV_WR_SEND_WITH_INV: c_int = 9;
+    pub(crate) const IBV_MW_TYPE_1: c_int = 1;
+    pub(crate) const IBV_MW_TYPE_2: c_int = 2;
+    pub(crate) const IBV_DEVICE_MEM_WINDOW: u32 = 1 << 17;
+    pub(crate) const IBV_DEVICE_MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+    pub(crate) const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
+    pub(crate) const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
+    pub(crate) const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
 
     pub(crate) const IBV_SEND_FENCE: u32 = 1;
     pub(crate) const IBV_SEND_SIGNALED: u32 = 2;
@@ -796,10 +845,13 @@ pub(crate) mod consts {
     pub(crate) const IBV_WC_RDMA_READ: c_int = 2;
     pub(crate) const IBV_WC_COMP_SWAP: c_int = 3;
     pub(crate) const IBV_WC_FETCH_ADD: c_int = 4;
+    pub(crate) const IBV_WC_BIND_MW: c_int = 5;
+    pub(crate) const IBV_WC_LOCAL_INV: c_int = 6;
     pub(crate) const IBV_WC_RECV: c_int = 128;
     pub(crate) const IBV_WC_RECV_RDMA_WITH_IMM: c_int = 129;
     pub(crate) const IBV_WC_GRH: u32 = 1;
     pub(crate) const IBV_WC_WITH_IMM: u32 = 2;
+    pub(crate) const IBV_WC_WITH_INV: u32 = 1 << 3;
 
     pub(crate) const IBV_WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
     pub(crate) const IBV_WC_EX_WITH_IMM: u64 = 1 << 1;
@@ -977,6 +1029,10 @@ mod tests {
             ]
         );
         layout!(v, IbvDataBuf, "ibv_data_buf", [addr, length]);
+        layout!(v, IbvMw, "ibv_mw", [context, pd, rkey, handle]);
+        v.push(("offsetof(struct ibv_mw, type)".into(), offset_of!(IbvMw, mw_type) as i128));
+        layout!(v, IbvMwBindInfo, "ibv_mw_bind_info", [mr, addr, length, mw_access_flags]);
+        layout!(v, IbvMwBind, "ibv_mw_bind", [wr_id, send_flags, bind_info]);
         layout!(v, IbvPollCqAttr, "ibv_poll_cq_attr", [comp_mask]);
         layout!(
             v,
@@ -1252,10 +1308,15 @@ mod tests {
         ] {
             v.push((format!("offsetof(struct ibv_send_wr, {c})"), wr + rust as i128));
         }
-        v.push((
-            "offsetof(struct ibv_send_wr, bind_mw)".into(),
-            offset_of!(IbvSendWr, bind_mw_or_tso) as i128,
-        ));
+        let bind = offset_of!(IbvSendWr, bind_mw) as i128;
+        v.push(("offsetof(struct ibv_send_wr, bind_mw)".into(), bind));
+        for (c, rust) in [
+            ("bind_mw.mw", offset_of!(IbvSendWrBindMw, mw)),
+            ("bind_mw.rkey", offset_of!(IbvSendWrBindMw, rkey)),
+            ("bind_mw.bind_info", offset_of!(IbvSendWrBindMw, bind_info)),
+        ] {
+            v.push((format!("offsetof(struct ibv_send_wr, {c})"), bind + rust as i128));
+        }
         layout!(
             v,
             IbvWc,
@@ -1322,6 +1383,19 @@ mod tests {
                 IBV_WR_RDMA_READ,
                 IBV_WR_ATOMIC_CMP_AND_SWP,
                 IBV_WR_ATOMIC_FETCH_AND_ADD,
+                IBV_WR_LOCAL_INV,
+                IBV_WR_BIND_MW,
+                IBV_WR_SEND_WITH_INV,
+                IBV_MW_TYPE_1,
+                IBV_MW_TYPE_2,
+                IBV_DEVICE_MEM_WINDOW,
+                IBV_DEVICE_MEM_WINDOW_TYPE_2B,
+                IBV_QP_EX_WITH_LOCAL_INV,
+                IBV_QP_EX_WITH_BIND_MW,
+                IBV_QP_EX_WITH_SEND_WITH_INV,
+                IBV_WC_BIND_MW,
+                IBV_WC_LOCAL_INV,
+                IBV_WC_WITH_INV,
                 IBV_SEND_FENCE,
                 IBV_SEND_SIGNALED,
                 IBV_SEND_SOLICITED,

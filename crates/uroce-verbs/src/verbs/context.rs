@@ -68,9 +68,9 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
         compat_query_device: None,
         compat_query_port: None,
         compat_1: [None; 5],
-        alloc_mw: None,
-        bind_mw: None,
-        dealloc_mw: None,
+        alloc_mw: Some(alloc_mw),
+        bind_mw: Some(bind_mw),
+        dealloc_mw: Some(dealloc_mw),
         compat_create_cq: None,
         poll_cq: Some(poll_cq),
         req_notify_cq: Some(req_notify_cq),
@@ -203,7 +203,11 @@ pub(super) fn device_attr(ctx: &Context) -> IbvDeviceAttr {
         hw_ver: 0,
         max_qp: int(a.max_qp),
         max_qp_wr: int(a.max_qp_wr),
-        device_cap_flags: IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN,
+        // IBA 10.6.7: memory windows of type 1 and 2B.
+        device_cap_flags: IBV_DEVICE_SYS_IMAGE_GUID
+            | IBV_DEVICE_RC_RNR_NAK_GEN
+            | IBV_DEVICE_MEM_WINDOW
+            | IBV_DEVICE_MEM_WINDOW_TYPE_2B,
         max_sge: int(a.max_sge),
         max_sge_rd: int(a.max_sge),
         max_cq: int(a.max_qp),
@@ -218,7 +222,7 @@ pub(super) fn device_attr(ctx: &Context) -> IbvDeviceAttr {
         atomic_cap: IBV_ATOMIC_HCA,
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        max_mw: int(a.max_mw),
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: int(a.max_mcast_grp),

@@ -239,6 +239,8 @@ pub(super) fn wc_opcode(w: &WorkCompletion) -> c_int {
         WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
         WcOpcode::Recv => IBV_WC_RECV,
         WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
+        WcOpcode::BindMw => IBV_WC_BIND_MW,
+        WcOpcode::LocalInv => IBV_WC_LOCAL_INV,
     }
 }
 
@@ -251,7 +253,20 @@ pub(super) fn wc_flags(w: &WorkCompletion) -> u32 {
     if w.imm.is_some() {
         flags |= IBV_WC_WITH_IMM;
     }
+    if w.invalidated_rkey.is_some() {
+        flags |= IBV_WC_WITH_INV;
+    }
     flags
+}
+
+/// `wc.imm_data`, the union it shares with `invalidated_rkey`: the immediate data as the wire
+/// bytes (`__be32`), or the invalidated key in host order.
+pub(super) fn imm_or_invalidated(w: &WorkCompletion) -> u32 {
+    match (w.imm, w.invalidated_rkey) {
+        (Some(imm), _) => u32::from_ne_bytes(imm),
+        (None, Some(rkey)) => rkey.0,
+        (None, None) => 0,
+    }
 }
 
 /// A completion as `struct ibv_wc`.
@@ -262,8 +277,7 @@ pub(super) fn wc_of(w: &WorkCompletion) -> IbvWc {
         opcode: wc_opcode(w),
         vendor_err: 0,
         byte_len: w.byte_len,
-        // `__be32`: the wire bytes, in memory order.
-        imm_data: w.imm.map_or(0, u32::from_ne_bytes),
+        imm_data: imm_or_invalidated(w),
         qp_num: w.qp_num.get(),
         src_qp: w.src_qp.get(),
         wc_flags: wc_flags(w),

@@ -234,10 +234,11 @@ unsafe extern "C" fn read_byte_len(cq: *mut IbvCqEx) -> u32 {
     unsafe { read(cq, |_, w| w.byte_len) }
 }
 
-/// `__be32`: the wire bytes, in memory order.
+/// The immediate data (`__be32`: the wire bytes, in memory order), or the invalidated key
+/// (`ibv_wc_read_invalidated_rkey` reads through this).
 unsafe extern "C" fn read_imm_data(cq: *mut IbvCqEx) -> u32 {
     // SAFETY: the caller passes a CQ it is polling.
-    unsafe { read(cq, |_, w| w.imm.map_or(0, u32::from_ne_bytes)) }
+    unsafe { read(cq, |_, w| imm_or_invalidated(w)) }
 }
 
 unsafe extern "C" fn read_qp_num(cq: *mut IbvCqEx) -> u32 {

@@ -64,4 +64,5 @@ public_first! {
     Srq => IbvSrq,
     Qp => IbvQp,
     Ah => IbvAh,
+    Mw => IbvMw,
 }

@@ -40,9 +40,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use uroce_engine::{
     Access, AddressVector, AhAttr, AhHandle, AsyncEvent, CqHandle, DEVICE_ATTR, DestroyError, LKey,
-    Mtu, PdHandle, PostError, Psn, QKey, QpAttr, QpCap, QpInitAttr, QpState, QpType, Qpn, RKey,
-    RecvWr, RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, SrqHandle, UdDest, WcOpcode,
-    WorkCompletion, WrOpcode,
+    Mtu, MwBind, MwHandle, MwType, PdHandle, PostError, Psn, QKey, QpAttr, QpCap, QpInitAttr,
+    QpState, QpType, Qpn, RKey, RecvWr, RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, SrqHandle,
+    UdDest, WcOpcode, WorkCompletion, WrOpcode,
 };
 use uroce_net::{Channel, EventFd, NetDevice, OpenError, Options, RawRegion, SubscriberId};
 
@@ -121,6 +121,7 @@ mod cq_ex;
 mod device;
 mod handle;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 mod qp_ex;
@@ -134,6 +135,7 @@ use cq_ex::*;
 pub(crate) use device::*;
 pub(crate) use handle::*;
 use mr::*;
+use mw::*;
 pub(crate) use pd::*;
 pub(crate) use qp::*;
 use qp_ex::*;

@@ -16,9 +16,6 @@ pub(super) struct Mr {
 pub(super) fn mr_access(flags: c_int) -> Result<Access, (c_int, &'static str)> {
     // The optional range and HUGETLB are hints: a device may ignore them (ibv_reg_mr(3)).
     let flags = flags & !(IBV_ACCESS_OPTIONAL_RANGE | IBV_ACCESS_HUGETLB);
-    if flags & IBV_ACCESS_MW_BIND != 0 {
-        return Err((libc::EOPNOTSUPP, "IBV_ACCESS_MW_BIND: uroce has no memory windows yet"));
-    }
     if flags & IBV_ACCESS_ON_DEMAND != 0 {
         return Err((libc::EOPNOTSUPP, "IBV_ACCESS_ON_DEMAND: no on-demand paging yet"));
     }
@@ -28,7 +25,8 @@ pub(super) fn mr_access(flags: c_int) -> Result<Access, (c_int, &'static str)> {
     let known = IBV_ACCESS_LOCAL_WRITE
         | IBV_ACCESS_REMOTE_WRITE
         | IBV_ACCESS_REMOTE_READ
-        | IBV_ACCESS_REMOTE_ATOMIC;
+        | IBV_ACCESS_REMOTE_ATOMIC
+        | IBV_ACCESS_MW_BIND;
     if flags & !known != 0 {
         return Err((libc::EINVAL, "access has bits no enum ibv_access_flags defines"));
     }

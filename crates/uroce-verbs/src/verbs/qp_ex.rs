@@ -11,17 +11,20 @@
 use super::*;
 
 /// The operations `send_ops_flags` may ask for, per QP type (`ibv_wr_post(3)`, the table of
-/// WR builders; IBA 9.8: UC carries SEND and RDMA WRITE, UD SEND only). Memory-window
-/// binding, local and remote invalidation, TSO and atomic write are not offered.
+/// WR builders; IBA 9.8: UC carries SEND and RDMA WRITE, UD SEND only; SEND with invalidate
+/// is RC's). TSO and atomic write are not offered.
 fn supported_ops(qp_type: QpType) -> u64 {
     let sends = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
     let writes = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+    let windows = IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
     match qp_type {
         QpType::Ud => sends,
-        QpType::Uc => sends | writes,
+        QpType::Uc => sends | writes | windows,
         QpType::Rc => {
             sends
                 | writes
+                | windows
+                | IBV_QP_EX_WITH_SEND_WITH_INV
                 | IBV_QP_EX_WITH_RDMA_READ
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
@@ -36,8 +39,8 @@ pub(super) fn check_send_ops(qp_type: QpType, ops: u64) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "send_ops_flags {unsupported:#x}: not for a {qp_type:?} QP on uroce (memory windows, \
-         invalidation, TSO and atomic write are not supported)"
+        "send_ops_flags {unsupported:#x}: not for a {qp_type:?} QP on uroce (TSO and atomic \
+         write are not supported)"
     ))
 }
 
@@ -126,8 +129,8 @@ impl WrBatch {
     ) -> Option<&mut SendWr> {
         let carried = match qp_type {
             QpType::Rc => true,
-            QpType::Uc => !opcode.is_read_or_atomic(),
-            QpType::Ud => !opcode.is_rdma(),
+            QpType::Uc => !opcode.is_read_or_atomic() && opcode != WrOpcode::SendWithInv,
+            QpType::Ud => matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm),
         };
         if !carried {
             self.misuse(libc::EINVAL, format!("{opcode:?} on a {qp_type:?} QP"));
@@ -288,19 +291,55 @@ unsafe fn unsupported(qp: *mut IbvQpEx, builder: &'static str) {
     };
 }
 
-unsafe extern "C" fn wr_bind_mw(qp: *mut IbvQpEx, _: *mut c_void, _: u32, _: *const c_void) {
+/// `ibv_wr_bind_mw`: binds type 2 window `mw` under `rkey` (its new key; IBA 10.6.7.2).
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut IbvQpEx,
+    mw: *mut IbvMw,
+    rkey: u32,
+    info: *const IbvMwBindInfo,
+) {
+    // SAFETY: NULL or the caller's bind information.
+    let info = unsafe { info.as_ref() };
+    // SAFETY: NULL or a live window of this library (the caller's contract).
+    let type2 = Mw::from_c(mw).is_some_and(|m| unsafe { (*m).ibv.mw_type } == IBV_MW_TYPE_2);
+    // SAFETY: as above; `info.mr` NULL or a live region.
+    let bind = info.filter(|_| type2).map(|i| unsafe { binding(mw, rkey, i) });
     // SAFETY: the caller passes an extended QP it created.
-    unsafe { unsupported(qp, "ibv_wr_bind_mw") };
+    unsafe {
+        with_batch(qp, |b, t, id, f| match bind {
+            Some(Ok(bind)) => {
+                if let Some(wr) = b.build(t, id, f, WrOpcode::BindMw) {
+                    wr.bind = Some(Box::new(bind));
+                }
+            }
+            Some(Err((errno, why))) => b.misuse(errno, format!("ibv_wr_bind_mw: {why}")),
+            None => b.misuse(libc::EINVAL, "ibv_wr_bind_mw: a type 2 window and its binding"),
+        });
+    }
 }
 
-unsafe extern "C" fn wr_local_inv(qp: *mut IbvQpEx, _: u32) {
+/// `ibv_wr_local_inv`: frees the type 2 window `rkey` names, in queue order.
+unsafe extern "C" fn wr_local_inv(qp: *mut IbvQpEx, rkey: u32) {
     // SAFETY: the caller passes an extended QP it created.
-    unsafe { unsupported(qp, "ibv_wr_local_inv") };
+    unsafe {
+        with_batch(qp, |b, t, id, f| {
+            if let Some(wr) = b.build(t, id, f, WrOpcode::LocalInv) {
+                wr.invalidate_rkey = Some(RKey(rkey));
+            }
+        });
+    }
 }
 
-unsafe extern "C" fn wr_send_inv(qp: *mut IbvQpEx, _: u32) {
+/// `ibv_wr_send_inv`: a SEND that frees window `rkey` at the responder.
+unsafe extern "C" fn wr_send_inv(qp: *mut IbvQpEx, rkey: u32) {
     // SAFETY: the caller passes an extended QP it created.
-    unsafe { unsupported(qp, "ibv_wr_send_inv") };
+    unsafe {
+        with_batch(qp, |b, t, id, f| {
+            if let Some(wr) = b.build(t, id, f, WrOpcode::SendWithInv) {
+                wr.invalidate_rkey = Some(RKey(rkey));
+            }
+        });
+    }
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut IbvQpEx, _: *mut c_void, _: u16, _: u16) {

@@ -72,6 +72,9 @@ pub(super) unsafe fn read_send_wr(wr: *const IbvSendWr, qp_type: QpType) -> Resu
         IBV_WR_RDMA_READ => WrOpcode::RdmaRead,
         IBV_WR_ATOMIC_CMP_AND_SWP => WrOpcode::AtomicCmpAndSwp,
         IBV_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAndAdd,
+        IBV_WR_SEND_WITH_INV => WrOpcode::SendWithInv,
+        IBV_WR_LOCAL_INV => WrOpcode::LocalInv,
+        IBV_WR_BIND_MW => WrOpcode::BindMw,
         _ => return Err(libc::EINVAL),
     };
     // SAFETY: the caller's contract: `sg_list` holds `num_sge` entries.
@@ -80,6 +83,21 @@ pub(super) unsafe fn read_send_wr(wr: *const IbvSendWr, qp_type: QpType) -> Resu
     out.flags = send_flags(w.send_flags);
     if opcode.has_imm() {
         out.imm = Some(w.imm_data.to_ne_bytes());
+    }
+    // `invalidate_rkey` shares its place with `imm_data` (a host-order key).
+    if matches!(opcode, WrOpcode::SendWithInv | WrOpcode::LocalInv) {
+        out.invalidate_rkey = Some(RKey(w.imm_data));
+    }
+    if opcode == WrOpcode::BindMw {
+        let b = w.bind_mw;
+        // ibv_post_send(3): IBV_WR_BIND_MW binds a type 2 window (type 1: ibv_bind_mw).
+        // SAFETY: the caller's contract: a live window of this library.
+        if Mw::from_c(b.mw).is_none_or(|m| unsafe { (*m).ibv.mw_type } != IBV_MW_TYPE_2) {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: as above; `bind_info.mr` NULL or a live region.
+        let bind = unsafe { binding(b.mw, b.rkey, &b.bind_info) }.map_err(|e| e.0)?;
+        out.bind = Some(Box::new(bind));
     }
     if opcode.is_atomic() {
         // SAFETY: an atomic opcode: the union holds `wr.atomic`.

@@ -62,8 +62,8 @@
  *      error), the process goes on, and the region still deregisters.
  *   h. ABI details: ibv_query_port@IBVERBS_1.1 called directly writes 48 bytes, no more;
  *      ibv_query_device_ex answers; on uroce, ibv_create_qp_ex with the TSO send operation,
- *      ibv_alloc_mw, ibv_reg_dmabuf_mr and ibv_reg_mr with IBV_ACCESS_MW_BIND or
- *      IBV_ACCESS_ON_DEMAND fail with EOPNOTSUPP (capabilities uroce does not have yet).
+ *      ibv_reg_dmabuf_mr and ibv_reg_mr with IBV_ACCESS_ON_DEMAND fail with EOPNOTSUPP
+ *      (capabilities uroce does not have yet).
  *   k. checks a device makes before it changes anything: ibv_modify_qp against the table of
  *      required and optional attributes per transition (IBA §11.2.5.2; Linux applies it to
  *      every device, ib_modify_qp_is_ok): an RTR attribute (DEST_QPN) at RESET->INIT, a mask
@@ -85,6 +85,8 @@
  *      clock (scenario_cq_ex).
  *   m. the extended QP's ibv_wr_* send API: one batch of five operations, a batch refused
  *      whole, an aborted one (scenario_wr_api).
+ *   n. memory windows of type 1 and 2: bind, access inside and past a window, remote
+ *      invalidation, a bind that breaks a rule (scenario_mw).
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -830,32 +832,23 @@ static void scenario_abi(struct dev *d0)
 			const char *what;
 			void *obj;
 			int err;
-		} r[5];
-		static char mw_buf[64];
+		} r[3];
+		static char odp_buf[64];
 
 		errno = 0;
 		r[0].what = "ibv_create_qp_ex(send_ops_flags TSO)";
 		r[0].obj = ibv_create_qp_ex(d0->ctx, &qpx);
 		r[0].err = errno;
 		errno = 0;
-		r[1].what = "ibv_alloc_mw";
-		r[1].obj = ibv_alloc_mw(d0->pd, IBV_MW_TYPE_1);
+		r[1].what = "ibv_reg_dmabuf_mr";
+		r[1].obj = ibv_reg_dmabuf_mr(d0->pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE);
 		r[1].err = errno;
 		errno = 0;
-		r[2].what = "ibv_reg_dmabuf_mr";
-		r[2].obj = ibv_reg_dmabuf_mr(d0->pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE);
-		r[2].err = errno;
-		errno = 0;
-		r[3].what = "ibv_reg_mr(LOCAL_WRITE | MW_BIND)";
-		r[3].obj = ibv_reg_mr(d0->pd, mw_buf, sizeof(mw_buf),
-				      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
-		r[3].err = errno;
-		errno = 0;
-		r[4].what = "ibv_reg_mr(LOCAL_WRITE | ON_DEMAND)";
-		r[4].obj = ibv_reg_mr(d0->pd, mw_buf, sizeof(mw_buf),
+		r[2].what = "ibv_reg_mr(LOCAL_WRITE | ON_DEMAND)";
+		r[2].obj = ibv_reg_mr(d0->pd, odp_buf, sizeof(odp_buf),
 				      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
-		r[4].err = errno;
-		for (int i = 0; i < 5; i++) {
+		r[2].err = errno;
+		for (int i = 0; i < 3; i++) {
 			printf("%s: %s -> %s, errno %s (%d)\n", s, r[i].what, r[i].obj ? "object" : "NULL",
 			       strerror(r[i].err), r[i].err);
 			if (r[i].obj || r[i].err != EOPNOTSUPP)
@@ -1778,7 +1771,7 @@ static struct ibv_qp *create_qp_ex_ops(struct ep *e, struct dev *d, uint64_t sen
 /*
  * m. the extended QP's send API (ibv_wr_post(3)): ibv_qp_to_qp_ex is NULL for a legacy QP and
  *    the extension for one created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS; send_ops_flags the
- *    device lacks (BIND_MW) fail the creation with EOPNOTSUPP. Between ibv_wr_start and
+ *    device lacks (ATOMIC_WRITE) fail the creation with EOPNOTSUPP. Between ibv_wr_start and
  *    ibv_wr_complete: a SEND from an SGE list, a SEND with immediate from inline data (the
  *    buffer overwritten before the complete, as the copy is taken at the call), an RDMA
  *    WRITE with immediate, a READ and a FETCH_AND_ADD, all posted by one complete and each
@@ -1804,9 +1797,9 @@ static void scenario_wr_api(struct dev *d0, struct dev *d1)
 	ep_create(&b, d1);
 	if (ibv_qp_to_qp_ex(a.qp))
 		fail("%s: ibv_qp_to_qp_ex of a legacy QP is not NULL", sc);
-	refused = create_qp_ex_ops(&a, d0, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW);
+	refused = create_qp_ex_ops(&a, d0, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_WRITE);
 	if (refused || errno != EOPNOTSUPP)
-		fail("%s: send_ops BIND_MW: %s, expected EOPNOTSUPP", sc,
+		fail("%s: send_ops ATOMIC_WRITE: %s, expected EOPNOTSUPP", sc,
 		     refused ? "created" : strerror(errno));
 	/* Swap a's QP for an extended one on the same CQ. */
 	legacy = a.qp;
@@ -1900,6 +1893,184 @@ static void scenario_wr_api(struct dev *d0, struct dev *d1)
 	ep_destroy(&b);
 }
 
+/* Polls one completion of e's CQ into *wc: 1 when one came within POLL_MS. */
+static int take_wc(struct ep *e, struct ibv_wc *wc)
+{
+	memset(wc, 0, sizeof(*wc));
+	return poll_one(e->cq, wc, POLL_MS) == 1;
+}
+
+/* A's 8-byte RDMA WRITE at `raddr` through `rkey`, with its status (-1: no completion). */
+static int write_via(struct ep *a, uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+{
+	struct ibv_wc wc;
+
+	if (post_send(a, IBV_WR_RDMA_WRITE, wr_id, 8, raddr, rkey))
+		return -1;
+	return take_wc(a, &wc) ? (int)wc.status : -1;
+}
+
+/*
+ * n. memory windows (IBA 10.6.7; ibv_alloc_mw(3), ibv_bind_mw(3), ibv_post_send(3)): the device
+ *    reports IBV_DEVICE_MEM_WINDOW and _TYPE_2B. Type 1: ibv_bind_mw on the responder's QP
+ *    gives mw->rkey a new tag at once and completes IBV_WC_BIND_MW; a WRITE inside the
+ *    window lands, one a byte past its end fails with IBV_WC_REM_ACCESS_ERR. Type 2 (fresh
+ *    pair): an IBV_WR_BIND_MW work request binds it; a peer's SEND with invalidate
+ *    (IBV_WR_SEND_WITH_INV) completes the receive with IBV_WC_WITH_INV and the key in
+ *    invalidated_rkey, and the next WRITE through that key fails. A region without
+ *    IBV_ACCESS_MW_BIND cannot carry a window: the bind completes with IBV_WC_MW_BIND_ERR.
+ *    A PD with a window cannot be deallocated (EBUSY); ibv_alloc_mw of type 3 is EINVAL.
+ */
+static void scenario_mw(struct dev *d0, struct dev *d1)
+{
+	const char *sc = "mw";
+	struct ibv_device_attr attr;
+	struct ibv_mr *bindable, *plain;
+	struct ibv_mw *mw, *bad;
+	struct ibv_wc wc;
+	struct ep a, b;
+	uint32_t old, key;
+	int rc;
+
+	if (ibv_query_device(d1->ctx, &attr))
+		fail("%s: ibv_query_device", sc);
+	else if (!(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW) ||
+		 !(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) || !attr.max_mw)
+		fail("%s: device_cap_flags 0x%x, max_mw %d: no memory windows", sc,
+		     attr.device_cap_flags, attr.max_mw);
+	bad = ibv_alloc_mw(d1->pd, 3);
+	if (bad || errno != EINVAL)
+		fail("%s: ibv_alloc_mw type 3: %s, expected EINVAL", sc, bad ? "made" : strerror(errno));
+
+	/* Type 1. */
+	make_pair(&a, d0, &b, d1);
+	bindable = ibv_reg_mr(d1->pd, b.buf, BUF_SIZE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	mw = ibv_alloc_mw(d1->pd, IBV_MW_TYPE_1);
+	if (!bindable || !mw)
+		die("%s: ibv_reg_mr(MW_BIND) / ibv_alloc_mw: %s", sc, strerror(errno));
+	old = mw->rkey;
+	{
+		struct ibv_mw_bind bind = {
+			.wr_id = 71,
+			.send_flags = IBV_SEND_SIGNALED,
+			.bind_info = { .mr = bindable, .addr = (uintptr_t)(b.buf + 1024), .length = 512,
+				       .mw_access_flags = IBV_ACCESS_REMOTE_WRITE },
+		};
+
+		rc = ibv_bind_mw(b.qp, mw, &bind);
+	}
+	if (rc)
+		fail("%s: ibv_bind_mw: %s", sc, strerror(rc));
+	if (mw->rkey == old || (mw->rkey >> 8) != (old >> 8))
+		fail("%s: ibv_bind_mw left the key 0x%x (was 0x%x): a new tag is expected", sc,
+		     mw->rkey, old);
+	if (!take_wc(&b, &wc) || wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_BIND_MW ||
+	    wc.wr_id != 71)
+		fail("%s: bind completion: status %d opcode %d wr_id %" PRIu64, sc, wc.status,
+		     wc.opcode, (uint64_t)wc.wr_id);
+	memcpy(a.buf, "windowed", 8);
+	rc = write_via(&a, (uintptr_t)(b.buf + 1024 + 504), mw->rkey, 72);
+	if (rc != IBV_WC_SUCCESS || memcmp(b.buf + 1024 + 504, "windowed", 8))
+		fail("%s: WRITE at the window's end: status %d", sc, rc);
+	rc = write_via(&a, (uintptr_t)(b.buf + 1024 + 505), mw->rkey, 73);
+	printf("%s: WRITE one byte past a type 1 window: %s\n", sc,
+	       ibv_wc_status_str((enum ibv_wc_status)rc));
+	if (rc != IBV_WC_REM_ACCESS_ERR)
+		fail("%s: WRITE past the window: status %d, expected IBV_WC_REM_ACCESS_ERR", sc, rc);
+	if ((rc = ibv_dealloc_pd(d1->pd)) != EBUSY)
+		fail("%s: ibv_dealloc_pd with a window: %d, expected EBUSY", sc, rc);
+	if (ibv_dealloc_mw(mw))
+		fail("%s: ibv_dealloc_mw", sc);
+	ep_destroy(&a);
+	ep_destroy(&b);
+	if (ibv_dereg_mr(bindable))
+		fail("%s: ibv_dereg_mr", sc);
+
+	/* Type 2: bound by a work request, freed by the peer's SEND with invalidate. */
+	make_pair(&a, d0, &b, d1);
+	bindable = ibv_reg_mr(d1->pd, b.buf, BUF_SIZE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	mw = ibv_alloc_mw(d1->pd, IBV_MW_TYPE_2);
+	if (!bindable || !mw)
+		die("%s: ibv_reg_mr(MW_BIND) / ibv_alloc_mw(2): %s", sc, strerror(errno));
+	key = ibv_inc_rkey(mw->rkey);
+	{
+		struct ibv_send_wr wr = { .wr_id = 81, .opcode = IBV_WR_BIND_MW,
+					  .send_flags = IBV_SEND_SIGNALED };
+		struct ibv_send_wr *badwr;
+
+		wr.bind_mw.mw = mw;
+		wr.bind_mw.rkey = key;
+		wr.bind_mw.bind_info = (struct ibv_mw_bind_info){
+			.mr = bindable, .addr = (uintptr_t)b.buf, .length = 2048,
+			.mw_access_flags = IBV_ACCESS_REMOTE_WRITE };
+		must_post(sc, "bind type 2", ibv_post_send(b.qp, &wr, &badwr));
+	}
+	if (!take_wc(&b, &wc) || wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_BIND_MW)
+		fail("%s: type 2 bind: status %d opcode %d", sc, wc.status, wc.opcode);
+	if ((rc = write_via(&a, (uintptr_t)(b.buf + 8), key, 82)) != IBV_WC_SUCCESS)
+		fail("%s: WRITE through a type 2 window: status %d", sc, rc);
+	must_post(sc, "recv", post_recv(&b, 83, 64));
+	{
+		struct ibv_sge sge = { (uintptr_t)a.buf, 8, a.mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 84, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_SEND_WITH_INV,
+					  .send_flags = IBV_SEND_SIGNALED,
+					  .invalidate_rkey = key };
+		struct ibv_send_wr *badwr;
+
+		must_post(sc, "send with invalidate", ibv_post_send(a.qp, &wr, &badwr));
+	}
+	expect_wc(sc, "sender", &a, 84, IBV_WC_SUCCESS, POLL_MS);
+	if (!take_wc(&b, &wc) || wc.status != IBV_WC_SUCCESS || !(wc.wc_flags & IBV_WC_WITH_INV) ||
+	    wc.invalidated_rkey != key)
+		fail("%s: receive of SEND with invalidate: status %d flags 0x%x key 0x%x (want 0x%x)",
+		     sc, wc.status, wc.wc_flags, wc.invalidated_rkey, key);
+	else
+		printf("%s: receive with IBV_WC_WITH_INV, invalidated_rkey 0x%x\n", sc,
+		       wc.invalidated_rkey);
+	rc = write_via(&a, (uintptr_t)(b.buf + 8), key, 85);
+	if (rc != IBV_WC_REM_ACCESS_ERR)
+		fail("%s: WRITE through an invalidated window: status %d, expected REM_ACCESS_ERR",
+		     sc, rc);
+	if (ibv_dealloc_mw(mw))
+		fail("%s: ibv_dealloc_mw(2)", sc);
+	ep_destroy(&a);
+	ep_destroy(&b);
+	if (ibv_dereg_mr(bindable))
+		fail("%s: ibv_dereg_mr", sc);
+
+	/* A region without MW_BIND: the bind fails in its completion. */
+	ep_create(&b, d1);
+	ep_create(&a, d0);
+	connect_pair(&a, &b);
+	plain = b.mr;
+	mw = ibv_alloc_mw(d1->pd, IBV_MW_TYPE_1);
+	if (!mw)
+		die("%s: ibv_alloc_mw: %s", sc, strerror(errno));
+	{
+		struct ibv_mw_bind bind = {
+			.wr_id = 91,
+			.send_flags = IBV_SEND_SIGNALED,
+			.bind_info = { .mr = plain, .addr = (uintptr_t)b.buf, .length = 64,
+				       .mw_access_flags = IBV_ACCESS_REMOTE_READ },
+		};
+
+		rc = ibv_bind_mw(b.qp, mw, &bind);
+	}
+	if (rc)
+		fail("%s: ibv_bind_mw (no MW_BIND): post refused %s", sc, strerror(rc));
+	else if (!take_wc(&b, &wc) || wc.status != IBV_WC_MW_BIND_ERR)
+		fail("%s: bind over a region without MW_BIND: status %d, expected MW_BIND_ERR", sc,
+		     wc.status);
+	else
+		printf("%s: bind over a region without MW_BIND: %s\n", sc,
+		       ibv_wc_status_str(wc.status));
+	if (ibv_dealloc_mw(mw))
+		fail("%s: ibv_dealloc_mw", sc);
+	ep_destroy(&a);
+	ep_destroy(&b);
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -1945,6 +2116,7 @@ int main(void)
 	scenario_checks(&d0, &d1);
 	scenario_cq_ex(&d0, &d1);
 	scenario_wr_api(&d0, &d1);
+	scenario_mw(&d0, &d1);
 
 	close_dev(&d0);
 	close_dev(&d1);
