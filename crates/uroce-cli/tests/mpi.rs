@@ -193,10 +193,12 @@ fn across_namespaces(mpi: Mpi, tag: char, net: u8) {
     // Few iterations: a packet lost at the end of an exchange waits for the RC ACK timeout
     // UCX sets (about 1 s, as on a NIC), and 1 % loss makes one every few rounds.
     let o = launch(mpi, &extra, &rank, "20");
-    let dropped = ns.dropped();
+    let (dropped, seen) = (ns.dropped(), ns.seen());
     check(mpi, &o);
-    assert!(dropped > 0, "nftables dropped nothing: the loss was not exercised");
-    println!("{}: nftables dropped {dropped} RoCEv2 packets", mpi.name);
+    // The drops are random: a short job may see none. Past 1,500 packets the chance of none at
+    // 1 % is under 3 in 10 million, so none then means the rule missed the traffic.
+    assert!(dropped > 0 || seen < 1500, "nftables dropped none of {seen} RoCEv2 packets");
+    println!("{}: nftables dropped {dropped} of {seen} RoCEv2 packets", mpi.name);
 }
 
 /// A network interface deleted when dropped.

@@ -203,6 +203,8 @@ impl Namespaces {
             nft(&["add", "table", "inet", "uroce"]);
             let hook = "{ type filter hook input priority 0; }";
             nft(&["add", "chain", "inet", "uroce", "input", hook]);
+            // Every RoCEv2 packet is counted first ([`Namespaces::seen`]), then some dropped.
+            nft(&["add", "rule", "inet", "uroce", "input", "udp", "dport", "4791", "counter"]);
             let p = percent.to_string();
             let rule = ["udp", "dport", "4791", "numgen", "random", "mod", "100", "<", &p];
             let mut args = vec!["add", "rule", "inet", "uroce", "input"];
@@ -214,6 +216,18 @@ impl Namespaces {
 
     /// Packets nftables dropped, both sides, since the last [`Namespaces::set_loss`].
     pub fn dropped(&self) -> u64 {
+        self.counter(2)
+    }
+
+    /// RoCEv2 packets that reached either side's input hook (dropped ones included) since the
+    /// last [`Namespaces::set_loss`]: whether a test's traffic was enough for the loss to show.
+    pub fn seen(&self) -> u64 {
+        self.counter(1)
+    }
+
+    /// The `nth` counter of the loss table (1: all RoCEv2 packets, 2: those dropped), summed
+    /// over both sides.
+    fn counter(&self, nth: usize) -> u64 {
         [&self.a, &self.b]
             .iter()
             .map(|n| {
@@ -223,7 +237,7 @@ impl Namespaces {
                     .unwrap();
                 let text = String::from_utf8_lossy(&out.stdout).to_string();
                 text.split("packets ")
-                    .nth(1)
+                    .nth(nth)
                     .and_then(|t| t.split(' ').next())
                     .and_then(|p| p.parse::<u64>().ok())
                     .unwrap_or(0)
