@@ -84,6 +84,12 @@ impl From<RangeError> for io::Error {
     }
 }
 
+/// Faults in the pages of `len` bytes at `addr` (readable, or writable with `write`) without
+/// touching their contents: an on-demand-paging prefetch (`ibv_advise_mr(3)`).
+pub fn prefetch(addr: u64, len: u64, write: bool) -> io::Result<()> {
+    crate::sys::populate(addr, len, write)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,8 +83,9 @@ pub(crate) const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 #[repr(C)]
 pub(crate) struct VerbsContext {
     pub(crate) query_port: Option<QueryPortFn>,
-    /// `advise_mr` … `create_wq`.
-    pub(crate) unset_before_query_rt_values: [Unset; 23],
+    pub(crate) advise_mr: Option<AdviseMrFn>,
+    /// `alloc_null_mr` … `create_wq`.
+    pub(crate) unset_before_query_rt_values: [Unset; 22],
     pub(crate) query_rt_values: Option<QueryRtValuesFn>,
     pub(crate) create_cq_ex: Option<CreateCqExFn>,
     pub(crate) priv_: Unset,
@@ -321,6 +322,10 @@ pub(crate) struct IbvValuesEx {
     pub(crate) comp_mask: u32,
     pub(crate) raw_clock: libc::timespec,
 }
+
+/// `verbs_context.advise_mr`.
+pub(crate) type AdviseMrFn =
+    unsafe extern "C" fn(*mut IbvPd, c_int, u32, *mut IbvSge, u32) -> c_int;
 
 /// `verbs_context.query_rt_values`.
 pub(crate) type QueryRtValuesFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvValuesEx) -> c_int;
@@ -886,6 +891,18 @@ pub(crate) mod consts {
     pub(crate) const IBV_ACCESS_ZERO_BASED: c_int = 1 << 5;
     pub(crate) const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
     pub(crate) const IBV_ACCESS_HUGETLB: c_int = 1 << 7;
+    pub(crate) const IBV_ADVISE_MR_ADVICE_PREFETCH: c_int = 0;
+    pub(crate) const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: c_int = 1;
+    pub(crate) const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: c_int = 2;
+    pub(crate) const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1;
+    pub(crate) const IBV_ODP_SUPPORT: u64 = 1 << 0;
+    pub(crate) const IBV_ODP_SUPPORT_IMPLICIT: u64 = 1 << 1;
+    pub(crate) const IBV_ODP_SUPPORT_SEND: u32 = 1 << 0;
+    pub(crate) const IBV_ODP_SUPPORT_RECV: u32 = 1 << 1;
+    pub(crate) const IBV_ODP_SUPPORT_WRITE: u32 = 1 << 2;
+    pub(crate) const IBV_ODP_SUPPORT_READ: u32 = 1 << 3;
+    pub(crate) const IBV_ODP_SUPPORT_ATOMIC: u32 = 1 << 4;
+    pub(crate) const IBV_ODP_SUPPORT_SRQ_RECV: u32 = 1 << 5;
     /// `IBV_ACCESS_OPTIONAL_RANGE`: hints a provider may ignore (relaxed ordering among them).
     pub(crate) const IBV_ACCESS_OPTIONAL_RANGE: c_int = 0x3ff0_0000;
 
@@ -983,7 +1000,16 @@ mod tests {
             v,
             VerbsContext,
             "verbs_context",
-            [query_port, query_rt_values, create_cq_ex, query_device_ex, create_qp_ex, sz, context]
+            [
+                query_port,
+                advise_mr,
+                query_rt_values,
+                create_cq_ex,
+                query_device_ex,
+                create_qp_ex,
+                sz,
+                context
+            ]
         );
         layout!(
             v,
@@ -1410,6 +1436,18 @@ mod tests {
                 IBV_WC_GRH,
                 IBV_WC_WITH_IMM,
                 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                IBV_ADVISE_MR_ADVICE_PREFETCH,
+                IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+                IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT,
+                IBV_ADVISE_MR_FLAG_FLUSH,
+                IBV_ODP_SUPPORT,
+                IBV_ODP_SUPPORT_IMPLICIT,
+                IBV_ODP_SUPPORT_SEND,
+                IBV_ODP_SUPPORT_RECV,
+                IBV_ODP_SUPPORT_WRITE,
+                IBV_ODP_SUPPORT_READ,
+                IBV_ODP_SUPPORT_ATOMIC,
+                IBV_ODP_SUPPORT_SRQ_RECV,
                 IBV_QP_EX_WITH_RDMA_WRITE,
                 IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
                 IBV_QP_EX_WITH_SEND,

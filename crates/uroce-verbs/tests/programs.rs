@@ -123,6 +123,9 @@ fn rdma_core_pingpongs_run_unmodified() {
     pingpong("ibv_rc_pingpong", &["-g", "0", "-e"]);
     pingpong("ibv_rc_pingpong", &["-g", "0", "-s", "65536", "-n", "10000"]);
     completion_timestamps_time_the_pingpong();
+    // On-demand paging: explicit (-o), implicit (-O) and with prefetch (-P).
+    pingpong("ibv_rc_pingpong", &["-g", "0", "-o"]);
+    pingpong("ibv_rc_pingpong", &["-g", "0", "-o", "-O", "-P"]);
     pingpong("ibv_uc_pingpong", &["-g", "0"]);
     pingpong("ibv_ud_pingpong", &["-g", "0"]);
     pingpong("ibv_ud_pingpong", &["-g", "0", "-e"]);

@@ -84,7 +84,8 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
     let ctx = Box::new(Context {
         vctx: VerbsContext {
             query_port: Some(query_port_ex),
-            unset_before_query_rt_values: [None; 23],
+            advise_mr: Some(advise_mr),
+            unset_before_query_rt_values: [None; 22],
             query_rt_values: Some(query_rt_values),
             create_cq_ex: Some(create_cq_ex),
             priv_: None,
@@ -162,7 +163,7 @@ pub(super) unsafe extern "C" fn query_device_ex(
         phys_port_cnt_ex: u32::from(orig_attr.phys_port_cnt),
         orig_attr,
         comp_mask: 0,
-        odp_caps: IbvOdpCaps::default(),
+        odp_caps: odp_caps(),
         // Completion timestamps are device-clock nanoseconds (`NetDevice::clock`): a 64-bit
         // counter at 1 GHz, `hca_core_clock` being in kHz (ibv_query_device_ex(3)).
         completion_timestamp_mask: u64::MAX,
@@ -183,6 +184,26 @@ pub(super) unsafe extern "C" fn query_device_ex(
     // `out` is a local of at least `n` bytes; they cannot overlap.
     unsafe { ptr::copy_nonoverlapping((&raw const out).cast::<u8>(), attr.cast::<u8>(), n) };
     0
+}
+
+/// On-demand paging (`ibv_query_device_ex(3)`): a software device never pins memory, so every
+/// region can be on-demand, implicit ones included, for every operation of every transport
+/// it has: an access to a page that is not there is a protection error (the guarded copies),
+/// never a fault that kills the process. XRC has no ODP here, as it has no XRC.
+fn odp_caps() -> IbvOdpCaps {
+    let messages = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
+    IbvOdpCaps {
+        general_caps: IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT,
+        per_transport_caps: IbvOdpTransportCaps {
+            rc_odp_caps: messages
+                | IBV_ODP_SUPPORT_WRITE
+                | IBV_ODP_SUPPORT_READ
+                | IBV_ODP_SUPPORT_ATOMIC
+                | IBV_ODP_SUPPORT_SRQ_RECV,
+            uc_odp_caps: messages | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV,
+            ud_odp_caps: messages | IBV_ODP_SUPPORT_SRQ_RECV,
+        },
+    }
 }
 
 /// The device's attributes as `ibv_query_device(3)` reports them.

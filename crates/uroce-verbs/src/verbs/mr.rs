@@ -10,15 +10,15 @@ pub(super) struct Mr {
     pub(super) access: Access,
 }
 
+/// Where an implicit on-demand region begins (page 0 is never mapped).
+const IMPLICIT_ODP_START: usize = 4096;
+
 /// Access flags as the engine takes them, or the errno and rule of a refusal: a combination
 /// `ibv_reg_mr(3)` rejects is EINVAL, a capability uroce lacks EOPNOTSUPP (as a device without
 /// it answers, and as rdma-core's tests take to mean "skip").
 pub(super) fn mr_access(flags: c_int) -> Result<Access, (c_int, &'static str)> {
     // The optional range and HUGETLB are hints: a device may ignore them (ibv_reg_mr(3)).
     let flags = flags & !(IBV_ACCESS_OPTIONAL_RANGE | IBV_ACCESS_HUGETLB);
-    if flags & IBV_ACCESS_ON_DEMAND != 0 {
-        return Err((libc::EOPNOTSUPP, "IBV_ACCESS_ON_DEMAND: no on-demand paging yet"));
-    }
     if flags & IBV_ACCESS_ZERO_BASED != 0 {
         return Err((libc::EOPNOTSUPP, "IBV_ACCESS_ZERO_BASED: no zero-based regions"));
     }
@@ -26,7 +26,8 @@ pub(super) fn mr_access(flags: c_int) -> Result<Access, (c_int, &'static str)> {
         | IBV_ACCESS_REMOTE_WRITE
         | IBV_ACCESS_REMOTE_READ
         | IBV_ACCESS_REMOTE_ATOMIC
-        | IBV_ACCESS_MW_BIND;
+        | IBV_ACCESS_MW_BIND
+        | IBV_ACCESS_ON_DEMAND;
     if flags & !known != 0 {
         return Err((libc::EINVAL, "access has bits no enum ibv_access_flags defines"));
     }
@@ -113,10 +114,34 @@ pub(super) unsafe fn prepare(
     if length == 0 {
         return Err(refuse(verb, "length 0", libc::EINVAL));
     }
+    let on_demand = access.bits() & IBV_ACCESS_ON_DEMAND.cast_unsigned() != 0;
+    // Implicit on-demand paging (ibv_reg_mr(3): addr NULL, length SIZE_MAX): one region over
+    // the whole address space. Its first page is never mapped (an access there is a
+    // protection error), so the region starts after it.
+    if on_demand && addr.is_null() && length == usize::MAX {
+        let page = IMPLICIT_ODP_START as *mut u8;
+        // SAFETY: the region names every address; each access the device makes through it
+        // is one the application posted or granted, and goes through the guarded copies,
+        // which fail on memory that is not mapped.
+        return match unsafe { RawRegion::borrowed(page, usize::MAX - IMPLICIT_ODP_START) } {
+            Ok(region) => Ok((region, access)),
+            Err(_) => Err(libc::EINVAL),
+        };
+    }
     // A device pins the pages: a range that wraps is EINVAL, one not mapped (or not writable
-    // when the registration writes to it) EFAULT, as Linux's ib_umem_get answers.
+    // when the registration writes to it) EFAULT, as Linux's ib_umem_get answers. With
+    // on-demand paging nothing is pinned or even looked at: the pages need only be there
+    // when an access comes, and one that is not is a protection error, not a crash.
     let write = access.contains(Access::LOCAL_WRITE);
-    if let Err(e) = uroce_net::mappings::check_range(addr as u64, length as u64, write) {
+    // A range whose page-aligned end wraps is EINVAL (ib_umem_get), ODP or not.
+    let end =
+        (addr as u64).checked_add(length as u64).and_then(|e| e.checked_next_multiple_of(4096));
+    let checked = match end {
+        None => Err(uroce_net::mappings::RangeError::Wraps),
+        Some(_) if on_demand => Ok(()),
+        Some(_) => uroce_net::mappings::check_range(addr as u64, length as u64, write),
+    };
+    if let Err(e) = checked {
         let errno = match e {
             uroce_net::mappings::RangeError::Wraps => libc::EINVAL,
             _ => libc::EFAULT,
@@ -234,6 +259,57 @@ pub(super) unsafe extern "C" fn uroce_verbs_dereg_mr(mr: *mut IbvMr) -> c_int {
     // SAFETY: an MR's context outlives it.
     if let Some(ctx) = unsafe { ctx_of(boxed.ibv.context) } {
         ctx.net.with(|s| s.deregister_now(boxed.lkey));
+    }
+    0
+}
+
+/// `verbs_context.advise_mr` (`ibv_advise_mr(3)`): prefetches on-demand regions. PREFETCH and
+/// PREFETCH_WRITE fault the pages of each element in (readable, or writable), so the first
+/// access finds them present; PREFETCH_NO_FAULT maps only what is present, which for the CPU's
+/// page tables is already so. Synchronous, so `IBV_ADVISE_MR_FLAG_FLUSH` is always honoured.
+/// EINVAL for an element that is not inside an on-demand region of `pd` (or PREFETCH_WRITE
+/// without local write), EFAULT for memory not mapped, EOPNOTSUPP for an unknown advice.
+pub(super) unsafe extern "C" fn advise_mr(
+    pd: *mut IbvPd,
+    advice: c_int,
+    flags: u32,
+    sg_list: *mut IbvSge,
+    num_sge: u32,
+) -> c_int {
+    const VERB: &str = "ibv_advise_mr";
+    // SAFETY: the caller passes a PD it allocated.
+    let Some((ctx, pdh)) = (unsafe { pd_parts(pd) }) else { return libc::EINVAL };
+    let write = match advice {
+        IBV_ADVISE_MR_ADVICE_PREFETCH | IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT => false,
+        IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE => true,
+        a => return refuse(VERB, format_args!("advice {a}"), libc::EOPNOTSUPP),
+    };
+    if flags & !IBV_ADVISE_MR_FLAG_FLUSH != 0 {
+        return refuse(VERB, format_args!("flags {flags:#x}"), libc::EINVAL);
+    }
+    let Ok(n) = c_int::try_from(num_sge) else { return libc::EINVAL };
+    // SAFETY: the caller's list holds `num_sge` entries.
+    let Some(sges) = (unsafe { read_sges(sg_list, n) }).filter(|s| !s.is_empty()) else {
+        return refuse(VERB, "no scatter/gather list", libc::EINVAL);
+    };
+    for s in &sges {
+        let Some(mr) = ctx.net.with(|st| st.engine().mr(s.lkey)) else {
+            return refuse(VERB, format_args!("lkey {:#x}: no region", s.lkey.0), libc::EINVAL);
+        };
+        let on_demand = mr.access.bits() & IBV_ACCESS_ON_DEMAND.cast_unsigned() != 0;
+        let inside = mr.pd == pdh && mr.contains(s.addr, u64::from(s.length));
+        if !on_demand || !inside || (write && !mr.access.contains(Access::LOCAL_WRITE)) {
+            let why = "an element outside an on-demand region of the PD (with local write, \
+                       for PREFETCH_WRITE)";
+            return refuse(VERB, why, libc::EINVAL);
+        }
+        if advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT || s.length == 0 {
+            continue;
+        }
+        if let Err(e) = uroce_net::mappings::prefetch(s.addr, u64::from(s.length), write) {
+            let why = format_args!("{} bytes at {:#x}: {e}", s.length, s.addr);
+            return refuse(VERB, why, libc::EFAULT);
+        }
     }
     0
 }
