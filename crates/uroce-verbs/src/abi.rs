@@ -84,8 +84,15 @@ pub(crate) const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 pub(crate) struct VerbsContext {
     pub(crate) query_port: Option<QueryPortFn>,
     pub(crate) advise_mr: Option<AdviseMrFn>,
-    /// `alloc_null_mr` … `create_wq`.
-    pub(crate) unset_before_query_rt_values: [Unset; 22],
+    /// `alloc_null_mr` … `modify_qp_rate_limit` (counters, device memory, flow actions).
+    pub(crate) unset_before_alloc_parent_domain: [Unset; 12],
+    pub(crate) alloc_parent_domain:
+        Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvParentDomainInitAttr) -> *mut IbvPd>,
+    pub(crate) dealloc_td: Option<unsafe extern "C" fn(*mut IbvTd) -> c_int>,
+    pub(crate) alloc_td:
+        Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvTdInitAttr) -> *mut IbvTd>,
+    /// `modify_cq` … `create_wq`.
+    pub(crate) unset_before_query_rt_values: [Unset; 7],
     pub(crate) query_rt_values: Option<QueryRtValuesFn>,
     pub(crate) create_cq_ex: Option<CreateCqExFn>,
     pub(crate) priv_: Unset,
@@ -486,6 +493,36 @@ pub(crate) struct IbvQpEx {
 pub(crate) struct IbvDataBuf {
     pub(crate) addr: *mut c_void,
     pub(crate) length: usize,
+}
+
+/// `struct ibv_td`: a thread domain.
+#[repr(C)]
+pub(crate) struct IbvTd {
+    pub(crate) context: *mut IbvContext,
+}
+
+/// `struct ibv_td_init_attr`.
+#[repr(C)]
+pub(crate) struct IbvTdInitAttr {
+    pub(crate) comp_mask: u32,
+}
+
+/// `ibv_parent_domain_init_attr.alloc`.
+pub(crate) type PdAllocFn =
+    unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, usize, u64) -> *mut c_void;
+/// `ibv_parent_domain_init_attr.free`.
+pub(crate) type PdFreeFn = unsafe extern "C" fn(*mut IbvPd, *mut c_void, *mut c_void, u64);
+
+/// `struct ibv_parent_domain_init_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IbvParentDomainInitAttr {
+    pub(crate) pd: *mut IbvPd,
+    pub(crate) td: *mut IbvTd,
+    pub(crate) comp_mask: u32,
+    pub(crate) alloc: Option<PdAllocFn>,
+    pub(crate) free: Option<PdFreeFn>,
+    pub(crate) pd_context: *mut c_void,
 }
 
 /// `struct ibv_ah`.
@@ -891,6 +928,8 @@ pub(crate) mod consts {
     pub(crate) const IBV_ACCESS_ZERO_BASED: c_int = 1 << 5;
     pub(crate) const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
     pub(crate) const IBV_ACCESS_HUGETLB: c_int = 1 << 7;
+    pub(crate) const IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS: u32 = 1 << 0;
+    pub(crate) const IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT: u32 = 1 << 1;
     pub(crate) const IBV_ADVISE_MR_ADVICE_PREFETCH: c_int = 0;
     pub(crate) const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: c_int = 1;
     pub(crate) const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: c_int = 2;
@@ -1003,6 +1042,9 @@ mod tests {
             [
                 query_port,
                 advise_mr,
+                alloc_parent_domain,
+                dealloc_td,
+                alloc_td,
                 query_rt_values,
                 create_cq_ex,
                 query_device_ex,
@@ -1055,6 +1097,14 @@ mod tests {
             ]
         );
         layout!(v, IbvDataBuf, "ibv_data_buf", [addr, length]);
+        layout!(v, IbvTd, "ibv_td", [context]);
+        layout!(v, IbvTdInitAttr, "ibv_td_init_attr", [comp_mask]);
+        layout!(
+            v,
+            IbvParentDomainInitAttr,
+            "ibv_parent_domain_init_attr",
+            [pd, td, comp_mask, alloc, free, pd_context]
+        );
         layout!(v, IbvMw, "ibv_mw", [context, pd, rkey, handle]);
         v.push(("offsetof(struct ibv_mw, type)".into(), offset_of!(IbvMw, mw_type) as i128));
         layout!(v, IbvMwBindInfo, "ibv_mw_bind_info", [mr, addr, length, mw_access_flags]);
@@ -1436,6 +1486,8 @@ mod tests {
                 IBV_WC_GRH,
                 IBV_WC_WITH_IMM,
                 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS,
+                IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT,
                 IBV_ADVISE_MR_ADVICE_PREFETCH,
                 IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
                 IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT,

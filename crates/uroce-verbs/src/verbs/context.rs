@@ -85,7 +85,11 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
         vctx: VerbsContext {
             query_port: Some(query_port_ex),
             advise_mr: Some(advise_mr),
-            unset_before_query_rt_values: [None; 22],
+            unset_before_alloc_parent_domain: [None; 12],
+            alloc_parent_domain: Some(alloc_parent_domain),
+            dealloc_td: Some(dealloc_td),
+            alloc_td: Some(alloc_td),
+            unset_before_query_rt_values: [None; 7],
             query_rt_values: Some(query_rt_values),
             create_cq_ex: Some(create_cq_ex),
             priv_: None,

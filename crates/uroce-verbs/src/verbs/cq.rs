@@ -53,6 +53,8 @@ pub(super) struct Cq {
     pub(super) handle: CqHandle,
     /// `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`: the poll in progress (`cq_ex`).
     pub(super) poll: PollState,
+    /// The parent domain it was made in, or NULL.
+    pub(super) parent_domain: *mut IbvPd,
     /// Completion events `ibv_get_cq_event` returned for this CQ: `ibv_destroy_cq` waits
     /// until the application has acknowledged as many (`ibv.comp_events_completed`).
     pub(super) events_reported: AtomicU32,
@@ -104,7 +106,8 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_cq(
     let Ok(comp_vector) = u32::try_from(comp_vector) else {
         return fail(refuse("ibv_create_cq", "a negative comp_vector", libc::EINVAL));
     };
-    let spec = CqSpec { cqe, cq_context, channel, comp_vector, locked: true };
+    let spec =
+        CqSpec { cqe, cq_context, channel, comp_vector, locked: true, parent_domain: null_mut() };
     // SAFETY: the caller passes a context it opened and, if not NULL, a channel of it.
     match unsafe { create(context, &spec) } {
         Ok(cq) => cq.cast(),
@@ -121,6 +124,8 @@ pub(super) struct CqSpec {
     /// `ibv_start_poll` to `ibv_end_poll` excludes other threads (not
     /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`).
     pub(super) locked: bool,
+    /// The parent domain it belongs to (`IBV_CQ_INIT_ATTR_MASK_PD`), or NULL.
+    pub(super) parent_domain: *mut IbvPd,
 }
 
 /// Creates a CQ: (errno, why) when refused.
@@ -178,10 +183,13 @@ pub(super) unsafe fn create(
         ibv: extended_cq(cq),
         handle,
         poll: PollState::new(spec.locked),
+        parent_domain: spec.parent_domain,
         events_reported: AtomicU32::new(0),
     });
     let raw = boxed.into_c();
     lock(&ctx.objects).cqs.insert(handle, raw as usize);
+    // SAFETY: NULL or the caller's parent domain, live (checked by the caller).
+    unsafe { parent_domain_use(spec.parent_domain, true) };
     Ok(raw.cast())
 }
 
@@ -214,6 +222,8 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_cq(cq: *mut IbvCq) -> c_int 
     drop(g);
     // SAFETY: made by `ibv_create_cq`; destroying it is the caller's last use.
     let Some(boxed) = (unsafe { Cq::take(cq) }) else { return libc::EINVAL };
+    // SAFETY: a CQ's parent domain outlives it (its deallocation is EBUSY meanwhile).
+    unsafe { parent_domain_use(boxed.parent_domain, false) };
     let channel = boxed.ibv.cq.channel;
     if !channel.is_null() {
         let field = channel.wrapping_byte_add(offset_of!(IbvCompChannel, refcnt)).cast::<u32>();

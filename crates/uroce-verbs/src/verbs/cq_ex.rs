@@ -104,9 +104,23 @@ pub(super) unsafe extern "C" fn create_cq_ex(
         let why = format_args!("unknown comp_mask bits {:#x}", a.comp_mask & !known_mask);
         return fail(refuse(VERB, why, libc::EINVAL));
     }
-    if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
-        return fail(refuse(VERB, "parent domains are not supported", libc::EOPNOTSUPP));
-    }
+    // IBV_CQ_INIT_ATTR_MASK_PD: the CQ belongs to a parent domain (ibv_create_cq_ex(3)),
+    // which must be one, of this context.
+    let parent_domain = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+        // SAFETY: NULL or a live PD of this library (the caller's contract).
+        let ok = unsafe { is_parent_domain(a.parent_domain) }
+            && unsafe { (*a.parent_domain).context } == context;
+        if !ok {
+            return fail(refuse(
+                VERB,
+                "parent_domain is not a parent domain of this context",
+                libc::EINVAL,
+            ));
+        }
+        a.parent_domain
+    } else {
+        null_mut()
+    };
     let flags = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 { a.flags } else { 0 };
     let known_flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
     if flags & !known_flags != 0 {
@@ -130,6 +144,7 @@ pub(super) unsafe extern "C" fn create_cq_ex(
         channel: a.channel,
         comp_vector: a.comp_vector,
         locked: flags & IBV_CREATE_CQ_ATTR_SINGLE_THREADED == 0,
+        parent_domain,
     };
     // SAFETY: the caller passes a context it opened and, if not NULL, a channel of it.
     match unsafe { create(context, &spec) } {

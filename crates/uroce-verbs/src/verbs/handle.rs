@@ -65,4 +65,5 @@ public_first! {
     Qp => IbvQp,
     Ah => IbvAh,
     Mw => IbvMw,
+    Td => IbvTd,
 }

@@ -183,6 +183,8 @@ unsafe fn create(pd: *mut IbvPd, init: *mut IbvQpInitAttr, send_ops: Option<u64>
     });
     let raw = boxed.into_c();
     lock(&ctx.objects).qps.insert(qpn, raw as usize);
+    // SAFETY: the caller's PD, live (checked above).
+    unsafe { parent_domain_use(pd, true) };
     raw
 }
 
@@ -447,6 +449,10 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_qp(qp: *mut IbvQp) -> c_int 
         let _ = s.sync_multicast();
     });
     lock(&ctx.objects).qps.remove(&qpn);
+    // SAFETY: a live QP; a plain field.
+    let pd = unsafe { (*qp).pd };
+    // SAFETY: a QP's PD is live while the QP is.
+    unsafe { parent_domain_use(pd, false) };
     // SAFETY: made by `ibv_create_qp`; destroying it is the caller's last use.
     drop(unsafe { Qp::take(qp) });
     0

@@ -50,6 +50,8 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_srq(
     });
     let raw = boxed.into_c();
     lock(&ctx.objects).srqs.insert(handle, raw as usize);
+    // SAFETY: the caller's PD, live (checked above).
+    unsafe { parent_domain_use(pd, true) };
     raw
 }
 
@@ -122,6 +124,8 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_srq(srq: *mut IbvSrq) -> c_i
         Err(DestroyError::Unknown) => return libc::EINVAL,
     }
     lock(&ctx.objects).srqs.remove(&s.handle);
+    // SAFETY: an SRQ's PD is live while the SRQ is.
+    unsafe { parent_domain_use(s.ibv.pd, false) };
     // SAFETY: made by `ibv_create_srq`; destroying it is the caller's last use.
     drop(unsafe { Srq::take(srq) });
     0

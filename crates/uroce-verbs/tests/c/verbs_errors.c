@@ -88,6 +88,7 @@
  *   n. memory windows of type 1 and 2: bind, access inside and past a window, remote
  *      invalidation, a bind that breaks a rule (scenario_mw).
  *   o. on-demand paging, explicit and implicit, and ibv_advise_mr (scenario_odp).
+ *   p. thread and parent domains and their lifetimes (scenario_parent_domain).
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -2174,6 +2175,90 @@ static void scenario_odp(struct dev *d0, struct dev *d1)
 	munmap(area, len);
 }
 
+/*
+ * p. thread and parent domains (ibv_alloc_td(3), ibv_alloc_parent_domain(3)): a parent domain
+ *    over d1's PD with a thread domain carries an RC QP and an extended CQ
+ *    (IBV_CQ_INIT_ATTR_MASK_PD) whose SEND traffic completes; while it lives its PD cannot be
+ *    deallocated, nor its thread domain, and while the QP and CQ live it cannot be either (all
+ *    EBUSY); afterwards all three go. A thread domain with a comp_mask, a parent domain over
+ *    a parent domain and an extended CQ naming a plain PD as its parent domain are EINVAL.
+ */
+static void scenario_parent_domain(struct dev *d0, struct dev *d1)
+{
+	const char *sc = "parent_domain";
+	struct ibv_td_init_attr td_attr = { 0 };
+	struct ibv_parent_domain_init_attr pa = { 0 };
+	struct ibv_cq_init_attr_ex ca = { .cqe = CQ_DEPTH, .comp_mask = IBV_CQ_INIT_ATTR_MASK_PD };
+	struct ibv_pd *parent, *nested, *plain_pd;
+	struct ibv_cq_ex *cqx;
+	struct ibv_td *td;
+	struct ep a, b;
+	int rc;
+
+	td_attr.comp_mask = 1;
+	td = ibv_alloc_td(d1->ctx, &td_attr);
+	if (td || errno != EINVAL)
+		fail("%s: ibv_alloc_td with comp_mask 1: %s, expected EINVAL", sc,
+		     td ? "made" : strerror(errno));
+	td_attr.comp_mask = 0;
+	td = ibv_alloc_td(d1->ctx, &td_attr);
+	plain_pd = ibv_alloc_pd(d1->ctx);
+	if (!td || !plain_pd)
+		die("%s: ibv_alloc_td / ibv_alloc_pd: %s", sc, strerror(errno));
+	pa.pd = plain_pd;
+	pa.td = td;
+	parent = ibv_alloc_parent_domain(d1->ctx, &pa);
+	if (!parent)
+		die("%s: ibv_alloc_parent_domain: %s", sc, strerror(errno));
+	pa.pd = parent;
+	pa.td = NULL;
+	nested = ibv_alloc_parent_domain(d1->ctx, &pa);
+	if (nested || errno != EINVAL)
+		fail("%s: a parent domain over a parent domain: %s, expected EINVAL", sc,
+		     nested ? "made" : strerror(errno));
+	ca.parent_domain = plain_pd;
+	cqx = ibv_create_cq_ex(d1->ctx, &ca);
+	if (cqx || errno != EINVAL)
+		fail("%s: CQ with a plain PD as parent domain: %s, expected EINVAL", sc,
+		     cqx ? "made" : strerror(errno));
+	ca.parent_domain = parent;
+	cqx = ibv_create_cq_ex(d1->ctx, &ca);
+	if (!cqx)
+		die("%s: ibv_create_cq_ex in a parent domain: %s", sc, strerror(errno));
+
+	/* b's QP and MR in the parent domain, on its extended CQ. */
+	ep_create(&a, d0);
+	memset(&b, 0, sizeof(b));
+	b.cq = ibv_cq_ex_to_cq(cqx);
+	{
+		struct dev in_parent = *d1;
+
+		in_parent.pd = parent;
+		ep_attach(&b, &in_parent, NULL);
+		b.dev = d1;
+	}
+	connect_pair(&a, &b);
+	must_post(sc, "recv", post_recv(&b, 111, 64));
+	must_post(sc, "send", post_send(&a, IBV_WR_SEND, 112, 16, 0, 0));
+	expect_wc(sc, "sender", &a, 112, IBV_WC_SUCCESS, POLL_MS);
+	expect_wc(sc, "receiver", &b, 111, IBV_WC_SUCCESS, POLL_MS);
+
+	if ((rc = ibv_dealloc_pd(plain_pd)) != EBUSY)
+		fail("%s: dealloc of the PD under a parent domain: %d, expected EBUSY", sc, rc);
+	if ((rc = ibv_dealloc_td(td)) != EBUSY)
+		fail("%s: dealloc of a thread domain in use: %d, expected EBUSY", sc, rc);
+	if ((rc = ibv_dealloc_pd(parent)) != EBUSY)
+		fail("%s: dealloc of a parent domain with a QP: %d, expected EBUSY", sc, rc);
+	ep_destroy(&a);
+	ep_destroy(&b);
+	if ((rc = ibv_dealloc_pd(parent)))
+		fail("%s: dealloc of the parent domain: %s", sc, strerror(rc));
+	if ((rc = ibv_dealloc_td(td)))
+		fail("%s: ibv_dealloc_td: %s", sc, strerror(rc));
+	if ((rc = ibv_dealloc_pd(plain_pd)))
+		fail("%s: dealloc of the PD: %s", sc, strerror(rc));
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -2221,6 +2306,7 @@ int main(void)
 	scenario_wr_api(&d0, &d1);
 	scenario_mw(&d0, &d1);
 	scenario_odp(&d0, &d1);
+	scenario_parent_domain(&d0, &d1);
 
 	close_dev(&d0);
 	close_dev(&d1);
