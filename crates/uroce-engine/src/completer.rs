@@ -144,8 +144,10 @@ fn on_atomic_ack<M: MemoryAccess>(
     let Some(sge) = w.wr.sg_list.first().copied() else {
         return;
     };
-    let placed = ctx.mrs.check_local(sge.lkey, pd, sge.addr, 8, true).is_ok()
-        && ctx.mem.write(sge.addr, &orig.to_ne_bytes()).is_ok();
+    let placed = ctx
+        .mrs
+        .check_local(sge.lkey, pd, sge.addr, 8, true)
+        .is_ok_and(|host| ctx.mem.write(host, &orig.to_ne_bytes()).is_ok());
     if !placed {
         w.error = Some(WcStatus::LOC_PROT_ERR);
     } else {
@@ -559,10 +561,15 @@ pub(crate) fn scatter<M: MemoryAccess>(
     if placed < data.len() {
         return Err(ScatterError::Length);
     }
-    for (_, addr, at, len) in pieces(sges, offset, data.len()) {
+    for (sge, addr, at, len) in pieces(sges, offset, data.len()) {
+        // Checked above: where the bytes are.
+        let host = ctx
+            .mrs
+            .check_local(sge.lkey, pd, addr, len as u64, true)
+            .map_err(|_| ScatterError::Protection)?;
         // A page the application unmapped after registering it: the receive fails as for a
         // key without local write (what lands before the fault stays; a NIC leaves it too).
-        if ctx.mem.write(addr, &data[at..at + len]).is_err() {
+        if ctx.mem.write(host, &data[at..at + len]).is_err() {
             ctx.counters.memory_faults += 1;
             return Err(ScatterError::Protection);
         }

@@ -769,11 +769,24 @@ impl<M: MemoryAccess> Device<M> {
         length: u64,
         access: Access,
     ) -> Result<MemoryRegion, CreateError> {
+        self.reg_mr_at(pd, addr, addr, length, access)
+    }
+
+    /// Registers `length` bytes at host address `host` whose keys name `iova..iova + length`
+    /// (`ibv_reg_mr_iova(3)`; `iova` 0 for a zero-based region, as device memory is).
+    pub fn reg_mr_at(
+        &mut self,
+        pd: PdHandle,
+        iova: u64,
+        host: u64,
+        length: u64,
+        access: Access,
+    ) -> Result<MemoryRegion, CreateError> {
         if !self.has_pd(pd) {
             return Err(CreateError::UnknownPd);
         }
         within("max_mr", self.ctx.mrs.len() as u64 + 1, u64::from(DEVICE_ATTR.max_mr))?;
-        Ok(self.ctx.mrs.register(&mut self.ctx.rng, pd, addr, length, access))
+        Ok(self.ctx.mrs.register(&mut self.ctx.rng, pd, (iova, host), length, access))
     }
 
     /// Region `lkey`, if registered.

@@ -39,9 +39,18 @@ pub struct MemoryRegion {
     pub lkey: LKey,
     /// Remote key.
     pub rkey: RKey,
+    /// Where the bytes are: `addr` for a region registered at its own address; elsewhere for
+    /// one registered at another (an IOVA, `ibv_reg_mr_iova(3)`; a zero-based region, whose
+    /// keys name offsets from 0, such as device memory). Keys name `addr..addr + length`.
+    pub host: u64,
 }
 
 impl MemoryRegion {
+    /// The host address of key-space address `a` (inside the region).
+    pub const fn host_addr(&self, a: u64) -> u64 {
+        self.host.wrapping_add(a.wrapping_sub(self.addr))
+    }
+
     /// Whether `[addr, addr + len)` lies inside the region.
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr
@@ -186,12 +195,13 @@ pub(crate) struct MrTable {
 }
 
 impl MrTable {
-    /// Registers a region and returns it with fresh keys.
+    /// Registers a region whose keys name `addr..addr + length`, its bytes at `host`, and
+    /// returns it with fresh keys.
     pub(crate) fn register(
         &mut self,
         rng: &mut Rng,
         pd: PdHandle,
-        addr: u64,
+        (addr, host): (u64, u64),
         length: u64,
         access: Access,
     ) -> MemoryRegion {
@@ -210,7 +220,8 @@ impl MrTable {
                 break k;
             }
         };
-        let mr = MemoryRegion { pd, addr, length, access, lkey: LKey(lkey), rkey: RKey(rkey) };
+        let mr =
+            MemoryRegion { pd, addr, length, access, lkey: LKey(lkey), rkey: RKey(rkey), host };
         self.by_lkey.insert(lkey, mr);
         self.rkey_to_lkey.insert(rkey, lkey);
         *self.region_indexes.entry(rkey >> 8).or_default() += 1;
@@ -360,7 +371,10 @@ impl MrTable {
     ) -> Option<MemoryRegion> {
         let mr = self.by_lkey.get_mut(&lkey.0)?;
         let old = *mr;
-        (mr.pd, mr.addr, mr.length, mr.access) = (pd, addr, length, access);
+        // The same range keeps its translation (a change of PD or access only); a new one is
+        // at its own address.
+        let host = if (addr, length) == (old.addr, old.length) { old.host } else { addr };
+        (mr.pd, mr.addr, mr.host, mr.length, mr.access) = (pd, addr, host, length, access);
         Some(old)
     }
 
@@ -385,7 +399,7 @@ impl MrTable {
 
     /// Checks a local access of `len` bytes at `addr` through `lkey` for a QP of `pd`;
     /// `write` asks for local write access (IBA 10.6: receive buffers and READ/atomic
-    /// results need it).
+    /// results need it). Returns where `addr`'s bytes are (the host address).
     pub(crate) fn check_local(
         &self,
         lkey: LKey,
@@ -393,15 +407,17 @@ impl MrTable {
         addr: u64,
         len: u64,
         write: bool,
-    ) -> Result<&MemoryRegion, AccessError> {
+    ) -> Result<u64, AccessError> {
         let mr = self.by_lkey.get(&lkey.0).ok_or(AccessError::InvalidKey)?;
-        Self::check(mr, pd, addr, len, if write { Access::LOCAL_WRITE } else { Access::NONE })
+        let right = if write { Access::LOCAL_WRITE } else { Access::NONE };
+        Self::check(mr, pd, addr, len, right).map(|mr| mr.host_addr(addr))
     }
 
     /// Checks a remote access of `len` bytes at `addr` through `rkey` for QP `qpn` of `pd`,
     /// needing `right` (IBA 9.7: R_Key, bounds and access are all checked before any byte
     /// moves). The key is a region's or a bound window's (IBA 10.6.7.3: a type 2 window only
     /// through the QP it is bound to; the window's range and rights, then the region's).
+    /// Returns where `addr`'s bytes are (the host address).
     pub(crate) fn check_remote(
         &self,
         rkey: RKey,
@@ -410,10 +426,10 @@ impl MrTable {
         addr: u64,
         len: u64,
         right: Access,
-    ) -> Result<&MemoryRegion, AccessError> {
+    ) -> Result<u64, AccessError> {
         if let Some(lkey) = self.rkey_to_lkey.get(&rkey.0) {
             let mr = self.by_lkey.get(lkey).ok_or(AccessError::InvalidKey)?;
-            return Self::check(mr, pd, addr, len, right);
+            return Self::check(mr, pd, addr, len, right).map(|mr| mr.host_addr(addr));
         }
         let handle = self.window_index.get(&(rkey.0 >> 8)).ok_or(AccessError::InvalidKey)?;
         let w = self.windows.get(handle).ok_or(AccessError::InvalidKey)?;
@@ -431,7 +447,7 @@ impl MrTable {
         }
         // The region under the window: deregistered (or rebound narrower) means no access.
         let mr = self.by_lkey.get(&b.mr.0).ok_or(AccessError::InvalidKey)?;
-        Self::check(mr, pd, addr, len, Access::NONE)
+        Self::check(mr, pd, addr, len, Access::NONE).map(|mr| mr.host_addr(addr))
     }
 
     fn check(
@@ -468,7 +484,13 @@ mod tests {
         let mut rng = Rng::new(7);
         let mut t = MrTable::default();
         let pd = PdHandle(1);
-        let mr = t.register(&mut rng, pd, 0x1000, 0x100, Access::LOCAL_WRITE | Access::REMOTE_READ);
+        let mr = t.register(
+            &mut rng,
+            pd,
+            (0x1000, 0x1000),
+            0x100,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        );
         assert!(
             t.check_remote(mr.rkey, pd, Qpn::new(1).unwrap(), 0x1000, 0x100, Access::REMOTE_READ)
                 .is_ok()
@@ -526,11 +548,11 @@ mod tests {
     fn keys_differ_between_regions_and_seeds() {
         let mut t = MrTable::default();
         let mut rng = Rng::new(1);
-        let a = t.register(&mut rng, PdHandle(0), 0, 8, Access::NONE);
-        let b = t.register(&mut rng, PdHandle(0), 0, 8, Access::NONE);
+        let a = t.register(&mut rng, PdHandle(0), (0, 0), 8, Access::NONE);
+        let b = t.register(&mut rng, PdHandle(0), (0, 0), 8, Access::NONE);
         assert_ne!(a.rkey, b.rkey);
         let mut other = MrTable::default();
-        let c = other.register(&mut Rng::new(2), PdHandle(0), 0, 8, Access::NONE);
+        let c = other.register(&mut Rng::new(2), PdHandle(0), (0, 0), 8, Access::NONE);
         assert_ne!(a.rkey, c.rkey);
     }
 
@@ -540,7 +562,13 @@ mod tests {
         let mut t = MrTable::default();
         let pd = PdHandle(1);
         let (q1, q2) = (Qpn::new(0x11).unwrap(), Qpn::new(0x12).unwrap());
-        let mr = t.register(&mut rng, pd, 0x1000, 0x1000, Access::LOCAL_WRITE | Access::MW_BIND);
+        let mr = t.register(
+            &mut rng,
+            pd,
+            (0x1000, 0x1000),
+            0x1000,
+            Access::LOCAL_WRITE | Access::MW_BIND,
+        );
         let (mw, k0) = t.alloc_window(&mut rng, pd, MwType::Type2);
         assert_ne!(k0.0 >> 8, mr.rkey.0 >> 8, "windows and regions never share a key index");
         let key = RKey((k0.0 & !0xff) | (k0.0.wrapping_add(1) & 0xff));

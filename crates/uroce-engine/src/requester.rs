@@ -251,11 +251,14 @@ fn start_wqe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) -> bool
     let mut gone = false;
     let local_ok = w.wr.inline_data.is_some()
         || w.wr.sg_list.iter().all(|s| {
-            ctx.mrs.check_local(s.lkey, qp.init.pd, s.addr, u64::from(s.length), write).is_ok()
-                && (write || {
-                    gone = ctx.mem.check_readable(s.addr, s.length as usize).is_err();
-                    !gone
-                })
+            ctx.mrs.check_local(s.lkey, qp.init.pd, s.addr, u64::from(s.length), write).is_ok_and(
+                |host| {
+                    write || {
+                        gone = ctx.mem.check_readable(host, s.length as usize).is_err();
+                        !gone
+                    }
+                },
+            )
         });
     ctx.counters.memory_faults += u64::from(gone);
     let first_psn = qp.req.next_psn;
@@ -339,9 +342,9 @@ fn pieces<M: MemoryAccess>(
         }
         let take = (sl - skip).min(want);
         let addr = s.addr + skip;
-        ctx.mrs.check_local(s.lkey, pd, addr, take, false)?;
+        let host = ctx.mrs.check_local(s.lkey, pd, addr, take, false)?;
         // `take` is at most one MTU.
-        ctx.pieces.push((addr, u32::try_from(take).unwrap_or(u32::MAX)));
+        ctx.pieces.push((host, u32::try_from(take).unwrap_or(u32::MAX)));
         want -= take;
         skip = 0;
     }

@@ -557,26 +557,19 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
     }
     // ChkRkey, on every packet, so a region deregistered mid-message stops the writes
     // (IBA 9.7). A zero-length WRITE names no memory and is not checked.
+    let mut host = va;
     if dma_len > 0 {
         let addr = va.wrapping_add(u64::from(written));
-        if ctx
-            .mrs
-            .check_remote(rkey, qp.init.pd, qp.qpn, addr, u64::from(len), Access::REMOTE_WRITE)
-            .is_err()
-            || ctx
-                .mrs
-                .check_remote(
-                    rkey,
-                    qp.init.pd,
-                    qp.qpn,
-                    va,
-                    u64::from(dma_len),
-                    Access::REMOTE_WRITE,
-                )
-                .is_err()
-        {
-            fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
-            return false;
+        let (pd, qpn) = (qp.init.pd, qp.qpn);
+        let here = ctx.mrs.check_remote(rkey, pd, qpn, addr, u64::from(len), Access::REMOTE_WRITE);
+        let whole =
+            ctx.mrs.check_remote(rkey, pd, qpn, va, u64::from(dma_len), Access::REMOTE_WRITE);
+        match (here, whole) {
+            (Ok(at), Ok(_)) => host = at,
+            _ => {
+                fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
+                return false;
+            }
         }
     }
     // WRITE with immediate consumes a receive WQE where the immediate arrives (IBA 9.4).
@@ -593,7 +586,8 @@ fn write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>
     } else {
         None
     };
-    if ctx.mem.write(va.wrapping_add(u64::from(written)), packet.payload).is_err() {
+    // `host`: where this packet's bytes go (the key names `va + written`).
+    if ctx.mem.write(host, packet.payload).is_err() {
         if let Some(wqe) = recv {
             ctx.unpop_recv(qp, wqe);
         }
@@ -627,25 +621,21 @@ fn read<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
         fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
         return;
     }
-    if reth.dma_len > 0
-        && ctx
-            .mrs
-            .check_remote(
-                reth.rkey,
-                qp.init.pd,
-                qp.qpn,
-                reth.va,
-                u64::from(reth.dma_len),
-                Access::REMOTE_READ,
-            )
-            .is_err()
-    {
-        fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
-        return;
-    }
+    let host = if reth.dma_len > 0 {
+        let (pd, qpn, len) = (qp.init.pd, qp.qpn, u64::from(reth.dma_len));
+        match ctx.mrs.check_remote(reth.rkey, pd, qpn, reth.va, len, Access::REMOTE_READ) {
+            Ok(host) => host,
+            Err(_) => {
+                fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
+                return;
+            }
+        }
+    } else {
+        reth.va
+    };
     // Registration pins nothing: the pages must still be there when the READ is taken on
     // (a page unmapped later, while its responses go out, is caught on the way out).
-    if ctx.mem.check_readable(reth.va, reth.dma_len as usize).is_err() {
+    if ctx.mem.check_readable(host, reth.dma_len as usize).is_err() {
         memory_gone(qp, ctx, psn);
         return;
     }
@@ -688,14 +678,15 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
         fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
         return;
     }
-    if ctx.mrs.check_remote(a.rkey, qp.init.pd, qp.qpn, a.va, 8, Access::REMOTE_ATOMIC).is_err() {
+    let Ok(host) = ctx.mrs.check_remote(a.rkey, qp.init.pd, qp.qpn, a.va, 8, Access::REMOTE_ATOMIC)
+    else {
         fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
         return;
-    }
+    };
     let orig = if packet.bth.opcode == Opcode::RC_COMPARE_SWAP {
-        ctx.mem.compare_and_swap(a.va, a.compare, a.swap_add)
+        ctx.mem.compare_and_swap(host, a.compare, a.swap_add)
     } else {
-        ctx.mem.fetch_and_add(a.va, a.swap_add)
+        ctx.mem.fetch_and_add(host, a.swap_add)
     };
     let Ok(orig) = orig else {
         memory_gone(qp, ctx, psn);
@@ -771,26 +762,17 @@ pub(crate) fn poll<M: MemoryAccess>(
             let addr = va.wrapping_add(u64::from(offset));
             let psn = first_psn.add(next);
             // The region may have been deregistered since the request was checked.
-            if chunk > 0
-                && ctx
-                    .mrs
-                    .check_remote(
-                        rkey,
-                        qp.init.pd,
-                        qp.qpn,
-                        addr,
-                        u64::from(chunk),
-                        Access::REMOTE_READ,
-                    )
-                    .is_err()
-            {
-                qp.resp.out.pop_front();
-                fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
-                return poll(qp, ctx, buf);
-            }
             ctx.pieces.clear();
             if chunk > 0 {
-                ctx.pieces.push((addr, chunk));
+                let (pd, qpn) = (qp.init.pd, qp.qpn);
+                let right = Access::REMOTE_READ;
+                let Ok(host) = ctx.mrs.check_remote(rkey, pd, qpn, addr, u64::from(chunk), right)
+                else {
+                    qp.resp.out.pop_front();
+                    fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
+                    return poll(qp, ctx, buf);
+                };
+                ctx.pieces.push((host, chunk));
             }
             if last {
                 qp.resp.out.pop_front();

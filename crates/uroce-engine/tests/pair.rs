@@ -1820,3 +1820,42 @@ fn invalidating_what_cannot_be_invalidated_fails() {
     assert_eq!(statuses(&p.cq(B)), [(7, WcStatus::REM_INV_REQ_ERR)]);
     assert_eq!(p.net[B].dev.counters().invalidate_errors, 1);
 }
+
+/// A region whose keys name other addresses than its bytes' (`ibv_reg_mr_iova`; zero-based,
+/// as device memory is): every access is translated, locally and remotely, and bounded by
+/// the key space.
+#[test]
+fn a_zero_based_region_is_reached_at_offsets_from_zero() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let (pd, base) = (p.hosts[B].pd, p.hosts[B].mr.addr);
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let zb = p.net[B].dev.reg_mr_at(pd, 0, base + 0x4000, 0x1000, access).unwrap();
+    let data = fill(&mut p, A, 0, 64, 5);
+    let mut wr = write_wr(&p, 1, 0, 0, 64);
+    wr.remote = Some(RemoteAddr { addr: 0x10, rkey: zb.rkey });
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(B, 0x4010, 64), &data[..], "offset 0x10 of the region");
+    // READ it back through the same key into A's buffer at 0x800.
+    let mut rd = read_wr(&p, 2, 0x800, 0, 64);
+    rd.remote = Some(RemoteAddr { addr: 0x10, rkey: zb.rkey });
+    p.post_send(A, rd);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(A, 0x800, 64), &data[..]);
+    // B sends from the region by its local key at offset 0x10.
+    p.post_recv(A, 3, 0x2000, 64);
+    let sge = Sge { addr: 0x10, length: 64, lkey: zb.lkey };
+    p.post_send(B, SendWr::new(4, WrOpcode::Send, vec![sge]));
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(B)), [(4, WcStatus::SUCCESS)]);
+    assert_eq!(statuses(&p.cq(A)), [(3, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(A, 0x2000, 64), &data[..]);
+    // The key space ends at the region's length.
+    let mut past = write_wr(&p, 5, 0, 0, 8);
+    past.remote = Some(RemoteAddr { addr: 0xffc, rkey: zb.rkey });
+    p.post_send(A, past);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(5, WcStatus::REM_ACCESS_ERR)]);
+}

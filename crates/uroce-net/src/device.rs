@@ -547,8 +547,21 @@ impl State {
         region: Arc<RawRegion>,
         access: Access,
     ) -> Result<MemoryRegion, CreateError> {
-        let (addr, len) = (region.addr(), region.len() as u64);
-        let mr = self.engine.reg_mr(pd, addr, len, access)?;
+        let addr = region.addr();
+        self.register_at(pd, region, addr, access)
+    }
+
+    /// Registers `region` in `pd` with `access`, its keys naming `iova..` rather than the
+    /// region's own addresses (`ibv_reg_mr_iova(3)`; 0 for a zero-based region).
+    pub fn register_at(
+        &mut self,
+        pd: PdHandle,
+        region: Arc<RawRegion>,
+        iova: u64,
+        access: Access,
+    ) -> Result<MemoryRegion, CreateError> {
+        let (host, len) = (region.addr(), region.len() as u64);
+        let mr = self.engine.reg_mr_at(pd, iova, host, len, access)?;
         self.engine.memory_mut().insert(region);
         Ok(mr)
     }
@@ -575,7 +588,7 @@ impl State {
             Err(e) => return Some(Err(e)),
         };
         if let Some(r) = region {
-            self.engine.memory_mut().remove(old.addr, old.length);
+            self.engine.memory_mut().remove(old.host, old.length);
             self.engine.memory_mut().insert(r);
         }
         self.engine.mr(lkey).map(Ok)
@@ -598,7 +611,7 @@ impl State {
     /// memory again (a C caller may free the memory as soon as this returns).
     pub fn deregister_now(&mut self, lkey: LKey) -> Option<MemoryRegion> {
         let mr = self.engine.dereg_mr(lkey)?;
-        self.engine.memory_mut().remove(mr.addr, mr.length);
+        self.engine.memory_mut().remove(mr.host, mr.length);
         Some(mr)
     }
 

@@ -84,8 +84,15 @@ pub(crate) const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 pub(crate) struct VerbsContext {
     pub(crate) query_port: Option<QueryPortFn>,
     pub(crate) advise_mr: Option<AdviseMrFn>,
-    /// `alloc_null_mr` … `modify_qp_rate_limit` (counters, device memory, flow actions).
-    pub(crate) unset_before_alloc_parent_domain: [Unset; 12],
+    /// `alloc_null_mr` and the counters.
+    pub(crate) unset_before_reg_dm_mr: [Unset; 5],
+    pub(crate) reg_dm_mr:
+        Option<unsafe extern "C" fn(*mut IbvPd, *mut IbvDm, u64, usize, c_uint) -> *mut IbvMr>,
+    pub(crate) alloc_dm:
+        Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvAllocDmAttr) -> *mut IbvDm>,
+    pub(crate) free_dm: Option<unsafe extern "C" fn(*mut IbvDm) -> c_int>,
+    /// The flow actions and `modify_qp_rate_limit`.
+    pub(crate) unset_before_alloc_parent_domain: [Unset; 4],
     pub(crate) alloc_parent_domain:
         Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvParentDomainInitAttr) -> *mut IbvPd>,
     pub(crate) dealloc_td: Option<unsafe extern "C" fn(*mut IbvTd) -> c_int>,
@@ -493,6 +500,27 @@ pub(crate) struct IbvQpEx {
 pub(crate) struct IbvDataBuf {
     pub(crate) addr: *mut c_void,
     pub(crate) length: usize,
+}
+
+/// `struct ibv_dm`: device memory.
+#[repr(C)]
+#[expect(clippy::use_self, reason = "the callbacks' C signatures, as verbs.h spells them")]
+pub(crate) struct IbvDm {
+    pub(crate) context: *mut IbvContext,
+    pub(crate) memcpy_to_dm:
+        Option<unsafe extern "C" fn(*mut IbvDm, u64, *const c_void, usize) -> c_int>,
+    pub(crate) memcpy_from_dm:
+        Option<unsafe extern "C" fn(*mut c_void, *mut IbvDm, u64, usize) -> c_int>,
+    pub(crate) comp_mask: u32,
+    pub(crate) handle: u32,
+}
+
+/// `struct ibv_alloc_dm_attr`.
+#[repr(C)]
+pub(crate) struct IbvAllocDmAttr {
+    pub(crate) length: usize,
+    pub(crate) log_align_req: u32,
+    pub(crate) comp_mask: u32,
 }
 
 /// `struct ibv_td`: a thread domain.
@@ -1042,6 +1070,9 @@ mod tests {
             [
                 query_port,
                 advise_mr,
+                reg_dm_mr,
+                alloc_dm,
+                free_dm,
                 alloc_parent_domain,
                 dealloc_td,
                 alloc_td,
@@ -1098,6 +1129,8 @@ mod tests {
         );
         layout!(v, IbvDataBuf, "ibv_data_buf", [addr, length]);
         layout!(v, IbvTd, "ibv_td", [context]);
+        layout!(v, IbvDm, "ibv_dm", [context, memcpy_to_dm, memcpy_from_dm, comp_mask, handle]);
+        layout!(v, IbvAllocDmAttr, "ibv_alloc_dm_attr", [length, log_align_req, comp_mask]);
         layout!(v, IbvTdInitAttr, "ibv_td_init_attr", [comp_mask]);
         layout!(
             v,

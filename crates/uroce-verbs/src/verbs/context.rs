@@ -12,6 +12,11 @@ pub(crate) struct Context {
     pub(super) objects: Arc<Mutex<Objects>>,
     /// This context's share of the device's asynchronous events: those of its objects.
     pub(super) events: SubscriberId,
+    /// Device memory this context holds (`ibv_alloc_dm`), in bytes.
+    pub(super) dm_in_use: AtomicU64,
+    /// `cmd_fd`: the context's own descriptor, as a kernel device's uverbs file is (rdma-core
+    /// duplicates it to import the context elsewhere, which uroce refuses with EOPNOTSUPP).
+    pub(super) cmd: std::fs::File,
 }
 
 /// The C objects of a context by engine handle: what completion and asynchronous events name.
@@ -59,6 +64,11 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
         Ok(fd) => Arc::new(fd),
         Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
     };
+    // std opens with O_CLOEXEC.
+    let cmd = match std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        Ok(f) => f,
+        Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
+    };
     // Several contexts may share one device: each takes the events of its own objects.
     let objects = Arc::new(Mutex::new(Objects::default()));
     let mine = Arc::clone(&objects);
@@ -85,7 +95,11 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
         vctx: VerbsContext {
             query_port: Some(query_port_ex),
             advise_mr: Some(advise_mr),
-            unset_before_alloc_parent_domain: [None; 12],
+            unset_before_reg_dm_mr: [None; 5],
+            reg_dm_mr: Some(reg_dm_mr),
+            alloc_dm: Some(alloc_dm),
+            free_dm: Some(free_dm),
+            unset_before_alloc_parent_domain: [None; 4],
             alloc_parent_domain: Some(alloc_parent_domain),
             dealloc_td: Some(dealloc_td),
             alloc_td: Some(alloc_td),
@@ -101,7 +115,7 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
             context: IbvContext {
                 device,
                 ops,
-                cmd_fd: -1,
+                cmd_fd: cmd.as_raw_fd(),
                 async_fd: async_fd.as_raw_fd(),
                 num_comp_vectors: 1,
                 mutex: [0; 5],
@@ -113,6 +127,8 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
         async_fd,
         objects,
         events,
+        dm_in_use: AtomicU64::new(0),
+        cmd,
     });
     ctx.into_c()
 }
@@ -179,7 +195,7 @@ pub(super) unsafe extern "C" fn query_device_ex(
         raw_packet_caps: 0,
         tm_caps: IbvTmCaps::default(),
         cq_mod_caps: IbvCqModerationCaps::default(),
-        max_dm_size: 0,
+        max_dm_size: MAX_DM_SIZE,
         pci_atomic_caps: IbvPciAtomicCaps::default(),
         xrc_odp_caps: 0,
     };

@@ -66,4 +66,5 @@ public_first! {
     Ah => IbvAh,
     Mw => IbvMw,
     Td => IbvTd,
+    Dm => IbvDm,
 }

@@ -35,7 +35,7 @@ use core::time::Duration;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use uroce_engine::{
@@ -119,6 +119,7 @@ mod context;
 mod cq;
 mod cq_ex;
 mod device;
+mod dm;
 mod handle;
 mod mr;
 mod mw;
@@ -133,6 +134,7 @@ pub(crate) use context::*;
 pub(crate) use cq::*;
 use cq_ex::*;
 pub(crate) use device::*;
+use dm::*;
 pub(crate) use handle::*;
 use mr::*;
 use mw::*;

@@ -8,6 +8,8 @@ pub(super) struct Mr {
     pub(super) lkey: LKey,
     /// The access it was registered with (`ibv_rereg_mr` keeps it unless told otherwise).
     pub(super) access: Access,
+    /// The device memory it lies in (`ibv_reg_dm_mr`), or NULL.
+    pub(super) dm: *mut IbvDm,
 }
 
 /// Where an implicit on-demand region begins (page 0 is never mapped).
@@ -47,32 +49,65 @@ pub(super) unsafe extern "C" fn uroce_verbs_reg_mr(
     length: usize,
     access: c_int,
 ) -> *mut IbvMr {
+    // SAFETY: the caller's contract is that of reg_mr_at.
+    unsafe { reg_mr_at(pd, addr, length, addr as u64, access, "ibv_reg_mr") }
+}
+
+/// Registers `length` bytes at `addr`, their keys naming `iova..` (the address itself for
+/// `ibv_reg_mr`).
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD; ibv_reg_mr(3)'s contract: `length` bytes at `addr` stay valid
+/// until ibv_dereg_mr.
+unsafe fn reg_mr_at(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+    verb: &str,
+) -> *mut IbvMr {
     // SAFETY: the caller passes a PD it allocated.
     let Some((ctx, pdh)) = (unsafe { pd_parts(pd) }) else { return fail(libc::EINVAL) };
-    // SAFETY: ibv_reg_mr(3)'s contract: `length` bytes at `addr` stay valid until
-    // ibv_dereg_mr.
-    let (mr, access) = match unsafe { register(ctx, pdh, addr, length, access, "ibv_reg_mr") } {
+    // SAFETY: the caller's contract.
+    let (mr, access) = match unsafe { register(ctx, pdh, addr, length, iova, access, verb) } {
         Ok(r) => r,
         Err(errno) => return fail(errno),
     };
-    let boxed = Box::new(Mr {
-        ibv: IbvMr {
-            context: ctx_ptr(ctx),
-            pd,
-            addr,
-            length,
-            handle: mr.lkey.0,
-            lkey: mr.lkey.0,
-            rkey: mr.rkey.0,
-        },
-        lkey: mr.lkey,
-        access,
-    });
-    boxed.into_c()
+    // `mr->addr` is the address given, whatever the keys name (as libibverbs sets it).
+    // SAFETY: the region just registered, in `pd`.
+    unsafe { mr_object(ctx, pd, addr, length, &mr, access, null_mut()) }
 }
 
-/// Checks and registers `length` bytes at `addr` with `access` in PD `pdh`, as `verb` (for its
-/// messages); the region and its access, or the errno.
+/// The `struct ibv_mr` of a registered region, reported at `addr`.
+///
+/// # Safety
+///
+/// `pd` is a live PD of `ctx`; `dm` NULL or a live device memory of it.
+pub(super) unsafe fn mr_object(
+    ctx: &Context,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    mr: &uroce_engine::MemoryRegion,
+    access: Access,
+    dm: *mut IbvDm,
+) -> *mut IbvMr {
+    let ibv = IbvMr {
+        context: ctx_ptr(ctx),
+        pd,
+        addr,
+        length,
+        handle: mr.lkey.0,
+        lkey: mr.lkey.0,
+        rkey: mr.rkey.0,
+    };
+    Box::new(Mr { ibv, lkey: mr.lkey, access, dm }).into_c()
+}
+
+/// Checks and registers `length` bytes at `addr` with `access` in PD `pdh`, their keys naming
+/// `iova..`, as `verb` (for its messages); the region and its access, or the errno.
 ///
 /// # Safety
 ///
@@ -82,12 +117,15 @@ pub(super) unsafe fn register(
     pdh: PdHandle,
     addr: *mut c_void,
     length: usize,
+    iova: u64,
     access: c_int,
     verb: &str,
 ) -> Result<(uroce_engine::MemoryRegion, Access), c_int> {
     // SAFETY: the caller's contract.
     let (region, access) = unsafe { prepare(addr, length, access, verb) }?;
-    match ctx.net.with(|s| s.register(pdh, Arc::new(region), access)) {
+    // An implicit region names every address: its keys are its own.
+    let iova = if iova == addr as u64 { region.addr() } else { iova };
+    match ctx.net.with(|s| s.register_at(pdh, Arc::new(region), iova, access)) {
         Ok(mr) => Ok((mr, access)),
         Err(e) => Err(refuse(verb, e, libc::ENOMEM)),
     }
@@ -223,8 +261,9 @@ pub(super) unsafe extern "C" fn uroce_verbs_rereg_mr(
     0
 }
 
-/// `ibv_reg_mr_iova(3)`: uroce's virtual addresses are the process's own, so only an IOVA
-/// equal to the address can be honoured.
+/// `ibv_reg_mr_iova(3)`: `length` bytes at `addr` whose keys name `iova..iova + length`: work
+/// requests and peers address the region by IOVA, and the device translates (0 makes a
+/// zero-based region).
 #[unsafe(no_mangle)]
 pub(super) unsafe extern "C" fn uroce_verbs_reg_mr_iova(
     pd: *mut IbvPd,
@@ -233,11 +272,11 @@ pub(super) unsafe extern "C" fn uroce_verbs_reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut IbvMr {
-    if iova != addr as u64 {
-        return fail(libc::EOPNOTSUPP);
+    if iova.checked_add(length as u64).is_none() {
+        return fail(refuse("ibv_reg_mr_iova", "the IOVA range wraps", libc::EINVAL));
     }
     // SAFETY: the caller's contract is that of ibv_reg_mr.
-    unsafe { uroce_verbs_reg_mr(pd, addr, length, access) }
+    unsafe { reg_mr_at(pd, addr, length, iova, access, "ibv_reg_mr_iova") }
 }
 
 #[unsafe(no_mangle)]
@@ -260,6 +299,8 @@ pub(super) unsafe extern "C" fn uroce_verbs_dereg_mr(mr: *mut IbvMr) -> c_int {
     if let Some(ctx) = unsafe { ctx_of(boxed.ibv.context) } {
         ctx.net.with(|s| s.deregister_now(boxed.lkey));
     }
+    // SAFETY: a device memory outlives its regions (ibv_free_dm is EBUSY meanwhile).
+    unsafe { dm_region_gone(boxed.dm) };
     0
 }
 

@@ -89,6 +89,7 @@
  *      invalidation, a bind that breaks a rule (scenario_mw).
  *   o. on-demand paging, explicit and implicit, and ibv_advise_mr (scenario_odp).
  *   p. thread and parent domains and their lifetimes (scenario_parent_domain).
+ *   q. device memory, zero-based and IOVA regions (scenario_dm).
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -2259,6 +2260,84 @@ static void scenario_parent_domain(struct dev *d0, struct dev *d1)
 		fail("%s: dealloc of the PD: %s", sc, strerror(rc));
 }
 
+/*
+ * q. device memory and translated regions (ibv_alloc_dm(3), ibv_reg_mr_iova(3)): the device
+ *    reports max_dm_size; more than that is ENOMEM; copies in and out of device memory need
+ *    4-byte aligned offsets and lengths (EINVAL otherwise); ibv_reg_dm_mr needs
+ *    IBV_ACCESS_ZERO_BASED (EINVAL without) and makes a region addressed from 0: a peer's
+ *    RDMA WRITE at offset 16 of it is what ibv_memcpy_from_dm reads at 16 of the device
+ *    memory; ibv_free_dm is EBUSY while the region lives. A region registered with
+ *    ibv_reg_mr_iova at IOVA 0x1000000 takes a WRITE addressed there into its buffer.
+ */
+static void scenario_dm(struct dev *d0, struct dev *d1)
+{
+	const char *sc = "dm";
+	struct ibv_device_attr_ex dx;
+	struct ibv_alloc_dm_attr da = { .length = 4096 };
+	struct ibv_dm *dm, *too_big;
+	struct ibv_mr *dmmr, *refused, *iova_mr;
+	struct ep a, b;
+	char got[16];
+	int rc;
+
+	if (ibv_query_device_ex(d1->ctx, NULL, &dx) || !dx.max_dm_size) {
+		fail("%s: no device memory reported", sc);
+		return;
+	}
+	da.length = dx.max_dm_size + 4;
+	too_big = ibv_alloc_dm(d1->ctx, &da);
+	if (too_big || errno != ENOMEM)
+		fail("%s: past max_dm_size: %s, expected ENOMEM", sc, too_big ? "made" : strerror(errno));
+	da.length = 4096;
+	dm = ibv_alloc_dm(d1->ctx, &da);
+	if (!dm)
+		die("%s: ibv_alloc_dm: %s", sc, strerror(errno));
+	if ((rc = ibv_memcpy_to_dm(dm, 2, "abcd", 4)) != EINVAL)
+		fail("%s: copy at an unaligned offset: %d, expected EINVAL", sc, rc);
+	if ((rc = ibv_memcpy_to_dm(dm, 0, "abcdefgh", 8)))
+		fail("%s: ibv_memcpy_to_dm: %s", sc, strerror(rc));
+	if ((rc = ibv_memcpy_from_dm(got, dm, 4, 4)) || memcmp(got, "efgh", 4))
+		fail("%s: ibv_memcpy_from_dm: %d \"%.4s\"", sc, rc, got);
+	refused = ibv_reg_dm_mr(d1->pd, dm, 0, 4096, IBV_ACCESS_LOCAL_WRITE);
+	if (refused || errno != EINVAL)
+		fail("%s: ibv_reg_dm_mr without ZERO_BASED: %s, expected EINVAL", sc,
+		     refused ? "made" : strerror(errno));
+	dmmr = ibv_reg_dm_mr(d1->pd, dm, 0, 4096,
+			     IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!dmmr)
+		die("%s: ibv_reg_dm_mr: %s", sc, strerror(errno));
+	make_pair(&a, d0, &b, d1);
+	memcpy(a.buf, "into device mem!", 16);
+	rc = post_send(&a, IBV_WR_RDMA_WRITE, 121, 16, 16, dmmr->rkey);
+	if (must_post(sc, "WRITE into device memory", rc))
+		expect_wc(sc, "requester", &a, 121, IBV_WC_SUCCESS, POLL_MS);
+	if ((rc = ibv_memcpy_from_dm(got, dm, 16, 16)) || memcmp(got, "into device mem!", 16))
+		fail("%s: device memory at 16 after the WRITE: %d \"%.16s\"", sc, rc, got);
+	if ((rc = ibv_free_dm(dm)) != EBUSY)
+		fail("%s: ibv_free_dm with a region: %d, expected EBUSY", sc, rc);
+
+	iova_mr = ibv_reg_mr_iova(d1->pd, b.buf + 2048, 1024, 0x1000000,
+				  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!iova_mr) {
+		fail("%s: ibv_reg_mr_iova: %s", sc, strerror(errno));
+	} else {
+		memcpy(a.buf, "by its IOVA", 11);
+		rc = post_send(&a, IBV_WR_RDMA_WRITE, 122, 11, 0x1000000 + 8, iova_mr->rkey);
+		if (must_post(sc, "WRITE by IOVA", rc))
+			expect_wc(sc, "requester", &a, 122, IBV_WC_SUCCESS, POLL_MS);
+		if (memcmp(b.buf + 2048 + 8, "by its IOVA", 11))
+			fail("%s: the WRITE by IOVA did not land at the buffer's offset 8", sc);
+		if (ibv_dereg_mr(iova_mr))
+			fail("%s: ibv_dereg_mr(iova)", sc);
+	}
+	ep_destroy(&a);
+	ep_destroy(&b);
+	if (ibv_dereg_mr(dmmr))
+		fail("%s: ibv_dereg_mr(dm)", sc);
+	if ((rc = ibv_free_dm(dm)))
+		fail("%s: ibv_free_dm: %s", sc, strerror(rc));
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -2307,6 +2386,7 @@ int main(void)
 	scenario_mw(&d0, &d1);
 	scenario_odp(&d0, &d1);
 	scenario_parent_domain(&d0, &d1);
+	scenario_dm(&d0, &d1);
 
 	close_dev(&d0);
 	close_dev(&d1);
