@@ -69,13 +69,13 @@ use std::io::{self, Read, Write};
 use std::sync::Arc;
 
 pub use uroce_engine::{
-    Access, AsyncEvent, Counters, CreateError, McastError, ModifyError, Mtu, PostError, Psn, QKey,
-    QpCounters, QpState, QpType, Qpn, RKey, RemoteAddr, SendFlags, Sge, WcOpcode, WcStatus,
-    WorkCompletion, WrOpcode,
+    Access, AsyncEvent, Counters, CreateError, Instant, McastError, ModifyError, Mtu, MwType,
+    PostError, Psn, QKey, QpCounters, QpState, QpType, Qpn, RKey, RemoteAddr, SendFlags, Sge,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use uroce_engine::{
-    AhAttr, AhHandle, CqHandle, MemoryRegion, PdHandle, QpAttr, QpCap, QpInitAttr, RecvWr, SendWr,
-    SrqHandle, UdDest,
+    AhAttr, AhHandle, CqHandle, MemoryRegion, MwHandle, PdHandle, QpAttr, QpCap, QpInitAttr,
+    RecvWr, SendWr, SrqHandle, UdDest,
 };
 use uroce_net::{Channel, NetDevice, RawRegion};
 pub use uroce_net::{Faults, NetCounters, OpenError, Options, process_cpu_time};
@@ -200,6 +200,13 @@ impl Context {
         Ok(Cq { ctx: self.clone(), handle, channel })
     }
 
+    /// The device clock now: the timeline of [`WorkCompletion::timestamp`] (nanoseconds since
+    /// this context's device opened in this process). The time between two completions is the
+    /// difference of their stamps, taken when the packets that made them arrived.
+    pub fn clock(&self) -> Instant {
+        self.dev.clock()
+    }
+
     /// Registered regions, counting those kept alive for outstanding work requests.
     pub fn registered_regions(&self) -> usize {
         self.dev.with(|s| s.registered_regions())
@@ -249,6 +256,16 @@ impl Pd {
         Ok(Ah { ctx: self.ctx.clone(), handle })
     }
 
+    /// A memory window of `kind` (IBA 10.6.7), unbound: bind it to a range of a region with
+    /// [`SendRequest::bind_mw`] to give a peer access to that range alone, with rights of its
+    /// own, and take it back by binding again (type 1), invalidating it
+    /// ([`SendRequest::local_invalidate`], or the peer's [`SendRequest::send_with_invalidate`],
+    /// type 2), or dropping the window. Regions windows are bound in need [`Access::MW_BIND`].
+    pub fn alloc_mw(&self, kind: MwType) -> Result<Mw> {
+        let (handle, _) = self.ctx.dev.with(|s| s.engine().alloc_mw(self.handle, kind))?;
+        Ok(Mw { ctx: self.ctx.clone(), handle, kind })
+    }
+
     /// A shared receive queue of up to `max_wr` receives.
     pub fn create_srq(&self, max_wr: u32) -> Result<Srq> {
         let handle = self.ctx.dev.with(|s| s.engine().create_srq(self.handle, max_wr, 4))?;
@@ -284,6 +301,35 @@ pub struct Mr {
     ctx: Context,
     region: Arc<RawRegion>,
     mr: MemoryRegion,
+}
+
+/// A memory window (`ibv_alloc_mw`). Its key changes at every bind; dropping it revokes
+/// whatever it was bound to at once. A window never keeps a region alive: once the region is
+/// dropped, the window reaches nothing.
+#[derive(Debug)]
+pub struct Mw {
+    ctx: Context,
+    handle: MwHandle,
+    kind: MwType,
+}
+
+impl Mw {
+    /// The window's current key: what the last completed bind gave it.
+    pub fn rkey(&self) -> RKey {
+        self.ctx.dev.with(|s| s.engine().mw_rkey(self.handle)).unwrap_or(RKey(0))
+    }
+
+    /// Type 1 or type 2.
+    pub fn kind(&self) -> MwType {
+        self.kind
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        let h = self.handle;
+        let _ = self.ctx.dev.with(|s| s.engine().dealloc_mw(h));
+    }
 }
 
 /// A remote region as a peer names it in RDMA and atomic work requests.

@@ -8,9 +8,11 @@
 
 use core::ops::Range;
 
-use uroce_engine::{QKey, Qpn, RemoteAddr, SendFlags, SendWr, UdDest, WrOpcode};
+use uroce_engine::{
+    Access, MwBind, QKey, Qpn, RKey, RemoteAddr, SendFlags, SendWr, UdDest, WrOpcode,
+};
 
-use crate::{Ah, Mr, RemoteMr, Result};
+use crate::{Ah, Error, Mr, Mw, RemoteMr, Result};
 
 impl From<RemoteMr> for RemoteAddr {
     /// The region's first byte.
@@ -37,6 +39,55 @@ impl SendRequest {
     fn at(mut self, remote: impl Into<RemoteAddr>) -> Self {
         self.wr.remote = Some(remote.into());
         self
+    }
+
+    /// Binds `mw` to `range` of `mr` with the remote rights `access` (`IBV_WR_BIND_MW`;
+    /// IBA 10.6.7.2), in send-queue order. Returns the request and the key the window has once
+    /// the bind completes: give the peer that key (with [`RemoteAddr`]s inside the range)
+    /// after the completion. A bind that breaks a rule completes with `MW_BIND_ERR` and the QP
+    /// in Error: `mr` without [`Access::MW_BIND`], write or atomic rights over a region
+    /// without local write, a type 2 window still bound. An empty `range` unbinds a type 1
+    /// window.
+    pub fn bind_mw(
+        wr_id: u64,
+        mw: &Mw,
+        mr: &Mr,
+        range: Range<usize>,
+        access: Access,
+    ) -> Result<(Self, RKey)> {
+        if range.start > range.end || range.end > mr.len() {
+            return Err(Error::OutOfRange { range, len: mr.len() });
+        }
+        let old = mw.rkey();
+        let rkey = RKey((old.0 & !0xff) | (old.0.wrapping_add(1) & 0xff));
+        let bind = MwBind {
+            mw: mw.handle,
+            rkey,
+            mr: mr.lkey(),
+            addr: mr.addr() + range.start as u64,
+            length: (range.end - range.start) as u64,
+            access,
+        };
+        let mut r = Self::of(wr_id, WrOpcode::BindMw);
+        r.wr.bind = Some(Box::new(bind));
+        Ok((r, rkey))
+    }
+
+    /// Invalidates the type 2 window `rkey` names, here, in send-queue order
+    /// (`IBV_WR_LOCAL_INV`; IBA 10.6.7.2.6): from then on it reaches nothing.
+    pub fn local_invalidate(wr_id: u64, rkey: RKey) -> Self {
+        let mut r = Self::of(wr_id, WrOpcode::LocalInv);
+        r.wr.invalidate_rkey = Some(rkey);
+        r
+    }
+
+    /// A SEND that invalidates the peer's type 2 window `rkey` before its receive completes
+    /// (`IBV_WR_SEND_WITH_INV`; RC only): the receive's completion names the key in
+    /// [`crate::WorkCompletion::invalidated_rkey`].
+    pub fn send_with_invalidate(wr_id: u64, rkey: RKey) -> Self {
+        let mut r = Self::of(wr_id, WrOpcode::SendWithInv);
+        r.wr.invalidate_rkey = Some(rkey);
+        r
     }
 
     /// A SEND (`IBV_WR_SEND`): the peer's next receive takes it.

@@ -511,3 +511,39 @@ fn send_requests_gather_carry_immediates_post_as_lists_and_signal_selectively() 
     assert!(more.is_empty(), "nothing after the refused request was posted: {more:?}");
     assert_eq!(format!("{:?}", WcStatus::REM_ACCESS_ERR), "WcStatus::REM_ACCESS_ERR");
 }
+
+/// The safe API's memory windows and completion timestamps: B opens 4 KiB of a region to A
+/// through a type 2 window, A writes through it, then frees it with a SEND with invalidate,
+/// after which the same WRITE is refused. Completions are stamped on the device clock.
+#[test]
+fn a_window_opens_part_of_a_region_until_the_peer_invalidates_it() {
+    use uroce::{MwType, SendRequest};
+    let [a, b] =
+        pair("127.0.9.2", "127.0.9.3", QpType::Rc, [Options::default(), Options::default()]);
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND;
+    let target = b.pd.register(64 << 10, access).unwrap();
+    let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+    let (bind, key) =
+        SendRequest::bind_mw(1, &mw, &target, 8192..12288, Access::REMOTE_WRITE).unwrap();
+    let before = b.ctx.clock();
+    b.qp.post_send(bind).unwrap();
+    let wc = wait_ok(&b.cq);
+    assert_eq!(wc.opcode, WcOpcode::BindMw);
+    assert_eq!(mw.rkey(), key);
+    assert!(wc.timestamp >= before && wc.timestamp <= b.ctx.clock(), "stamped on the device clock");
+
+    a.mr.write(0, b"through a window").unwrap();
+    let inside = uroce::RemoteAddr { addr: target.addr() + 8192, rkey: key };
+    a.qp.post_send(SendRequest::write(2, inside).sge(&a.mr, 0..16).unwrap()).unwrap();
+    wait_ok(&a.cq);
+    assert_eq!(target.to_vec(8192..8208).unwrap(), b"through a window");
+
+    b.qp.post_recv(3, &b.mr, 0..64).unwrap();
+    a.qp.post_send(SendRequest::send_with_invalidate(4, key)).unwrap();
+    wait_ok(&a.cq);
+    let recv = wait_ok(&b.cq);
+    assert_eq!((recv.wr_id, recv.invalidated_rkey), (3, Some(key)));
+    a.qp.post_send(SendRequest::write(5, inside).sge(&a.mr, 0..16).unwrap()).unwrap();
+    let refused = a.cq.wait_one(WAIT).unwrap();
+    assert_eq!(refused.status, WcStatus::REM_ACCESS_ERR);
+}
