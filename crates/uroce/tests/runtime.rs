@@ -519,7 +519,7 @@ fn send_requests_gather_carry_immediates_post_as_lists_and_signal_selectively() 
 fn a_window_opens_part_of_a_region_until_the_peer_invalidates_it() {
     use uroce::{MwType, SendRequest};
     let [a, b] =
-        pair("127.0.9.2", "127.0.9.3", QpType::Rc, [Options::default(), Options::default()]);
+        pair("127.0.9.12", "127.0.9.13", QpType::Rc, [Options::default(), Options::default()]);
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND;
     let target = b.pd.register(64 << 10, access).unwrap();
     let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
