@@ -10,7 +10,7 @@ use uroce_wire::ROCE_V2_PORT;
 use uroce_wire::icrc::PseudoHeader;
 use uroce_wire::mad::{self, MAD_LEN};
 
-use crate::device::Transmit;
+use crate::ctx::Transmit;
 use crate::{Counters, Psn};
 
 /// MADs queued each way before the device drops (`drop_gsi_overflow`): QP1's queues, sized as

@@ -10,16 +10,23 @@
 //! The call order a runtime follows: after every input (a datagram, a verb, a timeout), call
 //! `poll_transmit` until it returns `None`; sleep until `poll_timeout` or the next datagram.
 //!
-//! Module map (Linux rxe's split): `requester` builds request packets, `responder` executes
-//! requests and answers them, `completer` handles answers and timers and completes send WQEs,
-//! `mr` checks every memory access, `qp` holds the state machine.
+//! Module map (Linux rxe's split): `device` holds the objects and the verbs, `receive` every
+//! check a datagram passes on its way to a QP, `ctx` what the protocol steps share beside
+//! one QP; `requester` builds request packets, `responder` executes requests and answers
+//! them, `completer` handles answers and timers and completes send WQEs; `sg` walks
+//! scatter/gather lists for all three; `mr` checks every memory access (regions and
+//! windows), `qp` holds the state machine; `attr` and `errors` the configuration, limits and
+//! error types.
 #![forbid(unsafe_code)]
 
+mod attr;
 pub mod bring_up;
 mod completer;
 pub mod counters;
 mod cq;
+mod ctx;
 pub mod device;
+mod errors;
 pub mod faults;
 pub mod gsi;
 pub mod inspect;
@@ -27,10 +34,12 @@ pub mod memory;
 pub mod mr;
 pub mod qp;
 pub mod qp_transitions;
+mod receive;
 mod requester;
 mod responder;
 mod rng;
 pub mod seeded;
+mod sg;
 mod srq;
 pub mod time;
 pub mod types;

@@ -9,9 +9,10 @@ use uroce_wire::opcode::Opcode;
 use uroce_wire::{ExtHeaders, PacketRepr, atomic_eth, bth, deth, ieth, immdt, reth};
 
 use crate::completer;
-use crate::device::{Ctx, Transmit};
+use crate::ctx::{Ctx, Transmit};
 use crate::memory::MemoryAccess;
 use crate::qp::Qp;
+use crate::sg;
 use crate::time::Instant;
 use crate::types::{QpType, SendFlags, Sge, WcStatus, WrOpcode};
 
@@ -150,7 +151,7 @@ pub(crate) fn poll<M: MemoryAccess>(
         if let Some(data) = &w.wr.inline_data {
             let start = offset as usize;
             ctx.scratch.extend_from_slice(data.get(start..start + payload_len as usize)?);
-        } else if pieces(ctx, qp.init.pd, &w.wr.sg_list, offset, payload_len).is_err() {
+        } else if gather(ctx, qp.init.pd, &w.wr.sg_list, offset, payload_len).is_err() {
             // The region went away under an in-flight WQE (IBA 10.6: local protection).
             fail_at_start(qp, ctx, idx, WcStatus::LOC_PROT_ERR);
             return None;
@@ -321,32 +322,18 @@ fn fail_at_start<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, sta
 
 /// Finds the registered memory that holds bytes `offset..offset + len` of the message
 /// described by `sges`, checking each element's key for a QP of `pd`, and lists it in
-/// `ctx.pieces` (address, length).
-fn pieces<M: MemoryAccess>(
+/// `ctx.pieces` (host address, length).
+fn gather<M: MemoryAccess>(
     ctx: &mut Ctx<M>,
     pd: crate::types::PdHandle,
     sges: &[Sge],
     offset: u32,
     len: u32,
 ) -> Result<(), crate::mr::AccessError> {
-    let mut skip = u64::from(offset);
-    let mut want = u64::from(len);
-    for s in sges {
-        if want == 0 {
-            break;
-        }
-        let sl = u64::from(s.length);
-        if skip >= sl {
-            skip -= sl;
-            continue;
-        }
-        let take = (sl - skip).min(want);
-        let addr = s.addr + skip;
-        let host = ctx.mrs.check_local(s.lkey, pd, addr, take, false)?;
+    for (s, addr, _, take) in sg::pieces(sges, u64::from(offset), len as usize) {
+        let host = ctx.mrs.check_local(s.lkey, pd, addr, take as u64, false)?;
         // `take` is at most one MTU.
         ctx.pieces.push((host, u32::try_from(take).unwrap_or(u32::MAX)));
-        want -= take;
-        skip = 0;
     }
     Ok(())
 }

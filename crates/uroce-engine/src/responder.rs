@@ -13,10 +13,11 @@ use uroce_wire::aeth::{CreditCode, NakCode, Syndrome};
 use uroce_wire::opcode::{OpFlags, Opcode};
 use uroce_wire::{ExtHeaders, PacketRepr, Psn, aeth, atomic_ack_eth, bth};
 
-use crate::completer::{self, ScatterError, scatter};
-use crate::device::{AsyncEvent, Ctx, Transmit};
+use crate::completer;
+use crate::ctx::{AsyncEvent, Ctx, Transmit};
 use crate::memory::MemoryAccess;
 use crate::qp::{InMessage, NakSent, Qp, RecvWqe, Resource, ResourceKind, Response};
+use crate::sg::{ScatterError, scatter};
 use crate::time::Instant;
 use crate::types::{Access, QpState, QpType, WcOpcode, WcStatus, WorkCompletion};
 
