@@ -53,6 +53,8 @@ pub(crate) fn new_id(
             };
             let mut c = Box::new(Chan { c: RdmaEventChannel { fd }, inner: Arc::clone(&inner) });
             let p = &raw mut c.c;
+            // Live until the id goes (`IdPriv`'s drop).
+            lock(&LIVE_CHANNELS).insert(p as usize);
             (p, inner, Some(c))
         }
     };
@@ -236,26 +238,39 @@ extern "C" fn uroce_rdmacm_create_event_channel() -> *mut RdmaEventChannel {
         inner.fd.as_raw_fd()
     };
     let c = Box::into_raw(Box::new(Chan { c: RdmaEventChannel { fd }, inner }));
+    lock(&LIVE_CHANNELS).insert(c as usize);
     // SAFETY: the box just leaked; its first field is the C structure.
     unsafe { &raw mut (*c).c }
 }
 
+/// The event channels made and not destroyed. A thread of the application may call
+/// `rdma_get_cm_event` on a channel another thread has just destroyed (rping's event thread
+/// does, when a late event races its main thread's teardown): the channel is then unknown,
+/// and the call fails with EBADF (what the kernel's read of a closed descriptor answers
+/// librdmacm) instead of reading freed memory.
+pub(crate) static LIVE_CHANNELS: std::sync::Mutex<std::collections::BTreeSet<usize>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_destroy_event_channel(channel: *mut RdmaEventChannel) {
-    if !channel.is_null() {
-        // SAFETY: a channel this library made (the first field of a leaked Chan).
+    // Unknown once removed: a racing `rdma_get_cm_event` cannot reach the memory freed here.
+    if lock(&LIVE_CHANNELS).remove(&(channel as usize)) {
+        // SAFETY: a channel this library made (the first field of a leaked Chan), destroyed
+        // once: it has just left the set of live ones.
         drop(unsafe { Box::from_raw(channel.cast::<Chan>()) });
     }
 }
 
-/// The queue behind a C channel.
+/// The queue behind a C channel: `None` for NULL, or for one not made here or destroyed.
 ///
 /// # Safety
 ///
-/// `p` is NULL or a channel `rdma_create_event_channel` returned and not destroyed.
+/// `p` is NULL or a channel `rdma_create_event_channel` returned.
 unsafe fn chan_of(p: *mut RdmaEventChannel) -> Option<Arc<ChanInner>> {
-    // SAFETY: the caller's contract: the first field of a live Chan.
-    (!p.is_null()).then(|| Arc::clone(unsafe { &(*p.cast::<Chan>()).inner }))
+    let live = lock(&LIVE_CHANNELS);
+    // SAFETY: in the set, so the first field of a live Chan, which cannot be freed while the
+    // set's lock is held.
+    live.contains(&(p as usize)).then(|| Arc::clone(unsafe { &(*p.cast::<Chan>()).inner }))
 }
 
 #[unsafe(no_mangle)]
@@ -893,11 +908,11 @@ unsafe extern "C" fn uroce_rdmacm_get_cm_event(
     channel: *mut RdmaEventChannel,
     ev: *mut *mut RdmaCmEvent,
 ) -> c_int {
-    // SAFETY: the application's channel.
-    let Some(chan) = (unsafe { chan_of(channel) }) else { return err(libc::EINVAL) };
-    if ev.is_null() {
+    if channel.is_null() || ev.is_null() {
         return err(libc::EINVAL);
     }
+    // SAFETY: the application's channel.
+    let Some(chan) = (unsafe { chan_of(channel) }) else { return err(libc::EBADF) };
     match events::next(&chan) {
         Ok(e) => {
             // SAFETY: the caller's out-pointer.
@@ -1219,5 +1234,28 @@ unsafe extern "C" fn uroce_rdmacm_destroy_srq(id: *mut RdmaCmId) {
             unsafe { verbs::uroce_verbs_destroy_srq(c.srq) };
             c.srq = null_mut();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// rping's event thread can call `rdma_get_cm_event` on a channel its main thread has just
+    /// destroyed: the call fails with EBADF, and never reads the freed channel.
+    #[test]
+    fn a_destroyed_channel_is_refused_not_read() {
+        let ch = uroce_rdmacm_create_event_channel();
+        assert!(!ch.is_null());
+        // SAFETY: the channel just made; destroyed once.
+        unsafe { uroce_rdmacm_destroy_event_channel(ch) };
+        let mut ev = null_mut();
+        // SAFETY: a stale channel pointer, which the function only looks up.
+        let rc = unsafe { uroce_rdmacm_get_cm_event(ch, &raw mut ev) };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!((rc, errno), (-1, Some(libc::EBADF)));
+        // A second destroy of the same pointer is ignored, not a double free.
+        // SAFETY: as above.
+        unsafe { uroce_rdmacm_destroy_event_channel(ch) };
     }
 }

@@ -384,6 +384,15 @@ pub(crate) struct IdPriv {
     pub(crate) path: core::cell::UnsafeCell<IbvSaPathRec>,
 }
 
+impl Drop for IdPriv {
+    fn drop(&mut self) {
+        // A synchronous id's private channel leaves the live set before its memory goes.
+        if let Some(c) = &self.sync {
+            lock(&api::LIVE_CHANNELS).remove(&(core::ptr::from_ref(&c.c) as usize));
+        }
+    }
+}
+
 impl IdPriv {
     pub(crate) fn addr(&self) -> usize {
         core::ptr::from_ref(self) as usize
