@@ -239,6 +239,16 @@ thread_local! {
     static SCRATCH: RefCell<Vec<WorkCompletion>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The one completion `poll` leaves in the calling thread's scratch buffer, if any: the
+/// extended poll's way to take completions one at a time without allocating.
+pub(super) fn poll_one(poll: impl FnOnce(&mut Vec<WorkCompletion>)) -> Option<WorkCompletion> {
+    SCRATCH.with_borrow_mut(|got| {
+        got.clear();
+        poll(got);
+        got.pop()
+    })
+}
+
 /// `enum ibv_wc_opcode` of a completion.
 pub(super) fn wc_opcode(w: &WorkCompletion) -> c_int {
     match w.opcode {

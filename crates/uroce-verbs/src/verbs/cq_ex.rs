@@ -192,9 +192,10 @@ unsafe extern "C" fn start_poll(cq: *mut IbvCqEx, attr: *mut IbvPollCqAttr) -> c
     // SAFETY: the caller passes a CQ it created.
     let Some((ctx, handle, poll)) = (unsafe { parts(cq) }) else { return libc::EINVAL };
     poll.enter();
-    let mut got = Vec::with_capacity(1);
-    ctx.net.poll_cq_with(Some(handle), |s| s.engine().poll_cq(handle, 1, &mut got));
-    let Some(wc) = got.pop() else {
+    let polled = poll_one(|got| {
+        ctx.net.poll_cq_with(Some(handle), |s| s.engine().poll_cq(handle, 1, got));
+    });
+    let Some(wc) = polled else {
         poll.leave();
         return libc::ENOENT;
     };
@@ -207,9 +208,10 @@ unsafe extern "C" fn start_poll(cq: *mut IbvCqEx, attr: *mut IbvPollCqAttr) -> c
 unsafe extern "C" fn next_poll(cq: *mut IbvCqEx) -> c_int {
     // SAFETY: the caller passes a CQ it started polling.
     let Some((ctx, handle, poll)) = (unsafe { parts(cq) }) else { return libc::EINVAL };
-    let mut got = Vec::with_capacity(1);
-    ctx.net.with(|s| s.engine().poll_cq(handle, 1, &mut got));
-    let Some(wc) = got.pop() else { return libc::ENOENT };
+    let polled = poll_one(|got| {
+        ctx.net.with(|s| s.engine().poll_cq(handle, 1, got));
+    });
+    let Some(wc) = polled else { return libc::ENOENT };
     // SAFETY: a live CQ; this thread holds the poll.
     unsafe { load(cq, poll, wc) };
     0
