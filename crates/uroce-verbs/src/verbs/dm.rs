@@ -89,27 +89,37 @@ pub(super) unsafe extern "C" fn free_dm(dm: *mut IbvDm) -> c_int {
     0
 }
 
-/// The device memory and context of `dm`, if `offset..offset + len` is an aligned range in it.
+/// The checks of a copy of `len` bytes at `offset` of `dm` to or from a host buffer: the
+/// context, the device memory and the offset in it, or `Ok(None)` for 0 bytes (nothing to
+/// do), or EINVAL for a range outside the device memory or not 4-byte aligned, or a NULL
+/// host buffer.
 ///
 /// # Safety
 ///
 /// `dm` is NULL or a live device memory of this library.
-unsafe fn range<'a>(
+unsafe fn copy_range<'a>(
     dm: *mut IbvDm,
     offset: u64,
     len: usize,
-) -> Result<(&'a Context, &'a Dm), c_int> {
+    host_null: bool,
+) -> Result<Option<(&'a Context, &'a Dm, usize)>, c_int> {
     // SAFETY: the caller's contract.
     let d = Dm::from_c(dm).map(|d| unsafe { &*d }).ok_or(libc::EINVAL)?;
     // SAFETY: as above.
     let ctx = unsafe { ctx_of(d.ibv.context) }.ok_or(libc::EINVAL)?;
-    let len = len as u64;
-    let inside = offset.checked_add(len).is_some_and(|end| end <= d.region.len() as u64);
-    if !inside || !offset.is_multiple_of(DM_ALIGN) || !len.is_multiple_of(DM_ALIGN) {
+    let inside = offset.checked_add(len as u64).is_some_and(|end| end <= d.region.len() as u64);
+    let aligned = offset.is_multiple_of(DM_ALIGN) && (len as u64).is_multiple_of(DM_ALIGN);
+    if !inside || !aligned {
         let why = format_args!("{len} bytes at {offset}: in range and {DM_ALIGN}-byte aligned");
         return Err(refuse("ibv_memcpy_to/from_dm", why, libc::EINVAL));
     }
-    Ok((ctx, d))
+    if len == 0 {
+        return Ok(None);
+    }
+    if host_null {
+        return Err(libc::EINVAL);
+    }
+    Ok(Some((ctx, d, usize::try_from(offset).unwrap_or(usize::MAX))))
 }
 
 /// `ibv_dm.memcpy_to_dm`: under the device's lock, so no work request sees half a copy.
@@ -120,19 +130,13 @@ unsafe extern "C" fn memcpy_to_dm(
     len: usize,
 ) -> c_int {
     // SAFETY: the caller passes device memory it allocated.
-    let (ctx, d) = match unsafe { range(dm, offset, len) } {
-        Ok(r) => r,
+    let (ctx, d, at) = match unsafe { copy_range(dm, offset, len, host.is_null()) } {
+        Ok(Some(r)) => r,
+        Ok(None) => return 0,
         Err(e) => return e,
     };
-    if len == 0 {
-        return 0;
-    }
-    if host.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: the caller's buffer of `len` bytes (ibv_alloc_dm(3)).
+    // SAFETY: the caller's buffer of `len` bytes (ibv_alloc_dm(3)), checked non-NULL.
     let src = unsafe { core::slice::from_raw_parts(host.cast::<u8>(), len) };
-    let at = usize::try_from(offset).unwrap_or(usize::MAX);
     if ctx.net.with(|s| s.write_region(&d.region, at, src)) { 0 } else { libc::EINVAL }
 }
 
@@ -144,19 +148,13 @@ unsafe extern "C" fn memcpy_from_dm(
     len: usize,
 ) -> c_int {
     // SAFETY: the caller passes device memory it allocated.
-    let (ctx, d) = match unsafe { range(dm, offset, len) } {
-        Ok(r) => r,
+    let (ctx, d, at) = match unsafe { copy_range(dm, offset, len, host.is_null()) } {
+        Ok(Some(r)) => r,
+        Ok(None) => return 0,
         Err(e) => return e,
     };
-    if len == 0 {
-        return 0;
-    }
-    if host.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: the caller's buffer of `len` writable bytes (ibv_alloc_dm(3)).
+    // SAFETY: the caller's buffer of `len` writable bytes (ibv_alloc_dm(3)), checked non-NULL.
     let dst = unsafe { core::slice::from_raw_parts_mut(host.cast::<u8>(), len) };
-    let at = usize::try_from(offset).unwrap_or(usize::MAX);
     if ctx.net.with(|s| s.read_region(&d.region, at, dst)) { 0 } else { libc::EINVAL }
 }
 
