@@ -498,29 +498,15 @@ pub(super) unsafe extern "C" fn post_recv(
 ) -> c_int {
     // SAFETY: the caller passes a QP it created.
     let Some((ctx, q)) = (unsafe { qp_parts(qp) }) else { return libc::EINVAL };
+    const VERB: &str = "ibv_post_recv";
     ctx.net.post_recv_with(|s| {
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: the caller passes a valid list.
-            let posted = match unsafe { read_recv_wr(cur) } {
-                Some(w) => s.engine().post_recv(q.qpn, w).map_err(|e| {
-                    refuse(
-                        "ibv_post_recv",
-                        format_args!("QP {:#x}: {e}", q.qpn.get()),
-                        post_errno(e),
-                    )
-                }),
-                None => Err(refuse("ibv_post_recv", "a bad scatter/gather list", libc::EINVAL)),
-            };
-            if let Err(e) = posted {
-                // SAFETY: the caller passes room for the failed request's pointer.
-                unsafe { write_bad(bad_wr, cur) };
-                return e;
-            }
-            // SAFETY: a valid list node.
-            cur = unsafe { (*cur).next };
-        }
-        0
+        let mut post = |w| {
+            s.engine().post_recv(q.qpn, w).map_err(|e| {
+                refuse(VERB, format_args!("QP {:#x}: {e}", q.qpn.get()), post_errno(e))
+            })
+        };
+        // SAFETY: the caller passes a valid list and room for the failed request's pointer.
+        unsafe { post_recv_list(VERB, wr, bad_wr, &mut post) }
     })
 }
 

@@ -138,25 +138,11 @@ pub(super) unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     // SAFETY: the caller passes an SRQ it created.
     let Some((ctx, s)) = (unsafe { srq_parts(srq) }) else { return libc::EINVAL };
+    const VERB: &str = "ibv_post_srq_recv";
     ctx.net.post_recv_with(|st| {
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: the caller passes a valid list.
-            let posted = match unsafe { read_recv_wr(cur) } {
-                Some(w) => st
-                    .engine()
-                    .post_srq_recv(s.handle, w)
-                    .map_err(|e| refuse("ibv_post_srq_recv", e, post_errno(e))),
-                None => Err(refuse("ibv_post_srq_recv", "a bad scatter/gather list", libc::EINVAL)),
-            };
-            if let Err(e) = posted {
-                // SAFETY: the caller passes room for the failed request's pointer.
-                unsafe { write_bad(bad_wr, cur) };
-                return e;
-            }
-            // SAFETY: a valid list node.
-            cur = unsafe { (*cur).next };
-        }
-        0
+        let mut post =
+            |w| st.engine().post_srq_recv(s.handle, w).map_err(|e| refuse(VERB, e, post_errno(e)));
+        // SAFETY: the caller passes a valid list and room for the failed request's pointer.
+        unsafe { post_recv_list(VERB, wr, bad_wr, &mut post) }
     })
 }

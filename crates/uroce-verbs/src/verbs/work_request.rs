@@ -15,6 +15,38 @@ pub(super) unsafe fn read_recv_wr(wr: *const IbvRecvWr) -> Option<RecvWr> {
     Some(RecvWr { wr_id, sg_list })
 }
 
+/// Posts the C receive list `wr` one request at a time with `post`, which returns the errno
+/// of a refusal; the first refused (or unreadable) request stops the list, and `bad_wr`
+/// names it (`ibv_post_recv(3)`). Returns 0 or that errno.
+///
+/// # Safety
+///
+/// `wr` is a valid list (each `sg_list` holds `num_sge` entries); `bad_wr` is NULL or valid
+/// for a write.
+pub(super) unsafe fn post_recv_list(
+    verb: &str,
+    wr: *mut IbvRecvWr,
+    bad_wr: *mut *mut IbvRecvWr,
+    mut post: impl FnMut(RecvWr) -> Result<(), c_int>,
+) -> c_int {
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller passes a valid list.
+        let posted = match unsafe { read_recv_wr(cur) } {
+            Some(w) => post(w),
+            None => Err(refuse(verb, "a bad scatter/gather list", libc::EINVAL)),
+        };
+        if let Err(e) = posted {
+            // SAFETY: the caller passes room for the failed request's pointer.
+            unsafe { write_bad(bad_wr, cur) };
+            return e;
+        }
+        // SAFETY: a valid list node.
+        cur = unsafe { (*cur).next };
+    }
+    0
+}
+
 /// Reads `n` scatter/gather elements.
 ///
 /// # Safety
