@@ -684,37 +684,33 @@ impl<M: MemoryAccess> Device<M> {
         if wrs.len() > room {
             return Err((room, PostError::QueueFull));
         }
-        for (i, wr) in wrs.iter().enumerate() {
-            validate_send(qp, wr).map_err(|e| (i, e))?;
-            if qp.init.qp_type == QpType::Ud {
-                let ud = wr.ud.ok_or((i, PostError::MissingAddressHandle))?;
-                if self.ctx.ahs.get(&ud.ah.0).is_none_or(|ah| ah.pd != qp.init.pd) {
-                    return Err((i, PostError::UnknownAh));
-                }
-            }
-        }
-        for (i, wr) in wrs.into_iter().enumerate() {
-            // Checked above, with room for all: cannot fail.
-            self.post_send_unwatched(qpn, wr).map_err(|e| (i, e))?;
+        let lens = wrs
+            .iter()
+            .enumerate()
+            .map(|(i, wr)| check_post(qp, &self.ctx.ahs, wr).map_err(|e| (i, e)))
+            .collect::<Result<Vec<u32>, _>>()?;
+        for (wr, len) in wrs.into_iter().zip(lens) {
+            self.enqueue(qpn, wr, len);
         }
         self.watch(qpn.get());
         Ok(())
     }
 
     fn post_send_unwatched(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), PostError> {
-        let qp = self.qps.get_mut(&qpn.get()).ok_or(PostError::UnknownQp(qpn))?;
-        let len = validate_send(qp, &wr)?;
-        if qp.init.qp_type == QpType::Ud {
-            let ud = wr.ud.ok_or(PostError::MissingAddressHandle)?;
-            if self.ctx.ahs.get(&ud.ah.0).is_none_or(|ah| ah.pd != qp.init.pd) {
-                return Err(PostError::UnknownAh);
-            }
-        }
+        let qp = self.qps.get(&qpn.get()).ok_or(PostError::UnknownQp(qpn))?;
+        let len = check_post(qp, &self.ctx.ahs, &wr)?;
+        self.enqueue(qpn, wr, len);
+        Ok(())
+    }
+
+    /// Queues a checked send WR of `len` bytes on QP `qpn` (or flushes it on a QP in Error).
+    fn enqueue(&mut self, qpn: Qpn, wr: SendWr, len: u32) {
+        let Some(qp) = self.qps.get_mut(&qpn.get()) else { return };
         let signaled = qp.init.sq_sig_all || wr.flags.contains(crate::types::SendFlags::SIGNALED);
         if qp.state == QpState::Error {
             let wc = flush_wc(qpn, wr.wr_id, wr.opcode.into());
             self.ctx.complete(qp.init.send_cq, wc);
-            return Ok(());
+            return;
         }
         let mtu = qp.mtu.bytes();
         let npkts = match wr.opcode {
@@ -736,7 +732,6 @@ impl<M: MemoryAccess> Device<M> {
         if qp.can_send() {
             self.ctx.schedule(qp);
         }
-        Ok(())
     }
 
     /// Posts a receive work request (`ibv_post_recv`).
@@ -842,6 +837,19 @@ impl<M: MemoryAccess> Device<M> {
             }
         }
     }
+}
+
+/// Checks a send WR against the QP, and a UD WR's address handle against the QP's PD; returns
+/// the message length.
+fn check_post(qp: &Qp, ahs: &BTreeMap<u32, Ah>, wr: &SendWr) -> Result<u32, PostError> {
+    let len = validate_send(qp, wr)?;
+    if qp.init.qp_type == QpType::Ud {
+        let ud = wr.ud.ok_or(PostError::MissingAddressHandle)?;
+        if ahs.get(&ud.ah.0).is_none_or(|ah| ah.pd != qp.init.pd) {
+            return Err(PostError::UnknownAh);
+        }
+    }
+    Ok(len)
 }
 
 /// Checks a send WR against the QP and returns the message length.

@@ -53,9 +53,13 @@ impl MemoryRegion {
 
     /// Whether `[addr, addr + len)` lies inside the region.
     pub fn contains(&self, addr: u64, len: u64) -> bool {
-        addr >= self.addr
-            && addr.checked_add(len).is_some_and(|end| end <= self.addr.saturating_add(self.length))
+        spans(self.addr, self.length, addr, len)
     }
+}
+
+/// Whether `[addr, addr + len)` lies inside `[start, start + length)`.
+fn spans(start: u64, length: u64, addr: u64, len: u64) -> bool {
+    addr >= start && addr.checked_add(len).is_some_and(|end| end <= start.saturating_add(length))
 }
 
 /// Why an access was refused. Each maps to a completion status or a NAK.
@@ -440,9 +444,7 @@ impl MrTable {
         if !b.access.contains(right) {
             return Err(AccessError::NotPermitted);
         }
-        let inside = addr >= b.addr
-            && addr.checked_add(len).is_some_and(|end| end <= b.addr.saturating_add(b.length));
-        if !inside {
+        if !spans(b.addr, b.length, addr, len) {
             return Err(AccessError::OutOfBounds);
         }
         // The region under the window: deregistered (or rebound narrower) means no access.
