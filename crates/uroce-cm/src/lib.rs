@@ -501,6 +501,25 @@ impl Cm {
         self.conns.values().filter(|c| c.state == ConnState::DreqSent).count()
     }
 
+    /// The CM's owner is about to end (a process exiting: `ib_cm` outlives the processes it
+    /// serves, this CM does not). Every DREP this side sent for a release still in TimeWait
+    /// goes out once more: were the first lost, the peer's retried DREQ (IBA 12.9.7) would
+    /// find nobody here to answer it, and the peer would hear `Disconnected` only when its
+    /// retries run out. Returns how many were sent.
+    pub fn repeat_dreps(&mut self) -> usize {
+        let mut repeated = 0;
+        for c in self.conns.values().filter(|c| c.state == ConnState::TimeWait) {
+            let Some(bytes) = c.sent else { continue };
+            let is_drep = CmMad::parse(&bytes).is_ok_and(|m| matches!(m.message, Message::Drep(_)));
+            if is_drep {
+                self.out.push_back((c.remote, bytes));
+                repeated += 1;
+            }
+        }
+        self.counters.tx_mads += repeated as u64;
+        repeated
+    }
+
     /// Connections held, in every state.
     pub fn connections(&self) -> usize {
         self.conns.len()

@@ -289,6 +289,41 @@ fn a_peer_that_vanishes_is_reported_on_both_sides() {
     assert!(net[0].events.contains(&Event::Disconnected { id: ida }));
 }
 
+#[test]
+fn a_peer_that_exits_after_answering_a_dreq_repeats_its_drep() {
+    // A releases; B answers with a DREP that is lost and then exits, so nobody will answer A's
+    // retried DREQ. The DREP B repeats on its way out releases A at once, not after its retries.
+    let mut net = perfect(5);
+    let (ida, _) = establish(&mut net);
+    let dreps_dropped = std::rc::Rc::new(std::cell::Cell::new(0));
+    let counter = std::rc::Rc::clone(&dreps_dropped);
+    net.set_filter(1, 0, move |d, _| {
+        let drep = CmMad::parse(&d.payload).is_ok_and(|m| matches!(m.message, Message::Drep(_)));
+        if drep && counter.get() == 0 {
+            counter.set(1);
+            uroce_sim::Action::Drop
+        } else {
+            uroce_sim::Action::Pass
+        }
+    });
+    let now = net.now();
+    net[0].cm.disconnect(now, ida).unwrap();
+    assert!(net.run_until(now + Duration::from_millis(10), CmNode::has_events));
+    let Event::DisconnectRequest { id: idb, .. } = net[1].events.remove(0) else { panic!() };
+    let now = net.now();
+    net[1].cm.disconnect(now, idb).unwrap();
+    let now = net.now();
+    assert!(!net.run_until(now + Duration::from_millis(10), CmNode::has_events));
+    assert_eq!(dreps_dropped.get(), 1, "the first DREP is lost");
+    assert_eq!(net[1].cm.repeat_dreps(), 1);
+    // B is gone from here on; A's DREQ retry would come only after about 1.1 s.
+    net.set_link(0, 1, LinkConfig::default().loss(1.0));
+    let now = net.now();
+    assert!(net.run_until(now + Duration::from_millis(10), CmNode::has_events));
+    assert_eq!(net[0].events, [Event::Disconnected { id: ida }]);
+    assert_eq!(net[0].cm.counters().retransmits, 0);
+}
+
 fn accept_params() -> AcceptParams {
     AcceptParams {
         qpn: Qpn::from_masked(7),

@@ -122,10 +122,12 @@ fn open_devices() -> Vec<CmDev> {
 /// its DREP), a request not answered its REJ, so that no peer waits out its timeouts for a
 /// process that is gone. (qperf's server, for one, exits without destroying its connection.)
 ///
-/// The kernel's CM then goes on retrying those DREQs after the process is gone; uroce's CM
-/// lives in the process, so the exit waits (at most [`EXIT_LINGER`]) until every DREQ of
-/// this process has its DREP: otherwise one DREQ lost on the way leaves the peer waiting for
-/// `RDMA_CM_EVENT_DISCONNECTED` forever.
+/// The kernel's CM then goes on retrying those DREQs after the process is gone, and answers
+/// a peer's retried DREQ whose DREP was lost; uroce's CM lives in the process. So the exit
+/// waits (at most [`EXIT_LINGER`]) until every DREQ of this process has its DREP, and sends
+/// every DREP it gave a release still in TimeWait once more: otherwise one MAD lost on the
+/// way leaves the peer waiting out all its DREQ retries (15 × 1.1 s) for
+/// `RDMA_CM_EVENT_DISCONNECTED`.
 extern "C" fn release_at_exit() {
     // A child of fork(2) inherits this handler, and its parent's ids: those are the parent's
     // to release. The child's own devices registered the handler again.
@@ -146,6 +148,9 @@ extern "C" fn release_at_exit() {
                 cm.destroy(now, cid);
             });
         }
+    }
+    for d in devices() {
+        d.net.with(|s| s.cm().0.repeat_dreps());
     }
     let releasing =
         || devices().iter().map(|d| d.net.with(|s| s.cm().0.releasing())).sum::<usize>();
