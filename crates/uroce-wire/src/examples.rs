@@ -4,7 +4,7 @@ use crate::aeth::{self, CreditCode, RnrTimer, Syndrome};
 use crate::opcode::{ExtHeader, OpFlags, Opcode};
 use crate::packet::{ExtHeaders, PacketRepr};
 use crate::types::{Msn, Psn, QKey, Qpn, RKey};
-use crate::{atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth};
+use crate::{atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth, xrceth};
 
 /// Extension headers with plausible values for every header `opcode` requires; `None` for an
 /// opcode the table does not know.
@@ -29,7 +29,11 @@ pub fn ext_headers_for(opcode: Opcode) -> Option<ExtHeaders> {
                     va: 0x7f00_dead_c008,
                     rkey: RKey(0x1234_5678),
                     swap_add: 1,
-                    compare: if opcode == Opcode::RC_COMPARE_SWAP { 0x55 } else { 0 },
+                    compare: if opcode.0 & 0x1F == crate::opcode::op::COMPARE_SWAP {
+                        0x55
+                    } else {
+                        0
+                    },
                 });
             }
             ExtHeader::AtomicAckEth => ext.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig: 41 }),
@@ -39,6 +43,7 @@ pub fn ext_headers_for(opcode: Opcode) -> Option<ExtHeaders> {
                 ext.deth =
                     Some(deth::Repr { qkey: QKey(0x1111_1111), src_qp: Qpn::from_masked(0x12) });
             }
+            ExtHeader::Xrceth => ext.xrceth = Some(xrceth::Repr { srqn: 0x00_0042 }),
             ExtHeader::CnpReserved => {}
         }
     }

@@ -46,6 +46,7 @@ pub mod packet;
 pub mod pcap;
 pub mod reth;
 pub mod types;
+pub mod xrceth;
 
 pub use error::{Error, Result};
 pub use opcode::{ExtHeader, OpFlags, Opcode, Transport};

@@ -1,7 +1,9 @@
-//! The opcode table: what every RC, UC, UD and CNP opcode means and which headers follow it.
+//! The opcode table: what every RC, UC, UD, XRC and CNP opcode means and which headers follow
+//! it.
 //!
 //! One `const` table indexed by the opcode byte (as Linux rxe's `rxe_opcode.c`), built from
-//! IBA 9.2 table "OpCode field" and the CNP of IBA Annex A17.9.3. An opcode outside the table
+//! IBA 9.2 table "OpCode field", the XRC opcodes of IBA Annex A14 and the CNP of IBA Annex
+//! A17.9.3. An opcode outside the table
 //! stays representable as an [`Opcode`] and prints as hex; only its layout is unknown.
 
 use core::fmt;
@@ -65,6 +67,9 @@ pub enum ExtHeader {
     Ieth,
     /// Datagram extended transport header, 8 bytes (IBA 9.3.2).
     Deth,
+    /// XRC extended transport header, 4 bytes: first after the BTH of every XRC request
+    /// (IBA Annex A14).
+    Xrceth,
     /// The 16 reserved bytes that follow the BTH of a RoCEv2 CNP (IBA Annex A17.9.3).
     CnpReserved,
 }
@@ -80,6 +85,7 @@ impl ExtHeader {
             Self::ImmDt => crate::immdt::HEADER_LEN,
             Self::Ieth => crate::ieth::HEADER_LEN,
             Self::Deth => crate::deth::HEADER_LEN,
+            Self::Xrceth => crate::xrceth::HEADER_LEN,
             Self::CnpReserved => CNP_RESERVED_LEN,
         }
     }
@@ -222,6 +228,7 @@ pub mod op {
 const RC: u8 = 0x00;
 const UC: u8 = 0x20;
 const UD: u8 = 0x60;
+const XRC: u8 = 0xA0;
 
 macro_rules! opcodes {
     ($($(#[$doc:meta])* $const_name:ident = $value:expr;)*) => {
@@ -306,6 +313,16 @@ opcodes! {
     UD_SEND_ONLY = UD | op::SEND_ONLY;
     /// UD SEND with immediate data.
     UD_SEND_ONLY_WITH_IMMEDIATE = UD | op::SEND_ONLY_WITH_IMMEDIATE;
+    /// XRC SEND in one packet.
+    XRC_SEND_ONLY = XRC | op::SEND_ONLY;
+    /// XRC RDMA WRITE in one packet.
+    XRC_RDMA_WRITE_ONLY = XRC | op::RDMA_WRITE_ONLY;
+    /// XRC RDMA READ request.
+    XRC_RDMA_READ_REQUEST = XRC | op::RDMA_READ_REQUEST;
+    /// XRC acknowledge.
+    XRC_ACKNOWLEDGE = XRC | op::ACKNOWLEDGE;
+    /// XRC atomic fetch and add.
+    XRC_FETCH_ADD = XRC | op::FETCH_ADD;
     /// RoCEv2 congestion notification packet (IBA Annex A17.9.3).
     CNP = 0x81;
 }
@@ -327,6 +344,12 @@ impl Opcode {
             5 => Transport::Xrc,
             _ => Transport::Vendor,
         }
+    }
+
+    /// RC's opcode for the same operation (the low five bits, IBA 9.2): RC and XRC share
+    /// every operation and its rules, so one comparison serves both.
+    pub const fn as_rc(self) -> Self {
+        Self(self.0 & 0x1F)
     }
 
     /// Whether the table has this opcode.
@@ -369,7 +392,7 @@ const fn entry(
     Some(OpcodeInfo { name, transport, flags, headers, header_len: headers_len(headers) })
 }
 
-use ExtHeader::{Aeth, AtomicAckEth, AtomicEth, CnpReserved, Deth, Ieth, ImmDt, Reth};
+use ExtHeader::{Aeth, AtomicAckEth, AtomicEth, CnpReserved, Deth, Ieth, ImmDt, Reth, Xrceth};
 
 const REQ: OpFlags = OpFlags::REQUEST;
 const RESP: OpFlags = OpFlags::RESPONSE;
@@ -399,91 +422,131 @@ const fn f(flags: &[OpFlags]) -> OpFlags {
     acc
 }
 
-/// Fills the SEND and RDMA WRITE entries (0x00..=0x0B) of a connected transport. RC adds
-/// `NEEDS_ACK` to the packets that end a message; UC never acknowledges.
+/// The extension headers of each request kind of a connected transport: RC and UC carry
+/// none before their own, XRC puts the XRCETH first (IBA Annex A14).
+struct RequestHeaders {
+    none: &'static [ExtHeader],
+    imm: &'static [ExtHeader],
+    reth: &'static [ExtHeader],
+    reth_imm: &'static [ExtHeader],
+    inv: &'static [ExtHeader],
+    atomic: &'static [ExtHeader],
+}
+
+const PLAIN: RequestHeaders = RequestHeaders {
+    none: &[],
+    imm: &[ImmDt],
+    reth: &[Reth],
+    reth_imm: &[Reth, ImmDt],
+    inv: &[Ieth],
+    atomic: &[AtomicEth],
+};
+
+const WITH_XRCETH: RequestHeaders = RequestHeaders {
+    none: &[Xrceth],
+    imm: &[Xrceth, ImmDt],
+    reth: &[Xrceth, Reth],
+    reth_imm: &[Xrceth, Reth, ImmDt],
+    inv: &[Xrceth, Ieth],
+    atomic: &[Xrceth, AtomicEth],
+};
+
+/// Fills the SEND and RDMA WRITE entries (0x00..=0x0B) of a connected transport. RC and XRC
+/// add `NEEDS_ACK` to the packets that end a message; UC never acknowledges.
 const fn connected_send_write(
     table: &mut [Option<OpcodeInfo>; 256],
     base: u8,
     transport: Transport,
     ack: OpFlags,
+    h: &RequestHeaders,
 ) {
     let b = base as usize;
     let send = f(&[REQ, SEND, PAYLOAD]);
     let write = f(&[REQ, WRITE, PAYLOAD]);
     table[b + op::SEND_FIRST as usize] =
-        entry("SEND_FIRST", transport, f(&[send, FIRST, RWQE]), &[]);
-    table[b + op::SEND_MIDDLE as usize] = entry("SEND_MIDDLE", transport, f(&[send, MIDDLE]), &[]);
+        entry("SEND_FIRST", transport, f(&[send, FIRST, RWQE]), h.none);
+    table[b + op::SEND_MIDDLE as usize] =
+        entry("SEND_MIDDLE", transport, f(&[send, MIDDLE]), h.none);
     table[b + op::SEND_LAST as usize] =
-        entry("SEND_LAST", transport, f(&[send, LAST, COMP, ack]), &[]);
+        entry("SEND_LAST", transport, f(&[send, LAST, COMP, ack]), h.none);
     table[b + op::SEND_LAST_WITH_IMMEDIATE as usize] =
-        entry("SEND_LAST_WITH_IMMEDIATE", transport, f(&[send, LAST, IMM, COMP, ack]), &[ImmDt]);
+        entry("SEND_LAST_WITH_IMMEDIATE", transport, f(&[send, LAST, IMM, COMP, ack]), h.imm);
     table[b + op::SEND_ONLY as usize] =
-        entry("SEND_ONLY", transport, f(&[send, ONLY, RWQE, COMP, ack]), &[]);
-    table[b + op::SEND_ONLY_WITH_IMMEDIATE as usize] = entry(
-        "SEND_ONLY_WITH_IMMEDIATE",
-        transport,
-        f(&[send, ONLY, IMM, RWQE, COMP, ack]),
-        &[ImmDt],
-    );
+        entry("SEND_ONLY", transport, f(&[send, ONLY, RWQE, COMP, ack]), h.none);
+    table[b + op::SEND_ONLY_WITH_IMMEDIATE as usize] =
+        entry("SEND_ONLY_WITH_IMMEDIATE", transport, f(&[send, ONLY, IMM, RWQE, COMP, ack]), h.imm);
     table[b + op::RDMA_WRITE_FIRST as usize] =
-        entry("RDMA_WRITE_FIRST", transport, f(&[write, FIRST]), &[Reth]);
+        entry("RDMA_WRITE_FIRST", transport, f(&[write, FIRST]), h.reth);
     table[b + op::RDMA_WRITE_MIDDLE as usize] =
-        entry("RDMA_WRITE_MIDDLE", transport, f(&[write, MIDDLE]), &[]);
+        entry("RDMA_WRITE_MIDDLE", transport, f(&[write, MIDDLE]), h.none);
     table[b + op::RDMA_WRITE_LAST as usize] =
-        entry("RDMA_WRITE_LAST", transport, f(&[write, LAST, ack]), &[]);
+        entry("RDMA_WRITE_LAST", transport, f(&[write, LAST, ack]), h.none);
     // WRITE with immediate consumes a receive WQE and completes it (IBA 9.4).
     table[b + op::RDMA_WRITE_LAST_WITH_IMMEDIATE as usize] = entry(
         "RDMA_WRITE_LAST_WITH_IMMEDIATE",
         transport,
         f(&[write, LAST, IMM, RWQE, COMP, ack]),
-        &[ImmDt],
+        h.imm,
     );
     table[b + op::RDMA_WRITE_ONLY as usize] =
-        entry("RDMA_WRITE_ONLY", transport, f(&[write, ONLY, ack]), &[Reth]);
+        entry("RDMA_WRITE_ONLY", transport, f(&[write, ONLY, ack]), h.reth);
     table[b + op::RDMA_WRITE_ONLY_WITH_IMMEDIATE as usize] = entry(
         "RDMA_WRITE_ONLY_WITH_IMMEDIATE",
         transport,
         f(&[write, ONLY, IMM, RWQE, COMP, ack]),
-        &[Reth, ImmDt],
+        h.reth_imm,
+    );
+}
+
+/// Fills READ, the responses, the atomics and SEND with invalidate (0x0C..=0x17) of a
+/// reliable transport: RC, or XRC whose requests carry the XRCETH and whose responses
+/// are RC's (IBA Annex A14).
+const fn reliable_rest(
+    t: &mut [Option<OpcodeInfo>; 256],
+    base: u8,
+    rc: Transport,
+    h: &RequestHeaders,
+) {
+    let b = base as usize;
+    let read_resp = f(&[RESP, READ, PAYLOAD]);
+    t[b + op::RDMA_READ_REQUEST as usize] =
+        entry("RDMA_READ_REQUEST", rc, f(&[REQ, READ, ONLY, ACK]), h.reth);
+    t[b + op::RDMA_READ_RESPONSE_FIRST as usize] =
+        entry("RDMA_READ_RESPONSE_FIRST", rc, f(&[read_resp, FIRST]), &[Aeth]);
+    t[b + op::RDMA_READ_RESPONSE_MIDDLE as usize] =
+        entry("RDMA_READ_RESPONSE_MIDDLE", rc, f(&[read_resp, MIDDLE]), &[]);
+    t[b + op::RDMA_READ_RESPONSE_LAST as usize] =
+        entry("RDMA_READ_RESPONSE_LAST", rc, f(&[read_resp, LAST]), &[Aeth]);
+    t[b + op::RDMA_READ_RESPONSE_ONLY as usize] =
+        entry("RDMA_READ_RESPONSE_ONLY", rc, f(&[read_resp, ONLY]), &[Aeth]);
+    t[b + op::ACKNOWLEDGE as usize] = entry("ACKNOWLEDGE", rc, f(&[RESP, ONLY]), &[Aeth]);
+    t[b + op::ATOMIC_ACKNOWLEDGE as usize] =
+        entry("ATOMIC_ACKNOWLEDGE", rc, f(&[RESP, ATOMIC, ONLY]), &[Aeth, AtomicAckEth]);
+    t[b + op::COMPARE_SWAP as usize] =
+        entry("COMPARE_SWAP", rc, f(&[REQ, ATOMIC, ONLY, ACK]), h.atomic);
+    t[b + op::FETCH_ADD as usize] = entry("FETCH_ADD", rc, f(&[REQ, ATOMIC, ONLY, ACK]), h.atomic);
+    t[b + op::SEND_LAST_WITH_INVALIDATE as usize] = entry(
+        "SEND_LAST_WITH_INVALIDATE",
+        rc,
+        f(&[REQ, SEND, PAYLOAD, LAST, INV, COMP, ACK]),
+        h.inv,
+    );
+    t[b + op::SEND_ONLY_WITH_INVALIDATE as usize] = entry(
+        "SEND_ONLY_WITH_INVALIDATE",
+        rc,
+        f(&[REQ, SEND, PAYLOAD, ONLY, INV, RWQE, COMP, ACK]),
+        h.inv,
     );
 }
 
 /// The table itself, indexed by the opcode byte.
 static TABLE: [Option<OpcodeInfo>; 256] = {
     let mut t: [Option<OpcodeInfo>; 256] = [None; 256];
-    connected_send_write(&mut t, RC, Transport::Rc, ACK);
-    connected_send_write(&mut t, UC, Transport::Uc, OpFlags::NONE);
-
-    let rc = Transport::Rc;
-    let read_resp = f(&[RESP, READ, PAYLOAD]);
-    t[op::RDMA_READ_REQUEST as usize] =
-        entry("RDMA_READ_REQUEST", rc, f(&[REQ, READ, ONLY, ACK]), &[Reth]);
-    t[op::RDMA_READ_RESPONSE_FIRST as usize] =
-        entry("RDMA_READ_RESPONSE_FIRST", rc, f(&[read_resp, FIRST]), &[Aeth]);
-    t[op::RDMA_READ_RESPONSE_MIDDLE as usize] =
-        entry("RDMA_READ_RESPONSE_MIDDLE", rc, f(&[read_resp, MIDDLE]), &[]);
-    t[op::RDMA_READ_RESPONSE_LAST as usize] =
-        entry("RDMA_READ_RESPONSE_LAST", rc, f(&[read_resp, LAST]), &[Aeth]);
-    t[op::RDMA_READ_RESPONSE_ONLY as usize] =
-        entry("RDMA_READ_RESPONSE_ONLY", rc, f(&[read_resp, ONLY]), &[Aeth]);
-    t[op::ACKNOWLEDGE as usize] = entry("ACKNOWLEDGE", rc, f(&[RESP, ONLY]), &[Aeth]);
-    t[op::ATOMIC_ACKNOWLEDGE as usize] =
-        entry("ATOMIC_ACKNOWLEDGE", rc, f(&[RESP, ATOMIC, ONLY]), &[Aeth, AtomicAckEth]);
-    t[op::COMPARE_SWAP as usize] =
-        entry("COMPARE_SWAP", rc, f(&[REQ, ATOMIC, ONLY, ACK]), &[AtomicEth]);
-    t[op::FETCH_ADD as usize] = entry("FETCH_ADD", rc, f(&[REQ, ATOMIC, ONLY, ACK]), &[AtomicEth]);
-    t[op::SEND_LAST_WITH_INVALIDATE as usize] = entry(
-        "SEND_LAST_WITH_INVALIDATE",
-        rc,
-        f(&[REQ, SEND, PAYLOAD, LAST, INV, COMP, ACK]),
-        &[Ieth],
-    );
-    t[op::SEND_ONLY_WITH_INVALIDATE as usize] = entry(
-        "SEND_ONLY_WITH_INVALIDATE",
-        rc,
-        f(&[REQ, SEND, PAYLOAD, ONLY, INV, RWQE, COMP, ACK]),
-        &[Ieth],
-    );
+    connected_send_write(&mut t, RC, Transport::Rc, ACK, &PLAIN);
+    connected_send_write(&mut t, UC, Transport::Uc, OpFlags::NONE, &PLAIN);
+    connected_send_write(&mut t, XRC, Transport::Xrc, ACK, &WITH_XRCETH);
+    reliable_rest(&mut t, RC, Transport::Rc, &PLAIN);
+    reliable_rest(&mut t, XRC, Transport::Xrc, &WITH_XRCETH);
 
     let ud = Transport::Ud;
     let ud_send = f(&[REQ, SEND, PAYLOAD, ONLY, RWQE, COMP]);
@@ -503,7 +566,9 @@ mod tests {
     fn table_has_every_opcode_of_roce_notes() {
         let rc: Vec<u8> = (0x00..=0x14).chain([0x16, 0x17]).collect();
         let uc: Vec<u8> = (0x20..=0x2B).collect();
-        let expected: Vec<u8> = rc.into_iter().chain(uc).chain([0x64, 0x65, 0x81]).collect();
+        let xrc: Vec<u8> = (0xA0..=0xB4).chain([0xB6, 0xB7]).collect();
+        let expected: Vec<u8> =
+            rc.into_iter().chain(uc).chain([0x64, 0x65, 0x81]).chain(xrc).collect();
         let known: Vec<u8> = Opcode::all_known().map(|op| op.0).collect();
         assert_eq!(known, expected);
     }
@@ -538,8 +603,20 @@ mod tests {
             }
             assert_eq!(info.has(IMM), info.headers.contains(&ImmDt), "{op}: immediate");
             assert_eq!(info.has(INV), info.headers.contains(&Ieth), "{op}: invalidate");
+            // IBA Annex A14: every XRC request carries the XRCETH, first; responses do not.
+            let xrc_request = info.transport == Transport::Xrc && info.has(REQ);
+            assert_eq!(info.headers.first() == Some(&Xrceth), xrc_request, "{op}: XRCETH");
+            assert_eq!(info.headers.contains(&Xrceth), xrc_request, "{op}: XRCETH");
+            if info.transport == Transport::Xrc {
+                // The same operation as RC's, offset by the transport base.
+                let rc = Opcode(op.0 & 0x1F).info().unwrap();
+                assert_eq!((rc.name, rc.flags), (info.name, info.flags), "{op}");
+            }
             if info.has(OpFlags::NEEDS_ACK) {
-                assert_eq!(info.transport, Transport::Rc, "{op}: only RC acknowledges");
+                assert!(
+                    matches!(info.transport, Transport::Rc | Transport::Xrc),
+                    "{op}: only RC and XRC acknowledge"
+                );
                 assert!(info.has(LAST), "{op}: the ACK follows the last packet");
             }
             if info.has(RWQE) {
@@ -566,5 +643,11 @@ mod tests {
         assert_eq!(Opcode::RC_COMPARE_SWAP.info().unwrap().header_len, 40);
         assert_eq!(Opcode::RC_ATOMIC_ACKNOWLEDGE.info().unwrap().header_len, 24);
         assert_eq!(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE.info().unwrap().header_len, 24);
+        assert_eq!(Opcode::XRC_SEND_ONLY.0, 0xA4);
+        assert_eq!(Opcode::XRC_SEND_ONLY.to_string(), "XRC_SEND_ONLY");
+        assert_eq!(Opcode::XRC_RDMA_WRITE_ONLY.info().unwrap().header_len, 32);
+        assert_eq!(Opcode::XRC_FETCH_ADD.info().unwrap().header_len, 44);
+        assert_eq!(Opcode::XRC_ACKNOWLEDGE.info().unwrap().header_len, 16);
+        assert_eq!(Opcode::XRC_RDMA_READ_REQUEST.info().unwrap().offset_of(Reth), Some(16));
     }
 }

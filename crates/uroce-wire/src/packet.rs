@@ -6,7 +6,7 @@ use core::fmt;
 use crate::icrc::{self, ICRC_LEN, PseudoHeader};
 use crate::opcode::{ExtHeader, OpFlags, OpcodeInfo};
 use crate::{Error, Result};
-use crate::{aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth};
+use crate::{aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth, xrceth};
 
 /// The extension headers of one packet. Which are present is fixed by the opcode
 /// ([`OpcodeInfo::headers`]); the CNP's reserved block is not represented (it is sent as zeros).
@@ -26,6 +26,8 @@ pub struct ExtHeaders {
     pub ieth: Option<ieth::Repr>,
     /// Datagram extended transport header.
     pub deth: Option<deth::Repr>,
+    /// XRC extended transport header.
+    pub xrceth: Option<xrceth::Repr>,
 }
 
 impl ExtHeaders {
@@ -39,13 +41,15 @@ impl ExtHeaders {
             ExtHeader::ImmDt => self.immdt.is_some(),
             ExtHeader::Ieth => self.ieth.is_some(),
             ExtHeader::Deth => self.deth.is_some(),
+            ExtHeader::Xrceth => self.xrceth.is_some(),
             ExtHeader::CnpReserved => true,
         }
     }
 
     /// Whether exactly the headers `info` lists are present.
     fn matches(&self, info: &OpcodeInfo) -> bool {
-        const ALL: [ExtHeader; 7] = [
+        const ALL: [ExtHeader; 8] = [
+            ExtHeader::Xrceth,
             ExtHeader::Reth,
             ExtHeader::Aeth,
             ExtHeader::AtomicEth,
@@ -89,6 +93,9 @@ impl ExtHeaders {
                 ExtHeader::Deth => {
                     ext.deth = Some(deth::Repr::parse(&deth::Packet::new_checked(b)?)?)
                 }
+                ExtHeader::Xrceth => {
+                    ext.xrceth = Some(xrceth::Repr::parse(&xrceth::Packet::new_checked(b)?)?);
+                }
                 ExtHeader::CnpReserved => {}
             }
             at += h.wire_len();
@@ -124,6 +131,9 @@ impl ExtHeaders {
                 ExtHeader::Deth => {
                     emit_opt(self.deth, |r| r.emit(&mut deth::Packet::new_unchecked(b)))
                 }
+                ExtHeader::Xrceth => {
+                    emit_opt(self.xrceth, |r| r.emit(&mut xrceth::Packet::new_unchecked(b)));
+                }
                 ExtHeader::CnpReserved => b.fill(0),
             }
             at += h.wire_len();
@@ -139,7 +149,11 @@ fn emit_opt<R>(repr: Option<R>, emit: impl FnOnce(R)) {
 
 impl fmt::Display for ExtHeaders {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Wire order for every opcode: DETH, RETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH.
+        // Wire order for every opcode: XRCETH or DETH, RETH, AETH, AtomicETH, AtomicAckETH,
+        // ImmDt, IETH.
+        if let Some(h) = &self.xrceth {
+            write!(f, " {h}")?;
+        }
         if let Some(h) = &self.deth {
             write!(f, " {h}")?;
         }

@@ -13,7 +13,7 @@ use uroce_wire::opcode::{ExtHeader, OpFlags};
 use uroce_wire::types::{Msn, PKey, Psn, QKey, Qpn, RKey};
 use uroce_wire::{
     ExtHeaders, Opcode, PacketRepr, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, ip, pcap,
-    reth,
+    reth, xrceth,
 };
 
 fn known_opcode() -> impl Strategy<Value = Opcode> {
@@ -112,6 +112,8 @@ fn build<'a>(op: Opcode, f: &Fields, payload: &'a [u8]) -> PacketRepr<'a> {
             ExtHeader::Deth => {
                 ext.deth = Some(deth::Repr { qkey: QKey(f.qkey), src_qp: Qpn::from_masked(f.sqp) })
             }
+            // The SRQ number is 24 bits; the property compares what parses back.
+            ExtHeader::Xrceth => ext.xrceth = Some(xrceth::Repr { srqn: f.sqp & 0xFF_FFFF }),
             ExtHeader::CnpReserved => {}
         }
     }
