@@ -38,6 +38,7 @@ fn side(addr: &str, seed: u64, base: u64) -> Side {
         cap,
         sq_sig_all: true,
         srq: None,
+        xrcd: None,
     };
     let qp = dev.create_qp(init).unwrap();
     Side { dev, cq, qp, mr }

@@ -80,14 +80,14 @@ impl<M: MemoryAccess> Device<M> {
         self.modify_qp(qpn, &init)
     }
 
-    /// Init → RTR → RTS towards `path`; `reliability` applies to RC only.
+    /// Init → RTR → RTS towards `path`; `reliability` applies to RC and XRC only.
     pub fn connect_qp(
         &mut self,
         qpn: Qpn,
         path: &PathAttr,
         reliability: &Reliability,
     ) -> Result<(), ModifyError> {
-        let rc = self.qp_type(qpn) == Some(QpType::Rc);
+        let rc = self.qp_type(qpn).is_some_and(QpType::is_reliable);
         let r = reliability;
         let rtr = QpAttr {
             av: Some(AddressVector { dest: path.dest }),

@@ -31,7 +31,8 @@ pub(crate) fn on_response<M: MemoryAccess>(
         ctx.counters.drop_stale_response += 1;
         return;
     }
-    let op = packet.bth.opcode;
+    // XRC's responses are RC's, in XRC's opcode range.
+    let op = packet.bth.opcode.as_rc();
     if op == Opcode::RC_ACKNOWLEDGE {
         let Some(aeth) = packet.ext.aeth else { return };
         on_ack(qp, ctx, now, psn, aeth.syndrome);

@@ -55,6 +55,9 @@ pub struct Device<M> {
     pub(crate) next_pd: u32,
     pub(crate) next_cq: u32,
     pub(crate) next_srq: u32,
+    /// The XRC domains allocated and not deallocated.
+    pub(crate) xrcds: BTreeSet<u32>,
+    pub(crate) next_xrcd: u32,
 }
 
 impl<M: MemoryAccess> Device<M> {
@@ -100,6 +103,8 @@ impl<M: MemoryAccess> Device<M> {
             next_pd: 1,
             next_cq: 1,
             next_srq: 1,
+            xrcds: BTreeSet::new(),
+            next_xrcd: 1,
         }
     }
 
@@ -158,7 +163,7 @@ impl<M: MemoryAccess> Device<M> {
         }
         let used = self.ctx.mrs.any_in(pd)
             || self.ctx.mrs.any_window_in(pd)
-            || self.qps.values().any(|qp| qp.init.pd == pd)
+            || self.qps.values().any(|qp| qp.init.qp_type != QpType::XrcTgt && qp.init.pd == pd)
             || self.ctx.srqs.values().any(|s| s.pd == pd)
             || self.ctx.ahs.values().any(|ah| ah.pd == pd);
         if used {
@@ -276,7 +281,7 @@ impl<M: MemoryAccess> Device<M> {
     pub fn awaits_ack(&self, qpn: Qpn) -> bool {
         self.qps
             .get(&qpn.get())
-            .is_some_and(|qp| qp.init.qp_type == QpType::Rc && qp.req.awaits_ack())
+            .is_some_and(|qp| qp.init.qp_type.is_reliable() && qp.req.awaits_ack())
     }
 
     /// Whether any work request could still complete: a send WQE not yet completed, or a
@@ -312,7 +317,11 @@ impl<M: MemoryAccess> Device<M> {
         if !self.ctx.cqs.contains_key(&cq.0) {
             return Err(DestroyError::Unknown);
         }
-        if self.qps.values().any(|qp| qp.init.send_cq == cq || qp.init.recv_cq == cq) {
+        let by_qp = |qp: &Qp| {
+            qp.init.qp_type != QpType::XrcTgt && (qp.init.send_cq == cq || qp.init.recv_cq == cq)
+        };
+        let by_xrc_srq = self.ctx.srqs.values().any(|s| s.xrc.is_some_and(|(_, c)| c == cq));
+        if self.qps.values().any(by_qp) || by_xrc_srq {
             return Err(DestroyError::InUse);
         }
         self.ctx.cqs.remove(&cq.0);
@@ -394,7 +403,9 @@ impl<M: MemoryAccess> Device<M> {
         if !self.ctx.srqs.contains_key(&srq.0) {
             return Err(DestroyError::Unknown);
         }
-        if self.qps.values().any(|qp| qp.init.srq == Some(srq)) {
+        // An XRC target only borrows the SRQ its last request named.
+        if self.qps.values().any(|qp| qp.init.qp_type != QpType::XrcTgt && qp.init.srq == Some(srq))
+        {
             return Err(DestroyError::InUse);
         }
         self.ctx.srqs.remove(&srq.0);
@@ -504,6 +515,18 @@ impl<M: MemoryAccess> Device<M> {
 
     /// Creates a queue pair in the Reset state and returns its number.
     pub fn create_qp(&mut self, init: QpInitAttr) -> Result<Qpn, CreateError> {
+        if init.qp_type == QpType::XrcTgt {
+            if init.srq.is_some() {
+                return Err(CreateError::XrcMisuse);
+            }
+            let Some(xrcd) = init.xrcd.filter(|&x| self.has_xrcd(x)) else {
+                return Err(CreateError::UnknownXrcd);
+            };
+            return self.number_qp(QpInitAttr::xrc_target(xrcd));
+        }
+        if init.qp_type == QpType::XrcIni && init.srq.is_some() {
+            return Err(CreateError::XrcMisuse);
+        }
         if !self.has_pd(init.pd) {
             return Err(CreateError::UnknownPd);
         }
@@ -519,6 +542,11 @@ impl<M: MemoryAccess> Device<M> {
                 None => return Err(CreateError::UnknownSrq),
             }
         }
+        self.number_qp(init)
+    }
+
+    /// Gives a checked QP its number and creates it.
+    fn number_qp(&mut self, init: QpInitAttr) -> Result<Qpn, CreateError> {
         let (a, c) = (DEVICE_ATTR, init.cap);
         within("max_qp", self.qps.len() as u64 + 1, u64::from(a.max_qp))?;
         within("max_qp_wr", u64::from(c.max_send_wr.max(c.max_recv_wr)), u64::from(a.max_qp_wr))?;
@@ -740,6 +768,9 @@ impl<M: MemoryAccess> Device<M> {
         if qp.state == QpState::Reset {
             return Err(PostError::InvalidState(qp.state));
         }
+        if !qp.init.qp_type.has_receive_queue() {
+            return Err(PostError::NoReceiveQueue);
+        }
         if qp.init.srq.is_some() {
             return Err(PostError::UsesSrq);
         }
@@ -854,21 +885,17 @@ fn check_post(qp: &Qp, ahs: &BTreeMap<u32, Ah>, wr: &SendWr) -> Result<u32, Post
 
 /// Checks a send WR against the QP and returns the message length.
 fn validate_send(qp: &Qp, wr: &SendWr) -> Result<u32, PostError> {
+    if !qp.init.qp_type.sends() {
+        return Err(PostError::NoSendQueue);
+    }
     if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Error) {
         return Err(PostError::InvalidState(qp.state));
     }
     if qp.req.sq.len() >= qp.init.cap.max_send_wr as usize {
         return Err(PostError::QueueFull);
     }
-    // IBA 9.8: UC carries SEND and RDMA WRITE only; UD carries SEND only. SEND with
-    // invalidate is RC's (its opcodes exist for RC and XRC only); windows are bound and keys
-    // invalidated on connected QPs (IBA 10.6.7.2).
     let op = wr.opcode;
-    let supported = match qp.init.qp_type {
-        QpType::Rc => true,
-        QpType::Uc => !op.is_read_or_atomic() && op != WrOpcode::SendWithInv,
-        QpType::Ud => matches!(op, WrOpcode::Send | WrOpcode::SendWithImm),
-    };
+    let supported = qp.init.qp_type.carries(op);
     if !supported {
         return Err(PostError::UnsupportedOpcode);
     }

@@ -12,7 +12,8 @@ use crate::attr::DEVICE_ATTR;
 pub enum DestroyError {
     /// No such object.
     Unknown,
-    /// Another object still uses it (a QP its CQ or SRQ; an MR, QP, SRQ or AH its PD).
+    /// Another object still uses it (a QP its CQ or SRQ; an MR, QP, SRQ or AH its PD; an
+    /// XRC SRQ its CQ; an XRC SRQ or target QP its XRC domain).
     InUse,
 }
 
@@ -64,6 +65,11 @@ pub enum CreateError {
     UnknownSrq,
     /// The SRQ belongs to another protection domain than the QP.
     SrqOfAnotherPd,
+    /// No XRC domain with this handle (or an XRC target without one).
+    UnknownXrcd,
+    /// An SRQ given to an XRC QP (which takes none), or a shared receive queue named for a
+    /// QP that is not an XRC SRQ where one is needed.
+    XrcMisuse,
     /// An address handle whose destination is of the other IP family than the device.
     AhAddressFamily,
     /// A requested size is beyond the device's limit (`ibv_query_device`).
@@ -87,6 +93,8 @@ impl core::fmt::Display for CreateError {
             Self::AhAddressFamily => {
                 f.write_str("the destination is of another IP family than the device")
             }
+            Self::UnknownXrcd => f.write_str("no such XRC domain"),
+            Self::XrcMisuse => f.write_str("XRC QPs take no SRQ; their receives go to XRC SRQs"),
             Self::ExceedsLimit { limit, requested, max } => {
                 write!(f, "{requested} exceeds the device's {limit} of {max}")
             }

@@ -44,6 +44,7 @@ mod srq;
 pub mod time;
 pub mod types;
 mod watch;
+mod xrc;
 
 pub use bring_up::{PathAttr, Reliability};
 pub use counters::{Counters, PacketFate, QpCounters};

@@ -63,6 +63,9 @@ pub struct QpInitAttr {
     pub sq_sig_all: bool,
     /// Take receive WQEs from this shared receive queue instead of the QP's own.
     pub srq: Option<crate::types::SrqHandle>,
+    /// An XRC target's domain. An XRC target has no PD, CQs or SRQ of its own: while a
+    /// message is received, `pd`, `recv_cq` and `srq` are those of the XRC SRQ it names.
+    pub xrcd: Option<crate::types::XrcdHandle>,
 }
 
 impl QpInitAttr {
@@ -78,7 +81,23 @@ impl QpInitAttr {
             cap: QpCap::DEFAULT,
             sq_sig_all: true,
             srq: None,
+            xrcd: None,
         }
+    }
+
+    /// An XRC target QP in `xrcd` (`IBV_QPT_XRC_RECV` with `IBV_QP_INIT_ATTR_XRCD`): no
+    /// queues, PD or CQs of its own (IBA Annex A14).
+    pub const fn xrc_target(xrcd: crate::types::XrcdHandle) -> Self {
+        let mut init = Self::new(QpType::XrcTgt, PdHandle(0), CqHandle(0));
+        init.cap = QpCap {
+            max_send_wr: 0,
+            max_recv_wr: 0,
+            max_send_sge: 0,
+            max_recv_sge: 0,
+            max_inline_data: 0,
+        };
+        init.xrcd = Some(xrcd);
+        init
     }
 }
 
@@ -226,6 +245,10 @@ pub enum PostError {
     MissingBind,
     /// A local invalidate or SEND with invalidate without the key.
     MissingInvalidateKey,
+    /// An XRC QP has no receive queue: receives go to an XRC SRQ (IBA Annex A14).
+    NoReceiveQueue,
+    /// An XRC target QP has no send queue.
+    NoSendQueue,
     /// A UD message longer than the path MTU: a datagram is one packet (IBA 9.8.2).
     ExceedsMtu {
         /// The message length.
@@ -256,6 +279,10 @@ impl fmt::Display for PostError {
             Self::UnknownAh => f.write_str("no such address handle in the QP's protection domain"),
             Self::MissingBind => f.write_str("bind work request without a window and binding"),
             Self::MissingInvalidateKey => f.write_str("invalidation without the key to invalidate"),
+            Self::NoReceiveQueue => {
+                f.write_str("an XRC QP has no receive queue; post receives to the XRC SRQ")
+            }
+            Self::NoSendQueue => f.write_str("an XRC target QP has no send queue"),
             Self::ExceedsMtu { len, mtu } => {
                 write!(f, "a {len}-byte datagram exceeds the {mtu}-byte MTU")
             }
@@ -398,6 +425,9 @@ pub(crate) enum Response {
         first_psn: Psn,
         va: u64,
         rkey: RKey,
+        /// The PD the READ is checked against: the QP's, or an XRC target's SRQ's when the
+        /// request came (a later request may name another).
+        pd: PdHandle,
         len: u32,
         npkts: u32,
         next: u32,

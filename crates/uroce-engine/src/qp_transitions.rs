@@ -131,6 +131,30 @@ pub struct Transition {
 /// such transition (IBA 10.3.1: any state → Reset or Error; Reset → Init; Init → Init or RTR;
 /// RTR → RTS; RTS → RTS or SQD; SQD → SQD or RTS; SQE → RTS).
 pub fn transition(t: QpType, from: QpState, to: QpState) -> Option<Transition> {
+    match t {
+        QpType::XrcIni | QpType::XrcTgt => xrc_transition(t, from, to),
+        _ => connected_or_datagram(t, from, to),
+    }
+}
+
+/// XRC's halves take RC's transitions, but each requires only what its half uses (as the
+/// kernel's `qp_state_table`): the initiator sends only, so its RTR needs no responder
+/// resources or RNR timer; the target receives only, so its RTS needs no retry counts or
+/// READ depth. What RC would require beyond that stays allowed.
+fn xrc_transition(t: QpType, from: QpState, to: QpState) -> Option<Transition> {
+    use Attrs as A;
+    let rc = connected_or_datagram(QpType::Rc, from, to)?;
+    let required = match (from, to, t) {
+        (QpState::Init, QpState::Rtr, QpType::XrcIni) => {
+            A::AV | A::PATH_MTU | A::DEST_QPN | A::RQ_PSN
+        }
+        (QpState::Rtr, QpState::Rts, QpType::XrcTgt) => A::SQ_PSN | A::TIMEOUT,
+        _ => rc.required,
+    };
+    Some(Transition { required, optional: (rc.required | rc.optional).without(required) })
+}
+
+fn connected_or_datagram(t: QpType, from: QpState, to: QpState) -> Option<Transition> {
     use Attrs as A;
     use QpState::{Error, Init, Reset, Rtr, Rts, Sqd, Sqe};
     let (ud, uc) = (t == QpType::Ud, t == QpType::Uc);

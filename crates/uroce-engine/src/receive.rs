@@ -227,6 +227,18 @@ fn headers_fit(qp: &Qp, packet: &PacketRepr<'_>, c: &mut Counters) -> bool {
         c.drop_wrong_transport += 1;
         return false;
     }
+    // XRC's halves share a transport: the initiator takes only responses, the target only
+    // requests (IBA Annex A14).
+    let request = packet.bth.opcode.info().is_some_and(|i| i.has(OpFlags::REQUEST));
+    let wrong_half = match qp.init.qp_type {
+        QpType::XrcIni => request,
+        QpType::XrcTgt => !request,
+        _ => false,
+    };
+    if wrong_half {
+        c.drop_wrong_transport += 1;
+        return false;
+    }
     if packet.bth.pkey.base() != uroce_wire::PKey::DEFAULT.base() {
         c.drop_bad_pkey += 1;
         return false;

@@ -6,7 +6,7 @@
 //! `next_pkt` and `next_psn` (see `completer::rewind`); this module just sends from there.
 
 use uroce_wire::opcode::Opcode;
-use uroce_wire::{ExtHeaders, PacketRepr, atomic_eth, bth, deth, ieth, immdt, reth};
+use uroce_wire::{ExtHeaders, PacketRepr, atomic_eth, bth, deth, ieth, immdt, reth, xrceth};
 
 use crate::completer;
 use crate::ctx::{Ctx, Transmit};
@@ -166,9 +166,14 @@ pub(crate) fn poll<M: MemoryAccess>(
     if ack_req {
         qp.req.since_ack_req = 0;
     }
-    let reliable = qp.init.qp_type == QpType::Rc;
-    // UC and UD use the same operation codes in their own ranges and never ask for an ACK.
+    let reliable = qp.init.qp_type.is_reliable();
+    // UC, UD and XRC use the same operation codes in their own ranges; UC and UD never ask
+    // for an ACK.
     let opcode = Opcode(opcode.0 | qp.init.qp_type.opcode_base());
+    // IBA Annex A14: every XRC request names the XRC SRQ at the target that takes it.
+    if qp.init.qp_type == QpType::XrcIni {
+        ext.xrceth = Some(xrceth::Repr { srqn: w.wr.xrc_remote_srqn });
+    }
     let dest_qpn = match ud {
         Some(ud) => {
             // IBA 10.2.5: a Q_Key with the high bit set in the WR means the QP's own.

@@ -191,8 +191,18 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
     ctx.counters.dup_req += 1;
     qp.counters.dup_req += 1;
     let psn = packet.bth.psn;
-    let op = packet.bth.opcode;
+    let op = packet.bth.opcode.as_rc();
     let msn = qp.resp.msn;
+    // A duplicate READ is answered from the memory of the SRQ it names (IBA Annex A14),
+    // without disturbing the message in progress; one that names none of the domain's is
+    // not answered.
+    let pd = match crate::xrc::target_of(qp, ctx, packet) {
+        Ok(target) => target.map_or(qp.init.pd, |(_, pd, _)| pd),
+        Err(_) => {
+            ctx.counters.drop_dup_no_resource += 1;
+            return;
+        }
+    };
     if op == Opcode::RC_RDMA_READ_REQUEST
         || op == Opcode::RC_COMPARE_SWAP
         || op == Opcode::RC_FETCH_ADD
@@ -213,6 +223,7 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr
                         first_psn: psn,
                         va: reth.va,
                         rkey,
+                        pd,
                         len: reth.dma_len,
                         npkts: npkts - k,
                         next: 0,
@@ -325,7 +336,7 @@ fn fatal_raising<M: MemoryAccess>(
     recv: Option<(RecvWqe, WcStatus)>,
     event: fn(uroce_wire::Qpn) -> AsyncEvent,
 ) {
-    if qp.init.qp_type != QpType::Rc {
+    if !qp.init.qp_type.is_reliable() {
         // UC and UD answer nothing (IBA 9.8): a request the checks refuse is dropped with the
         // rest of its message; only a failure of the local receive buffer ends the QP.
         match recv {
@@ -427,7 +438,10 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
         let (all, new) = queued_read_atomic(qp);
         new < usize::from(qp.max_dest_rd_atomic) && all < MAX_QUEUED_READ_ATOMIC
     };
-    if !sequence_ok || !qp.access.contains(right) || !length_ok || !resources_ok {
+    // IBA Annex A14: an XRC target takes the request into the XRC SRQ it names, which must
+    // be in the target's domain; one that names another is an invalid request.
+    let xrc_ok = !sequence_ok || crate::xrc::bind_target(qp, ctx, packet).is_ok();
+    if !sequence_ok || !xrc_ok || !qp.access.contains(right) || !length_ok || !resources_ok {
         let recv = match qp.resp.current.take() {
             Some(InMessage::Send { wqe, .. }) => Some((wqe, WcStatus::REM_INV_REQ_ERR)),
             _ => None,
@@ -659,6 +673,7 @@ fn read<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
             first_psn: psn,
             va: reth.va,
             rkey: reth.rkey,
+            pd: qp.init.pd,
             len: reth.dma_len,
             npkts,
             next: 0,
@@ -684,7 +699,7 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
         fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
         return;
     };
-    let orig = if packet.bth.opcode == Opcode::RC_COMPARE_SWAP {
+    let orig = if packet.bth.opcode.as_rc() == Opcode::RC_COMPARE_SWAP {
         ctx.mem.compare_and_swap(host, a.compare, a.swap_add)
     } else {
         ctx.mem.fetch_and_add(host, a.swap_add)
@@ -746,7 +761,7 @@ pub(crate) fn poll<M: MemoryAccess>(
             ext.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig });
             (Opcode::RC_ATOMIC_ACKNOWLEDGE, psn)
         }
-        Response::Read { first_psn, va, rkey, len, npkts, next, msn, .. } => {
+        Response::Read { first_psn, va, rkey, pd, len, npkts, next, msn, .. } => {
             let mtu = qp.mtu.bytes();
             let (first, last) = (next == 0, next + 1 >= npkts);
             let opcode = match (first, last) {
@@ -765,7 +780,7 @@ pub(crate) fn poll<M: MemoryAccess>(
             // The region may have been deregistered since the request was checked.
             ctx.pieces.clear();
             if chunk > 0 {
-                let (pd, qpn) = (qp.init.pd, qp.qpn);
+                let qpn = qp.qpn;
                 let right = Access::REMOTE_READ;
                 let Ok(host) = ctx.mrs.check_remote(rkey, pd, qpn, addr, u64::from(chunk), right)
                 else {
@@ -783,6 +798,8 @@ pub(crate) fn poll<M: MemoryAccess>(
             (opcode, psn)
         }
     };
+    // XRC answers with RC's responses in its own range.
+    let opcode = Opcode(opcode.0 | qp.init.qp_type.opcode_base());
     let b = bth::Repr::new(opcode, qp.dest_qpn, psn);
     // A READ response's payload is a piece of registered memory; nothing else carries one.
     let is_read = matches!(response, Response::Read { .. });

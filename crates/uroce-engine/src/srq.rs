@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 
 use crate::qp::RecvWqe;
-use crate::types::PdHandle;
+use crate::types::{CqHandle, PdHandle, XrcdHandle};
 
 /// A shared receive queue.
 #[derive(Debug)]
@@ -15,11 +15,13 @@ pub(crate) struct Srq {
     /// The armed limit (low watermark), 0 when disarmed: when fewer WQEs than this remain, one
     /// SRQ_LIMIT_REACHED event is raised and the limit disarms (`ibv_modify_srq(3)`).
     pub(crate) limit: u32,
+    /// An XRC SRQ (`IBV_SRQT_XRC`): its domain, and the CQ its receives complete on.
+    pub(crate) xrc: Option<(XrcdHandle, CqHandle)>,
 }
 
 impl Srq {
     pub(crate) fn new(pd: PdHandle, max_wr: u32, max_sge: u32) -> Self {
-        Self { pd, wqes: VecDeque::new(), max_wr, max_sge, limit: 0 }
+        Self { pd, wqes: VecDeque::new(), max_wr, max_sge, limit: 0, xrc: None }
     }
 
     /// Takes the oldest WQE; `true` in the second place if that crossed the armed limit.

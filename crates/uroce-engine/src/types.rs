@@ -30,6 +30,10 @@ pub struct SrqHandle(pub(crate) u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CqHandle(pub(crate) u32);
 
+/// An XRC domain (IBA Annex A14): the XRC SRQs and XRC target QPs that may serve each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct XrcdHandle(pub(crate) u32);
+
 /// An address handle: where a UD work request goes (`ibv_ah`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AhHandle(pub(crate) u32);
@@ -44,7 +48,7 @@ macro_rules! handle_number {
         }
     )*};
 }
-handle_number!(PdHandle, SrqHandle, CqHandle, AhHandle);
+handle_number!(PdHandle, SrqHandle, CqHandle, AhHandle, XrcdHandle);
 
 /// What an address handle is made from (`ibv_ah_attr` with its GRH, for RoCEv2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -177,6 +181,14 @@ pub enum QpType {
     /// Unreliable datagram: one-packet SENDs to any QP named by an address handle, no
     /// connection, no acknowledgements; multicast.
     Ud,
+    /// XRC initiator (`IBV_QPT_XRC_SEND`; IBA Annex A14): the sending half of an extended
+    /// reliable connection, RC's requester with no receive queue; each request names the
+    /// XRC SRQ at the target that takes it.
+    XrcIni,
+    /// XRC target (`IBV_QPT_XRC_RECV`): the receiving half, in an XRC domain, with no send
+    /// queue, CQs or PD of its own; each request is received into, completed on and checked
+    /// against the PD of the XRC SRQ it names, which must be in the QP's domain.
+    XrcTgt,
 }
 
 impl QpType {
@@ -186,7 +198,36 @@ impl QpType {
             Self::Rc => uroce_wire::Transport::Rc,
             Self::Uc => uroce_wire::Transport::Uc,
             Self::Ud => uroce_wire::Transport::Ud,
+            Self::XrcIni | Self::XrcTgt => uroce_wire::Transport::Xrc,
         }
+    }
+
+    /// Whether the type's requests are acknowledged and retried (IBA 9.7): RC and XRC.
+    pub const fn is_reliable(self) -> bool {
+        matches!(self, Self::Rc | Self::XrcIni | Self::XrcTgt)
+    }
+
+    /// Whether the type's send queue carries `op` (IBA 9.8: UC carries SEND and RDMA WRITE
+    /// and binds windows; UD carries SEND only; SEND with invalidate exists for RC and XRC
+    /// only; an XRC target has no send queue).
+    pub const fn carries(self, op: WrOpcode) -> bool {
+        match self {
+            Self::Rc | Self::XrcIni => true,
+            Self::Uc => !op.is_read_or_atomic() && !matches!(op, WrOpcode::SendWithInv),
+            Self::Ud => matches!(op, WrOpcode::Send | WrOpcode::SendWithImm),
+            Self::XrcTgt => false,
+        }
+    }
+
+    /// Whether the type has a send queue: all but the XRC target.
+    pub const fn sends(self) -> bool {
+        !matches!(self, Self::XrcTgt)
+    }
+
+    /// Whether the type has a receive queue of its own or an SRQ: all but XRC's halves
+    /// (the target receives through the XRC SRQ each request names).
+    pub const fn has_receive_queue(self) -> bool {
+        !matches!(self, Self::XrcIni | Self::XrcTgt)
     }
 
     /// The high three bits of the type's opcodes (IBA 9.2.3): the operation codes are the
@@ -196,6 +237,7 @@ impl QpType {
             Self::Rc => 0x00,
             Self::Uc => 0x20,
             Self::Ud => 0x60,
+            Self::XrcIni | Self::XrcTgt => 0xA0,
         }
     }
 }
@@ -369,6 +411,9 @@ pub struct SendWr {
     pub invalidate_rkey: Option<RKey>,
     /// `BindMw`: the window and what it is bound to.
     pub bind: Option<Box<MwBind>>,
+    /// XRC initiator only: the XRC SRQ at the target that takes the request (sent in the
+    /// XRCETH; `wr.qp_type.xrc.remote_srqn`, `ibv_wr_set_xrc_srqn`).
+    pub xrc_remote_srqn: u32,
 }
 
 /// A memory window binding (`struct ibv_mw_bind_info` with the window and its new key).
@@ -418,6 +463,7 @@ impl SendWr {
             ud: None,
             invalidate_rkey: None,
             bind: None,
+            xrc_remote_srqn: 0,
         }
     }
 }

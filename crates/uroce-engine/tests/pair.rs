@@ -71,6 +71,7 @@ fn host_of(addr: &str, seed: u64, base: u64, qp_type: QpType) -> Host {
         cap: QpCap::default(),
         sq_sig_all: false,
         srq: None,
+        xrcd: None,
     };
     let qp = dev.create_qp(init).unwrap();
     Host { dev, pd, cq, qp, mr }
@@ -1070,6 +1071,7 @@ fn creation_beyond_the_device_limits_is_refused() {
         cap: QpCap { max_send_sge: attr.max_sge + 1, ..QpCap::default() },
         sq_sig_all: false,
         srq: None,
+        xrcd: None,
     };
     assert!(matches!(
         h.dev.create_qp(init),
@@ -1293,6 +1295,7 @@ fn qps_share_a_receive_queue_with_its_limit_rnr_and_last_wqe_events() {
             cap: QpCap::default(),
             sq_sig_all: true,
             srq,
+            xrcd: None,
         };
         dev.create_qp(init).unwrap()
     };

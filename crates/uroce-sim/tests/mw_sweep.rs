@@ -72,6 +72,7 @@ fn setup(seed: u64, mtu: Mtu, link: LinkConfig) -> World {
             cap,
             sq_sig_all: true,
             srq: None,
+            xrcd: None,
         };
         qp.push(dev.create_qp(init).unwrap());
         cq.push(c);

@@ -163,7 +163,16 @@ fn setup_with(seed: u64, mtu: Mtu, qp_type: QpType) -> (Fabric<DeviceNode<VecMem
         let cap = QpCap { max_send_wr: 64, max_recv_wr: 64, ..QpCap::default() };
         // Every third seed, the receives go through a shared receive queue.
         let srq = seed.is_multiple_of(3).then(|| dev.create_srq(pd, 64, 4).unwrap());
-        let init = QpInitAttr { qp_type, pd, send_cq: cq, recv_cq: cq, cap, sq_sig_all: true, srq };
+        let init = QpInitAttr {
+            qp_type,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            cap,
+            sq_sig_all: true,
+            srq,
+            xrcd: None,
+        };
         let qp = dev.create_qp(init).unwrap();
         hosts.push(Host { cq, qp, mr, srq });
         // Odd seeds send the way the socket runtime does: payloads left in memory.

@@ -76,6 +76,7 @@ fn ud_host(net: &mut Net, addr: &str, port_mtu: Mtu, qkeys: &[QKey], with_srq: b
             cap,
             sq_sig_all: true,
             srq,
+            xrcd: None,
         };
         let qp = dev.create_qp(init).unwrap();
         ud_up(&mut dev, qp, qkey);

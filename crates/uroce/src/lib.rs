@@ -631,6 +631,7 @@ impl<'a> QpBuilder<'a> {
             cap: self.cap,
             sq_sig_all: self.sq_sig_all,
             srq: self.srq.map(|s| s.handle),
+            xrcd: None,
         };
         let ud = self.qp_type == QpType::Ud;
         let (qpn, psn) = ctx.dev.with(|s| -> Result<(Qpn, Psn)> {
