@@ -104,12 +104,18 @@ pub(crate) struct VerbsContext {
     pub(crate) create_cq_ex: Option<CreateCqExFn>,
     pub(crate) priv_: Unset,
     pub(crate) query_device_ex: Option<QueryDeviceExFn>,
-    /// `ibv_destroy_flow`, `ABI_placeholder2`, `ibv_create_flow`, `ABI_placeholder1`,
-    /// `open_qp`.
-    pub(crate) unset_before_create_qp_ex: [Unset; 5],
+    /// `ibv_destroy_flow`, `ABI_placeholder2`, `ibv_create_flow`, `ABI_placeholder1`.
+    pub(crate) unset_before_open_qp: [Unset; 4],
+    pub(crate) open_qp:
+        Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvQpOpenAttr) -> *mut IbvQp>,
     pub(crate) create_qp_ex: Option<CreateQpExFn>,
-    /// `get_srq_num`, `create_srq_ex`, `open_xrcd`, `close_xrcd`, `_ABI_placeholder3`.
-    pub(crate) unset_after_create_qp_ex: [Unset; 5],
+    pub(crate) get_srq_num: Option<unsafe extern "C" fn(*mut IbvSrq, *mut u32) -> c_int>,
+    pub(crate) create_srq_ex:
+        Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvSrqInitAttrEx) -> *mut IbvSrq>,
+    pub(crate) open_xrcd:
+        Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvXrcdInitAttr) -> *mut IbvXrcd>,
+    pub(crate) close_xrcd: Option<unsafe extern "C" fn(*mut IbvXrcd) -> c_int>,
+    pub(crate) abi_placeholder3: Unset,
     pub(crate) sz: usize,
     pub(crate) context: IbvContext,
 }
@@ -606,7 +612,7 @@ pub(crate) struct IbvQpInitAttrEx {
     pub(crate) sq_sig_all: c_int,
     pub(crate) comp_mask: u32,
     pub(crate) pd: *mut IbvPd,
-    pub(crate) xrcd: *mut c_void,
+    pub(crate) xrcd: *mut IbvXrcd,
     pub(crate) create_flags: u32,
     pub(crate) max_tso_header: u16,
     pub(crate) rwq_ind_tbl: *mut c_void,
@@ -688,6 +694,43 @@ pub(crate) struct IbvSrqAttr {
 pub(crate) struct IbvSrqInitAttr {
     pub(crate) srq_context: *mut c_void,
     pub(crate) attr: IbvSrqAttr,
+}
+
+/// `struct ibv_srq_init_attr_ex`.
+#[repr(C)]
+pub(crate) struct IbvSrqInitAttrEx {
+    pub(crate) srq_context: *mut c_void,
+    pub(crate) attr: IbvSrqAttr,
+    pub(crate) comp_mask: u32,
+    pub(crate) srq_type: c_int,
+    pub(crate) pd: *mut IbvPd,
+    pub(crate) xrcd: *mut IbvXrcd,
+    pub(crate) cq: *mut IbvCq,
+    pub(crate) tm_cap: [u32; 2],
+}
+
+/// `struct ibv_xrcd`.
+#[repr(C)]
+pub(crate) struct IbvXrcd {
+    pub(crate) context: *mut IbvContext,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub(crate) struct IbvXrcdInitAttr {
+    pub(crate) comp_mask: u32,
+    pub(crate) fd: c_int,
+    pub(crate) oflags: c_int,
+}
+
+/// `struct ibv_qp_open_attr`.
+#[repr(C)]
+pub(crate) struct IbvQpOpenAttr {
+    pub(crate) comp_mask: u32,
+    pub(crate) qp_num: u32,
+    pub(crate) xrcd: *mut IbvXrcd,
+    pub(crate) qp_context: *mut c_void,
+    pub(crate) qp_type: c_int,
 }
 
 /// `struct ibv_async_event`: `element` is the union of the CQ, QP, SRQ or WQ pointer and the
@@ -844,6 +887,23 @@ pub(crate) mod consts {
     pub(crate) const IBV_QPT_RC: c_int = 2;
     pub(crate) const IBV_QPT_UC: c_int = 3;
     pub(crate) const IBV_QPT_UD: c_int = 4;
+    pub(crate) const IBV_QPT_XRC_SEND: c_int = 9;
+    pub(crate) const IBV_QPT_XRC_RECV: c_int = 10;
+
+    pub(crate) const IBV_SRQT_BASIC: c_int = 0;
+    pub(crate) const IBV_SRQT_XRC: c_int = 1;
+    pub(crate) const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
+    pub(crate) const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+    pub(crate) const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+    pub(crate) const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+    pub(crate) const IBV_XRCD_INIT_ATTR_FD: u32 = 1 << 0;
+    pub(crate) const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+    pub(crate) const IBV_QP_OPEN_ATTR_NUM: u32 = 1 << 0;
+    pub(crate) const IBV_QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
+    pub(crate) const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
+    pub(crate) const IBV_QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
+    pub(crate) const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
+    pub(crate) const IBV_DEVICE_XRC: u32 = 1 << 20;
 
     pub(crate) const IBV_QPS_RESET: c_int = 0;
     pub(crate) const IBV_QPS_INIT: c_int = 1;
@@ -1079,10 +1139,29 @@ mod tests {
                 query_rt_values,
                 create_cq_ex,
                 query_device_ex,
+                open_qp,
                 create_qp_ex,
+                get_srq_num,
+                create_srq_ex,
+                open_xrcd,
+                close_xrcd,
                 sz,
                 context
             ]
+        );
+        layout!(
+            v,
+            IbvSrqInitAttrEx,
+            "ibv_srq_init_attr_ex",
+            [srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap]
+        );
+        layout!(v, IbvXrcd, "ibv_xrcd", [context]);
+        layout!(v, IbvXrcdInitAttr, "ibv_xrcd_init_attr", [comp_mask, fd, oflags]);
+        layout!(
+            v,
+            IbvQpOpenAttr,
+            "ibv_qp_open_attr",
+            [comp_mask, qp_num, xrcd, qp_context, qp_type]
         );
         layout!(
             v,
@@ -1519,6 +1598,22 @@ mod tests {
                 IBV_WC_GRH,
                 IBV_WC_WITH_IMM,
                 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                IBV_QP_INIT_ATTR_XRCD,
+                IBV_QPT_XRC_SEND,
+                IBV_QPT_XRC_RECV,
+                IBV_SRQT_BASIC,
+                IBV_SRQT_XRC,
+                IBV_SRQ_INIT_ATTR_TYPE,
+                IBV_SRQ_INIT_ATTR_PD,
+                IBV_SRQ_INIT_ATTR_XRCD,
+                IBV_SRQ_INIT_ATTR_CQ,
+                IBV_XRCD_INIT_ATTR_FD,
+                IBV_XRCD_INIT_ATTR_OFLAGS,
+                IBV_QP_OPEN_ATTR_NUM,
+                IBV_QP_OPEN_ATTR_XRCD,
+                IBV_QP_OPEN_ATTR_CONTEXT,
+                IBV_QP_OPEN_ATTR_TYPE,
+                IBV_DEVICE_XRC,
                 IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS,
                 IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT,
                 IBV_ADVISE_MR_ADVICE_PREFETCH,

@@ -131,6 +131,19 @@ fn rdma_core_pingpongs_run_unmodified() {
     pingpong("ibv_ud_pingpong", &["-g", "0", "-e"]);
     pingpong("ibv_srq_pingpong", &["-g", "0"]);
     pingpong("ibv_srq_pingpong", &["-g", "0", "-e"]);
+    // XRC: a domain named by a file, an XRC SRQ, a target and an initiator QP per side.
+    for args in
+        [&["-g", "0", "-n", "500"][..], &["-g", "0", "-e"], &["-g", "0", "-o", "-s", "65536"]]
+    {
+        let (s, c) =
+            pair("ibv_xsrq_pingpong", args, &SERVER, &CLIENT, PORT, Duration::from_secs(60));
+        for (side, o) in [("server", &s), ("client", &c)] {
+            assert!(
+                o.ok() && o.stdout.contains("success"),
+                "ibv_xsrq_pingpong {args:?} {side}: {o}"
+            );
+        }
+    }
 }
 
 /// The host-wide device: two `ibv_rc_pingpong` servers share 127.0.0.2 (each on its own TCP

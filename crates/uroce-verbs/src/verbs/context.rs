@@ -25,6 +25,11 @@ pub(super) struct Objects {
     pub(super) cqs: HashMap<CqHandle, usize>,
     pub(super) qps: HashMap<Qpn, usize>,
     pub(super) srqs: HashMap<SrqHandle, usize>,
+    /// XRC domains opened by a file, by the file's (device, inode): one domain per file.
+    pub(super) xrcds_by_file: HashMap<(u64, u64), usize>,
+    /// XRC target QPs with the number of handles to each (`ibv_create_qp_ex` and every
+    /// `ibv_open_qp`).
+    pub(super) target_opens: HashMap<Qpn, usize>,
 }
 
 impl Objects {
@@ -108,9 +113,14 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
             create_cq_ex: Some(create_cq_ex),
             priv_: None,
             query_device_ex: Some(query_device_ex),
-            unset_before_create_qp_ex: [None; 5],
+            unset_before_open_qp: [None; 4],
+            open_qp: Some(open_qp),
             create_qp_ex: Some(create_qp_ex),
-            unset_after_create_qp_ex: [None; 5],
+            get_srq_num: Some(get_srq_num),
+            create_srq_ex: Some(create_srq_ex),
+            open_xrcd: Some(open_xrcd),
+            close_xrcd: Some(close_xrcd),
+            abi_placeholder3: None,
             sz: size_of::<VerbsContext>(),
             context: IbvContext {
                 device,
@@ -197,7 +207,7 @@ pub(super) unsafe extern "C" fn query_device_ex(
         cq_mod_caps: IbvCqModerationCaps::default(),
         max_dm_size: MAX_DM_SIZE,
         pci_atomic_caps: IbvPciAtomicCaps::default(),
-        xrc_odp_caps: 0,
+        xrc_odp_caps: odp_caps().per_transport_caps.rc_odp_caps,
     };
     let n = attr_size.min(size_of::<IbvDeviceAttrEx>());
     // SAFETY: the caller passes `attr_size` writable bytes at `attr` (checked non-NULL);
@@ -209,7 +219,7 @@ pub(super) unsafe extern "C" fn query_device_ex(
 /// On-demand paging (`ibv_query_device_ex(3)`): a software device never pins memory, so every
 /// region can be on-demand, implicit ones included, for every operation of every transport
 /// it has: an access to a page that is not there is a protection error (the guarded copies),
-/// never a fault that kills the process. XRC has no ODP here, as it has no XRC.
+/// never a fault that kills the process. XRC's are RC's (`xrc_odp_caps`).
 fn odp_caps() -> IbvOdpCaps {
     let messages = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
     IbvOdpCaps {
@@ -248,7 +258,8 @@ pub(super) fn device_attr(ctx: &Context) -> IbvDeviceAttr {
         device_cap_flags: IBV_DEVICE_SYS_IMAGE_GUID
             | IBV_DEVICE_RC_RNR_NAK_GEN
             | IBV_DEVICE_MEM_WINDOW
-            | IBV_DEVICE_MEM_WINDOW_TYPE_2B,
+            | IBV_DEVICE_MEM_WINDOW_TYPE_2B
+            | IBV_DEVICE_XRC,
         max_sge: int(a.max_sge),
         max_sge_rd: int(a.max_sge),
         max_cq: int(a.max_qp),

@@ -42,7 +42,7 @@ use uroce_engine::{
     Access, AddressVector, AhAttr, AhHandle, AsyncEvent, CqHandle, DEVICE_ATTR, DestroyError, LKey,
     Mtu, MwBind, MwHandle, MwType, PdHandle, PostError, Psn, QKey, QpAttr, QpCap, QpInitAttr,
     QpState, QpType, Qpn, RKey, RecvWr, RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, SrqHandle,
-    UdDest, WcOpcode, WorkCompletion, WrOpcode,
+    UdDest, WcOpcode, WorkCompletion, WrOpcode, XrcdHandle,
 };
 use uroce_net::{Channel, EventFd, NetDevice, OpenError, Options, RawRegion, SubscriberId};
 
@@ -128,6 +128,7 @@ mod qp;
 mod qp_ex;
 mod srq;
 mod work_request;
+mod xrc;
 
 use ah::*;
 pub(crate) use context::*;
@@ -143,6 +144,7 @@ pub(crate) use qp::*;
 use qp_ex::*;
 pub(crate) use srq::*;
 use work_request::*;
+use xrc::*;
 
 #[cfg(test)]
 mod tests {

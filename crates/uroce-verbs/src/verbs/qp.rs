@@ -54,12 +54,14 @@ pub(super) unsafe extern "C" fn create_qp_ex(
     }
     // SAFETY: the caller's extended attributes (checked non-NULL).
     let a = unsafe { &*attr };
-    let supported =
-        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    let supported = IBV_QP_INIT_ATTR_PD
+        | IBV_QP_INIT_ATTR_XRCD
+        | IBV_QP_INIT_ATTR_CREATE_FLAGS
+        | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     if a.comp_mask & !supported != 0 {
         let why = format_args!(
-            "comp_mask {:#x}: only IBV_QP_INIT_ATTR_PD, _CREATE_FLAGS and _SEND_OPS_FLAGS (XRC, \
-             TSO and RSS are not supported)",
+            "comp_mask {:#x}: only IBV_QP_INIT_ATTR_PD, _XRCD, _CREATE_FLAGS and _SEND_OPS_FLAGS \
+             (TSO and RSS are not supported)",
             a.comp_mask
         );
         return fail(refuse("ibv_create_qp_ex", why, libc::EOPNOTSUPP));
@@ -67,6 +69,10 @@ pub(super) unsafe extern "C" fn create_qp_ex(
     if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
         let why = format_args!("create_flags {:#x}: none is supported", a.create_flags);
         return fail(refuse("ibv_create_qp_ex", why, libc::EOPNOTSUPP));
+    }
+    if a.qp_type == IBV_QPT_XRC_RECV {
+        // SAFETY: the caller's context and attributes (checked non-NULL).
+        return unsafe { create_target(context, a) };
     }
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
         return fail(refuse("ibv_create_qp_ex", "a QP of these types needs a PD", libc::EINVAL));
@@ -108,8 +114,9 @@ unsafe fn create(pd: *mut IbvPd, init: *mut IbvQpInitAttr, send_ops: Option<u64>
         IBV_QPT_RC => QpType::Rc,
         IBV_QPT_UC => QpType::Uc,
         IBV_QPT_UD => QpType::Ud,
+        IBV_QPT_XRC_SEND => QpType::XrcIni,
         t => {
-            let why = format_args!("qp_type {t}: uroce has RC, UC and UD QPs");
+            let why = format_args!("qp_type {t}: uroce has RC, UC, UD and XRC QPs");
             return fail(refuse("ibv_create_qp", why, libc::EOPNOTSUPP));
         }
     };
@@ -117,10 +124,14 @@ unsafe fn create(pd: *mut IbvPd, init: *mut IbvQpInitAttr, send_ops: Option<u64>
         return fail(refuse("ibv_create_qp_ex", why, libc::EOPNOTSUPP));
     }
     // SAFETY: CQs passed by the caller are live CQs of this library (or NULL).
-    let (Some((_, send_cq)), Some((_, recv_cq))) =
-        (unsafe { cq_parts(i.send_cq) }, unsafe { cq_parts(i.recv_cq) })
-    else {
-        return fail(libc::EINVAL);
+    let Some((_, send_cq)) = (unsafe { cq_parts(i.send_cq) }) else { return fail(libc::EINVAL) };
+    // An XRC initiator receives nothing: its receive CQ may be NULL (ibv_create_qp_ex(3)).
+    let xrc = qp_type == QpType::XrcIni;
+    // SAFETY: as above.
+    let recv_cq = match unsafe { cq_parts(i.recv_cq) } {
+        Some((_, c)) => c,
+        None if xrc && i.recv_cq.is_null() => send_cq,
+        None => return fail(libc::EINVAL),
     };
     // SAFETY: as above for the SRQ.
     let srq = match unsafe { srq_parts(i.srq) } {
@@ -130,13 +141,21 @@ unsafe fn create(pd: *mut IbvPd, init: *mut IbvQpInitAttr, send_ops: Option<u64>
     };
     let cap = QpCap {
         max_send_wr: i.cap.max_send_wr.max(1),
-        max_recv_wr: if srq.is_some() { 0 } else { i.cap.max_recv_wr.max(1) },
+        max_recv_wr: if srq.is_some() || xrc { 0 } else { i.cap.max_recv_wr.max(1) },
         max_send_sge: i.cap.max_send_sge.max(1),
-        max_recv_sge: i.cap.max_recv_sge.max(1),
+        max_recv_sge: if xrc { 0 } else { i.cap.max_recv_sge.max(1) },
         max_inline_data: i.cap.max_inline_data,
     };
-    let attr =
-        QpInitAttr { qp_type, pd: pdh, send_cq, recv_cq, cap, sq_sig_all: i.sq_sig_all != 0, srq };
+    let attr = QpInitAttr {
+        qp_type,
+        pd: pdh,
+        send_cq,
+        recv_cq,
+        cap,
+        sq_sig_all: i.sq_sig_all != 0,
+        srq,
+        xrcd: None,
+    };
     let qpn = match ctx.net.with(|s| s.engine().create_qp(attr)) {
         Ok(q) => q,
         Err(e) => return fail(refuse("ibv_create_qp", e, libc::EINVAL)),
@@ -150,41 +169,56 @@ unsafe fn create(pd: *mut IbvPd, init: *mut IbvQpInitAttr, send_ops: Option<u64>
     };
     // SAFETY: as above; ibv_create_qp(3) reports the actual capabilities in `init->cap`.
     unsafe { (*init).cap = actual };
+    let public = IbvQp {
+        context: ctx_ptr(ctx),
+        qp_context: i.qp_context,
+        pd,
+        send_cq: i.send_cq,
+        recv_cq: i.recv_cq,
+        srq: i.srq,
+        handle: qpn.get(),
+        qp_num: qpn.get(),
+        state: IBV_QPS_RESET,
+        qp_type: i.qp_type,
+        mutex: [0; 5],
+        cond: [0; 6],
+        events_completed: 0,
+    };
+    let raw = publish_qp(ctx, public, qp_type, i.sq_sig_all != 0, actual, send_ops.is_some());
+    // SAFETY: the caller's PD, live (checked above).
+    unsafe { parent_domain_use(pd, true) };
+    raw
+}
+
+/// Hands a QP the engine created to C: its public part and this library's private one.
+pub(super) fn publish_qp(
+    ctx: &Context,
+    public: IbvQp,
+    qp_type: QpType,
+    sq_sig_all: bool,
+    cap: IbvQpCap,
+    wr_api: bool,
+) -> *mut IbvQp {
+    let qpn = Qpn::from_masked(public.qp_num);
     // SAFETY: all zeroes is a valid IbvQpAttr (integers and a NUL GID).
     let mut qattr: IbvQpAttr = unsafe { core::mem::zeroed() };
-    qattr.cap = actual;
-    qattr.qp_state = IBV_QPS_RESET;
+    qattr.cap = cap;
+    qattr.qp_state = public.state;
     qattr.port_num = 1;
     let boxed = Box::new(Qp {
-        ibv: extended_qp(IbvQp {
-            context: ctx_ptr(ctx),
-            qp_context: i.qp_context,
-            pd,
-            send_cq: i.send_cq,
-            recv_cq: i.recv_cq,
-            srq: i.srq,
-            handle: qpn.get(),
-            qp_num: qpn.get(),
-            state: IBV_QPS_RESET,
-            qp_type: i.qp_type,
-            mutex: [0; 5],
-            cond: [0; 6],
-            events_completed: 0,
-        }),
+        ibv: extended_qp(public),
         inner: QpInner {
             qpn,
             qp_type,
-            sq_sig_all: i.sq_sig_all != 0,
-            cap: actual,
+            sq_sig_all,
+            cap,
             attr: Mutex::new(qattr),
-            wr_api: send_ops.is_some(),
+            wr_api,
             batch: Mutex::new(WrBatch::default()),
         },
     });
     let raw = boxed.into_c();
-    lock(&ctx.objects).qps.insert(qpn, raw as usize);
-    // SAFETY: the caller's PD, live (checked above).
-    unsafe { parent_domain_use(pd, true) };
+    lock(&ctx.objects).qps.entry(qpn).or_insert(raw as usize);
     raw
 }
 
@@ -444,11 +478,28 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_qp(qp: *mut IbvQp) -> c_int 
     // SAFETY: the caller passes a QP it created.
     let Some((ctx, q)) = (unsafe { qp_parts(qp) }) else { return libc::EINVAL };
     let qpn = q.qpn;
-    ctx.net.with(|s| {
-        s.engine().destroy_qp(qpn);
-        let _ = s.sync_multicast();
-    });
-    lock(&ctx.objects).qps.remove(&qpn);
+    // An XRC target opened more than once (`ibv_open_qp`) lives until its last handle goes.
+    let last = {
+        let mut objects = lock(&ctx.objects);
+        let left = objects.target_opens.get_mut(&qpn).map(|n| {
+            *n -= 1;
+            *n
+        });
+        if left == Some(0) {
+            objects.target_opens.remove(&qpn);
+        }
+        let last = left.is_none_or(|n| n == 0);
+        if last || objects.qps.get(&qpn) == Some(&(qp as usize)) {
+            objects.qps.remove(&qpn);
+        }
+        last
+    };
+    if last {
+        ctx.net.with(|s| {
+            s.engine().destroy_qp(qpn);
+            let _ = s.sync_multicast();
+        });
+    }
     // SAFETY: a live QP; a plain field.
     let pd = unsafe { (*qp).pd };
     // SAFETY: a QP's PD is live while the QP is.

@@ -20,7 +20,8 @@ fn supported_ops(qp_type: QpType) -> u64 {
     match qp_type {
         QpType::Ud => sends,
         QpType::Uc => sends | writes | windows,
-        QpType::Rc => {
+        QpType::XrcTgt => 0,
+        QpType::Rc | QpType::XrcIni => {
             sends
                 | writes
                 | windows
@@ -127,12 +128,7 @@ impl WrBatch {
         wr_flags: c_uint,
         opcode: WrOpcode,
     ) -> Option<&mut SendWr> {
-        let carried = match qp_type {
-            QpType::Rc => true,
-            QpType::Uc => !opcode.is_read_or_atomic() && opcode != WrOpcode::SendWithInv,
-            QpType::Ud => matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm),
-        };
-        if !carried {
+        if !qp_type.carries(opcode) {
             self.misuse(libc::EINVAL, format!("{opcode:?} on a {qp_type:?} QP"));
             return None;
         }
@@ -352,9 +348,18 @@ unsafe extern "C" fn wr_atomic_write(qp: *mut IbvQpEx, _: u32, _: u64, _: *const
     unsafe { unsupported(qp, "ibv_wr_atomic_write") };
 }
 
-unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut IbvQpEx, _: u32) {
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut IbvQpEx, remote_srqn: u32) {
     // SAFETY: the caller passes an extended QP it created.
-    unsafe { unsupported(qp, "ibv_wr_set_xrc_srqn (XRC)") };
+    unsafe {
+        with_batch(qp, |b, t, _, _| {
+            if t != QpType::XrcIni {
+                return b.misuse(libc::EINVAL, "ibv_wr_set_xrc_srqn on a QP that is not XRC");
+            }
+            if let Some(wr) = b.last("ibv_wr_set_xrc_srqn") {
+                wr.xrc_remote_srqn = remote_srqn;
+            }
+        });
+    }
 }
 
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut IbvQpEx, ah: *mut IbvAh, qpn: u32, qkey: u32) {

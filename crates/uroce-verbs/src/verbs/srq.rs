@@ -34,6 +34,18 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_srq(
     };
     // SAFETY: as above; ibv_create_srq(3) reports the actual sizes in `attr`.
     unsafe { (*init).attr = IbvSrqAttr { max_wr, max_sge, srq_limit: 0 } };
+    publish_srq(ctx, pd, srq_context, handle, max_wr, max_sge)
+}
+
+/// Hands an SRQ the engine created in `pd` to C.
+pub(super) fn publish_srq(
+    ctx: &Context,
+    pd: *mut IbvPd,
+    srq_context: *mut c_void,
+    handle: SrqHandle,
+    max_wr: u32,
+    max_sge: u32,
+) -> *mut IbvSrq {
     let boxed = Box::new(Srq {
         ibv: IbvSrq {
             context: ctx_ptr(ctx),

@@ -142,6 +142,10 @@ pub(super) unsafe fn read_send_wr(wr: *const IbvSendWr, qp_type: QpType) -> Resu
         let r = unsafe { w.wr.rdma };
         out.remote = Some(RemoteAddr { addr: r.remote_addr, rkey: RKey(r.rkey) });
     }
+    if qp_type == QpType::XrcIni {
+        // The `qp_type.xrc.remote_srqn` union: the XRC SRQ at the target (IBA Annex A14).
+        out.xrc_remote_srqn = w.qp_type;
+    }
     if qp_type == QpType::Ud {
         // SAFETY: a UD QP: the union holds `wr.ud`.
         let u = unsafe { w.wr.ud };

@@ -90,6 +90,14 @@
  *   o. on-demand paging, explicit and implicit, and ibv_advise_mr (scenario_odp).
  *   p. thread and parent domains and their lifetimes (scenario_parent_domain).
  *   q. device memory, zero-based and IOVA regions (scenario_dm).
+ *   r. XRC (IBA Annex A14; ibv_open_xrcd(3), ibv_create_srq_ex(3), ibv_open_qp(3)): a domain
+ *      named by a file (none without O_CREAT, the same one again, none with O_EXCL), an XRC
+ *      SRQ and its number, a target QP in the domain and an initiator on the other device; a
+ *      SEND naming the SRQ completes on the SRQ's CQ with the target's QP number; a handle
+ *      from ibv_open_qp outlives nothing (the target serves on after it is destroyed); the
+ *      halves have no receive queue (ibv_post_recv fails); the domain's last close is EBUSY
+ *      while its SRQ and target live; a SEND naming an SRQ the domain does not have completes
+ *      with IBV_WC_REM_INV_REQ_ERR (scenario_xrc).
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -2338,6 +2346,179 @@ static void scenario_dm(struct dev *d0, struct dev *d1)
 		fail("%s: ibv_free_dm: %s", sc, strerror(rc));
 }
 
+/* Posts one SEND of len bytes from e's buffer to the XRC SRQ srqn at the target. */
+static int post_xrc_send(struct ep *e, uint64_t wr_id, uint32_t len, uint32_t srqn)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)e->buf, .length = len, .lkey = e->mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad;
+
+	wr.qp_type.xrc.remote_srqn = srqn;
+	return ibv_post_send(e->qp, &wr, &bad);
+}
+
+static void scenario_xrc(struct dev *d0, struct dev *d1)
+{
+	const char *sc = "xrc";
+	char path[] = "/tmp/verbs_errors_xrcd_XXXXXX";
+	struct ibv_xrcd_init_attr xa = { .comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS };
+	struct ibv_xrcd *x, *again, *excl;
+	struct ibv_srq_init_attr_ex sa;
+	struct ibv_qp_init_attr_ex qa;
+	struct ibv_qp_open_attr oa;
+	struct ibv_recv_wr rwr, *bad_rwr;
+	struct ibv_sge rsge;
+	struct ibv_srq *srq;
+	struct ibv_qp *opened;
+	struct ibv_cq *srq_cq;
+	struct ibv_mr *rmr;
+	struct ep ini, tgt;
+	struct ibv_wc wc;
+	uint32_t srqn = 0;
+	char *rbuf;
+	int fd, rc;
+
+	fd = mkstemp(path);
+	if (fd < 0)
+		die("%s: mkstemp: %s", sc, strerror(errno));
+	xa.fd = fd;
+	xa.oflags = 0;
+	x = ibv_open_xrcd(d1->ctx, &xa);
+	if (x || errno != EINVAL)
+		fail("%s: a file with no domain, without O_CREAT: %s, expected EINVAL", sc,
+		     x ? "opened" : strerror(errno));
+	xa.oflags = O_CREAT;
+	x = ibv_open_xrcd(d1->ctx, &xa);
+	if (!x) {
+		fail("%s: ibv_open_xrcd: %s", sc, strerror(errno));
+		close(fd);
+		unlink(path);
+		return;
+	}
+	again = ibv_open_xrcd(d1->ctx, &xa);
+	if (!again)
+		fail("%s: the file's domain opened again: %s", sc, strerror(errno));
+	xa.oflags = O_CREAT | O_EXCL;
+	excl = ibv_open_xrcd(d1->ctx, &xa);
+	if (excl || errno != EINVAL)
+		fail("%s: O_EXCL on a file with a domain: %s, expected EINVAL", sc,
+		     excl ? "opened" : strerror(errno));
+	if (again && (rc = ibv_close_xrcd(again)))
+		fail("%s: closing the second open: %s", sc, strerror(rc));
+
+	srq_cq = ibv_create_cq(d1->ctx, CQ_DEPTH, NULL, NULL, 0);
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = 4;
+	sa.attr.max_sge = 1;
+	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+		       IBV_SRQ_INIT_ATTR_CQ;
+	sa.srq_type = IBV_SRQT_XRC;
+	sa.pd = d1->pd;
+	sa.xrcd = x;
+	sa.cq = srq_cq;
+	srq = srq_cq ? ibv_create_srq_ex(d1->ctx, &sa) : NULL;
+	if (!srq)
+		die("%s: ibv_create_srq_ex(XRC): %s", sc, strerror(errno));
+	if ((rc = ibv_get_srq_num(srq, &srqn)) || !srqn)
+		fail("%s: ibv_get_srq_num: %d, number %u", sc, rc, srqn);
+
+	/* The target: a QP of the domain, nothing else. */
+	memset(&tgt, 0, sizeof(tgt));
+	tgt.dev = d1;
+	memset(&qa, 0, sizeof(qa));
+	qa.qp_type = IBV_QPT_XRC_RECV;
+	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	qa.xrcd = x;
+	tgt.qp = ibv_create_qp_ex(d1->ctx, &qa);
+	if (!tgt.qp)
+		die("%s: ibv_create_qp_ex(XRC_RECV): %s", sc, strerror(errno));
+	tgt.psn = (tgt.qp->qp_num * 2654435761u) & 0xffffff;
+
+	/* The initiator: a send queue, its CQ and a buffer. */
+	memset(&ini, 0, sizeof(ini));
+	ini.dev = d0;
+	ini.cq = ibv_create_cq(d0->ctx, CQ_DEPTH, NULL, NULL, 0);
+	ini.buf = aligned_alloc(4096, BUF_SIZE);
+	if (!ini.cq || !ini.buf)
+		die("%s: initiator CQ or buffer", sc);
+	memcpy(ini.buf, "to the XRC SRQ", 14);
+	ini.mr = ibv_reg_mr(d0->pd, ini.buf, BUF_SIZE, MR_ACCESS);
+	memset(&qa, 0, sizeof(qa));
+	qa.qp_type = IBV_QPT_XRC_SEND;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
+	qa.pd = d0->pd;
+	qa.send_cq = ini.cq;
+	qa.cap.max_send_wr = 8;
+	qa.cap.max_send_sge = 1;
+	ini.qp = ini.mr ? ibv_create_qp_ex(d0->ctx, &qa) : NULL;
+	if (!ini.qp)
+		die("%s: ibv_create_qp_ex(XRC_SEND): %s", sc, strerror(errno));
+	ini.psn = (ini.qp->qp_num * 2654435761u) & 0xffffff;
+	connect_qp(&ini, &d1->gid, tgt.qp->qp_num, tgt.psn, 14, 7);
+	connect_qp(&tgt, &d0->gid, ini.qp->qp_num, ini.psn, 14, 7);
+
+	/* The receive, in the SRQ; none in either half. */
+	rbuf = aligned_alloc(4096, BUF_SIZE);
+	memset(rbuf, 0, BUF_SIZE);
+	rmr = ibv_reg_mr(d1->pd, rbuf, BUF_SIZE, MR_ACCESS);
+	if (!rmr)
+		die("%s: ibv_reg_mr: %s", sc, strerror(errno));
+	rsge = (struct ibv_sge){ .addr = (uintptr_t)rbuf, .length = 64, .lkey = rmr->lkey };
+	rwr = (struct ibv_recv_wr){ .wr_id = 131, .sg_list = &rsge, .num_sge = 1 };
+	if ((rc = ibv_post_srq_recv(srq, &rwr, &bad_rwr)))
+		fail("%s: ibv_post_srq_recv: %s", sc, strerror(rc));
+	if ((rc = ibv_post_recv(tgt.qp, &rwr, &bad_rwr)) != EINVAL)
+		fail("%s: ibv_post_recv on the target: %d, expected EINVAL", sc, rc);
+	if ((rc = ibv_post_recv(ini.qp, &rwr, &bad_rwr)) != EINVAL)
+		fail("%s: ibv_post_recv on the initiator: %d, expected EINVAL", sc, rc);
+
+	/* Another handle to the target, destroyed again: the target serves on. */
+	memset(&oa, 0, sizeof(oa));
+	oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+	oa.qp_num = tgt.qp->qp_num;
+	oa.xrcd = x;
+	oa.qp_type = IBV_QPT_XRC_RECV;
+	opened = ibv_open_qp(d1->ctx, &oa);
+	if (!opened || opened->qp_num != tgt.qp->qp_num)
+		fail("%s: ibv_open_qp: %s", sc, opened ? "another QP" : strerror(errno));
+	if (opened && (rc = ibv_destroy_qp(opened)))
+		fail("%s: destroying the opened handle: %s", sc, strerror(rc));
+
+	rc = post_xrc_send(&ini, 132, 14, srqn);
+	if (must_post(sc, "SEND to the XRC SRQ", rc)) {
+		expect_wc(sc, "initiator", &ini, 132, IBV_WC_SUCCESS, POLL_MS);
+		if (poll_one(srq_cq, &wc, POLL_MS) != 1)
+			fail("%s: no receive completion on the SRQ's CQ", sc);
+		else if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 131 || wc.byte_len != 14 ||
+			 wc.qp_num != tgt.qp->qp_num || memcmp(rbuf, "to the XRC SRQ", 14))
+			fail("%s: receive: %s wr_id %" PRIu64 " len %u qp 0x%06x (target 0x%06x)",
+			     sc, ibv_wc_status_str(wc.status), wc.wr_id, wc.byte_len, wc.qp_num,
+			     tgt.qp->qp_num);
+		else
+			printf("%s: receive on the SRQ's CQ through target 0x%06x\n", sc, wc.qp_num);
+	}
+	if ((rc = ibv_close_xrcd(x)) != EBUSY)
+		fail("%s: closing the domain with its SRQ and target: %d, expected EBUSY", sc, rc);
+
+	rc = post_xrc_send(&ini, 133, 8, srqn + 1000);
+	if (must_post(sc, "SEND to an SRQ the domain lacks", rc))
+		expect_wc(sc, "initiator", &ini, 133, IBV_WC_REM_INV_REQ_ERR, POLL_MS);
+
+	if ((rc = ibv_destroy_srq(srq)))
+		fail("%s: ibv_destroy_srq: %s", sc, strerror(rc));
+	if ((rc = ibv_destroy_qp(tgt.qp)))
+		fail("%s: destroying the target: %s", sc, strerror(rc));
+	if ((rc = ibv_close_xrcd(x)))
+		fail("%s: ibv_close_xrcd: %s", sc, strerror(rc));
+	ep_destroy(&ini);
+	ibv_destroy_cq(srq_cq);
+	ibv_dereg_mr(rmr);
+	free(rbuf);
+	close(fd);
+	unlink(path);
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -2387,6 +2568,7 @@ int main(void)
 	scenario_odp(&d0, &d1);
 	scenario_parent_domain(&d0, &d1);
 	scenario_dm(&d0, &d1);
+	scenario_xrc(&d0, &d1);
 
 	close_dev(&d0);
 	close_dev(&d1);
