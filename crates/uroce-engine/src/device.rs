@@ -914,7 +914,11 @@ fn validate_send(qp: &Qp, wr: &SendWr) -> Result<u32, PostError> {
     }
     let len: u64 = match &wr.inline_data {
         Some(data) => {
-            if data.len() > qp.init.cap.max_inline_data as usize || wr.opcode.is_read_or_atomic() {
+            // An atomic write's 8 bytes are its operand, carried in the WQE as an atomic's
+            // are (ibv_wr_atomic_write(3) takes them by value), not inline data.
+            let operand = wr.opcode == WrOpcode::AtomicWrite;
+            let room = if operand { 8 } else { qp.init.cap.max_inline_data as usize };
+            if data.len() > room || wr.opcode.is_read_or_atomic() {
                 return Err(PostError::InlineTooLong);
             }
             data.len() as u64
@@ -927,6 +931,10 @@ fn validate_send(qp: &Qp, wr: &SendWr) -> Result<u32, PostError> {
         }
     };
     if wr.opcode.is_atomic() && (wr.sg_list.len() != 1 || len != 8) {
+        return Err(PostError::BadAtomicSge);
+    }
+    // IBA 1.5: an atomic write stores exactly 8 bytes.
+    if wr.opcode == WrOpcode::AtomicWrite && len != 8 {
         return Err(PostError::BadAtomicSge);
     }
     // IBA 9.7: an RC message is at most 2^31 bytes.

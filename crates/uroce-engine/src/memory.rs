@@ -37,6 +37,20 @@ pub trait MemoryAccess {
     /// Atomically adds `add` (wrapping) to the 8 bytes at `addr`. Returns the value before.
     fn fetch_and_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryFault>;
 
+    /// Atomically stores `value` in the 8 bytes at `addr` (IBA 1.5's RDMA ATOMIC WRITE): a
+    /// reader of that word sees the old value or the new, never a mix. The default builds it
+    /// from the two atomics.
+    fn atomic_write(&mut self, addr: u64, value: u64) -> Result<(), MemoryFault> {
+        let mut seen = self.fetch_and_add(addr, 0)?;
+        loop {
+            let before = self.compare_and_swap(addr, seen, value)?;
+            if before == seen {
+                return Ok(());
+            }
+            seen = before;
+        }
+    }
+
     /// Whether the `len` bytes at `addr` can be read now: asked before the engine lends them
     /// to the runtime ([`MemoryAccess::slice`]) for a READ response or a send, so that memory
     /// that is gone fails the operation instead of the process. The default (memory that

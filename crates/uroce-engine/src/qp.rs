@@ -227,7 +227,8 @@ pub enum PostError {
     MessageTooLong,
     /// An RDMA or atomic opcode without a remote address.
     MissingRemote,
-    /// An atomic whose local buffer is not one 8-byte element.
+    /// An atomic whose local buffer is not one 8-byte element, or an atomic write of other
+    /// than 8 bytes.
     BadAtomicSge,
     /// Immediate data missing on a `*WithImm` opcode.
     MissingImm,
@@ -270,7 +271,9 @@ impl fmt::Display for PostError {
             Self::MissingRemote => {
                 f.write_str("RDMA or atomic work request without remote address")
             }
-            Self::BadAtomicSge => f.write_str("atomic needs exactly one 8-byte local element"),
+            Self::BadAtomicSge => f.write_str(
+                "an atomic needs 8 bytes (compare-and-swap and fetch-and-add in one element)",
+            ),
             Self::MissingImm => f.write_str("immediate opcode without immediate data"),
             Self::UnsupportedOpcode => f.write_str("operation not supported by the QP's transport"),
             Self::UsesSrq => f.write_str("the QP uses a shared receive queue; post receives there"),

@@ -101,6 +101,11 @@ pub(crate) fn poll<M: MemoryAccess>(
                 Opcode::RC_FETCH_ADD
             }
         }
+        // The 8 bytes travel as the payload, the place in a RETH (IBA 1.5).
+        WrOpcode::AtomicWrite => {
+            ext.reth = Some(reth::Repr { va: remote.addr, rkey: remote.rkey, dma_len: 8 });
+            Opcode::RC_ATOMIC_WRITE
+        }
         // Handled above; never reaches the wire.
         WrOpcode::LocalInv | WrOpcode::BindMw => return None,
         // IBA 9.4.1.2: the last packet of a SEND with invalidate carries the key in an IETH.

@@ -417,7 +417,7 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
         Some(InMessage::Write { .. }) => continues && info.has(OpFlags::WRITE),
     };
     // ChkOpValid: the QP must allow the remote operation (rxe: unsupported opcode → NAK-INV).
-    let right = if info.has(OpFlags::WRITE) {
+    let right = if info.has(OpFlags::WRITE) || info.has(OpFlags::ATOMIC_WRITE) {
         Access::REMOTE_WRITE
     } else if info.has(OpFlags::READ) {
         Access::REMOTE_READ
@@ -458,6 +458,8 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'
         return read(qp, ctx, packet);
     } else if info.has(OpFlags::ATOMIC) {
         return atomic(qp, ctx, packet);
+    } else if info.has(OpFlags::ATOMIC_WRITE) {
+        atomic_write(qp, ctx, packet)
     } else {
         false
     };
@@ -714,6 +716,33 @@ fn atomic<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_
     qp.resp.nak = NakSent::None;
     let msn = qp.resp.msn;
     queue(qp, ctx, Response::Atomic { psn, orig, msn, replay: false });
+}
+
+/// RDMA ATOMIC WRITE (IBA 1.5; rxe's `atomic_write_reply`): 8 bytes stored at once at an
+/// 8-byte aligned address the key allows writing; anything else is an invalid request.
+/// Acknowledged as a WRITE; a duplicate is acknowledged again, never stored again.
+fn atomic_write<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>) -> bool {
+    let psn = packet.bth.psn;
+    let Some(reth) = packet.ext.reth else { return false };
+    let Ok(bytes) = <[u8; 8]>::try_from(packet.payload) else {
+        fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
+        return false;
+    };
+    if reth.va % 8 != 0 || reth.dma_len != 8 {
+        fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, None);
+        return false;
+    }
+    let Ok(host) =
+        ctx.mrs.check_remote(reth.rkey, qp.init.pd, qp.qpn, reth.va, 8, Access::REMOTE_WRITE)
+    else {
+        fatal(qp, ctx, psn, NakCode::REMOTE_ACCESS_ERROR, None);
+        return false;
+    };
+    if ctx.mem.atomic_write(host, u64::from_ne_bytes(bytes)).is_err() {
+        memory_gone(qp, ctx, psn);
+        return false;
+    }
+    true
 }
 
 /// READ and atomic answers, duplicates' included, a QP's responder holds queued at most (about

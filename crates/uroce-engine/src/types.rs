@@ -209,11 +209,16 @@ impl QpType {
 
     /// Whether the type's send queue carries `op` (IBA 9.8: UC carries SEND and RDMA WRITE
     /// and binds windows; UD carries SEND only; SEND with invalidate exists for RC and XRC
-    /// only; an XRC target has no send queue).
+    /// only, atomic write for RC; an XRC target has no send queue).
     pub const fn carries(self, op: WrOpcode) -> bool {
         match self {
-            Self::Rc | Self::XrcIni => true,
-            Self::Uc => !op.is_read_or_atomic() && !matches!(op, WrOpcode::SendWithInv),
+            Self::Rc => true,
+            // IBA 1.5 defines the atomic write for RC.
+            Self::XrcIni => !matches!(op, WrOpcode::AtomicWrite),
+            Self::Uc => {
+                !op.is_read_or_atomic()
+                    && !matches!(op, WrOpcode::SendWithInv | WrOpcode::AtomicWrite)
+            }
             Self::Ud => matches!(op, WrOpcode::Send | WrOpcode::SendWithImm),
             Self::XrcTgt => false,
         }
@@ -303,6 +308,9 @@ pub enum WrOpcode {
     LocalInv,
     /// Binds a memory window (`IBV_WR_BIND_MW`, `ibv_bind_mw`; IBA 10.6.7.2).
     BindMw,
+    /// Stores 8 bytes at an aligned remote address at once (`IBV_WR_ATOMIC_WRITE`, IBA 1.5's
+    /// RDMA ATOMIC WRITE): acknowledged as a WRITE, needing remote write access; RC only.
+    AtomicWrite,
 }
 
 impl WrOpcode {
@@ -324,6 +332,7 @@ impl WrOpcode {
         matches!(
             self,
             Self::RdmaWrite
+                | Self::AtomicWrite
                 | Self::RdmaWriteWithImm
                 | Self::RdmaRead
                 | Self::AtomicCmpAndSwp
@@ -568,6 +577,8 @@ pub enum WcOpcode {
     BindMw,
     /// A key invalidated locally.
     LocalInv,
+    /// An RDMA ATOMIC WRITE.
+    AtomicWrite,
 }
 
 impl From<WrOpcode> for WcOpcode {
@@ -580,6 +591,7 @@ impl From<WrOpcode> for WcOpcode {
             WrOpcode::RdmaRead => Self::RdmaRead,
             WrOpcode::AtomicCmpAndSwp => Self::CompSwap,
             WrOpcode::AtomicFetchAndAdd => Self::FetchAdd,
+            WrOpcode::AtomicWrite => Self::AtomicWrite,
         }
     }
 }

@@ -677,6 +677,54 @@ fn a_bad_lkey_is_loc_prot_err_and_nothing_is_sent() {
     assert!(p.log().is_empty());
 }
 
+/// IBA 1.5's RDMA ATOMIC WRITE: 8 bytes stored once (a duplicate is acknowledged, not
+/// stored again), from inline data or a gather element; a misaligned target is an invalid
+/// request, a key without remote write an access error, any length but 8 refused at post.
+#[test]
+fn atomic_write_stores_eight_bytes_once_and_is_checked_as_a_write() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.mem(A, 0x20, 8).copy_from_slice(&0x1122_3344_5566_7788u64.to_ne_bytes());
+    // Lose the first ACK: the resent request must not store again over what came after.
+    p.set_filter(drop_once(|from, pkt| from == B && pkt.bth.opcode == Opcode::RC_ACKNOWLEDGE));
+    let mut wr = SendWr::new(1, WrOpcode::AtomicWrite, vec![p.sge(A, 0x20, 8)]);
+    wr.remote = Some(p.remote(B, 0x200));
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(50));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(B, 0x200, 8), &0x1122_3344_5566_7788u64.to_ne_bytes());
+    assert_eq!(p.net[B].dev.counters().dup_req, 1);
+    let mut wr = SendWr::new(2, WrOpcode::AtomicWrite, vec![]);
+    wr.inline_data = Some(b"inline!!".to_vec());
+    wr.remote = Some(p.remote(B, 0x200));
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(B, 0x200, 8), b"inline!!");
+
+    let qp = p.hosts[A].qp;
+    let mut short = SendWr::new(3, WrOpcode::AtomicWrite, vec![p.sge(A, 0, 4)]);
+    short.remote = Some(p.remote(B, 0x200));
+    assert_eq!(p.net[A].dev.post_send(qp, short), Err(PostError::BadAtomicSge));
+
+    let mut wr = SendWr::new(4, WrOpcode::AtomicWrite, vec![p.sge(A, 0x20, 8)]);
+    wr.remote = Some(p.remote(B, 0x204));
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(4, WcStatus::REM_INV_REQ_ERR)]);
+
+    // A region without remote write: refused as a WRITE would be, and nothing changes.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let pd = p.hosts[B].pd;
+    let base = p.hosts[B].mr.addr;
+    let ro = p.net[B].dev.reg_mr(pd, base + 0x1000, 0x1000, Access::REMOTE_READ).unwrap();
+    let mut wr = SendWr::new(5, WrOpcode::AtomicWrite, vec![p.sge(A, 0x20, 8)]);
+    wr.remote = Some(RemoteAddr { addr: base + 0x1000, rkey: ro.rkey });
+    p.post_send(A, wr);
+    p.run(Duration::from_millis(10));
+    assert_eq!(statuses(&p.cq(A)), [(5, WcStatus::REM_ACCESS_ERR)]);
+    assert_eq!(p.mem(B, 0x1000, 8), &[0; 8]);
+}
+
 #[test]
 fn misaligned_atomic_is_rem_inv_req_err() {
     let mut p = Pair::new(Mtu::Mtu1024);

@@ -956,6 +956,7 @@ pub(crate) mod consts {
     pub(crate) const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
     pub(crate) const IBV_WR_LOCAL_INV: c_int = 7;
     pub(crate) const IBV_WR_BIND_MW: c_int = 8;
+    pub(crate) const IBV_WR_ATOMIC_WRITE: c_int = 15;
     pub(crate) const IBV_WR_SEND_WITH_INV: c_int = 9;
     pub(crate) const IBV_MW_TYPE_1: c_int = 1;
     pub(crate) const IBV_MW_TYPE_2: c_int = 2;
@@ -963,6 +964,7 @@ pub(crate) mod consts {
     pub(crate) const IBV_DEVICE_MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
     pub(crate) const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
     pub(crate) const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
+    pub(crate) const IBV_QP_EX_WITH_ATOMIC_WRITE: u64 = 1 << 12;
     pub(crate) const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
 
     pub(crate) const IBV_SEND_FENCE: u32 = 1;
@@ -977,6 +979,7 @@ pub(crate) mod consts {
     pub(crate) const IBV_WC_FETCH_ADD: c_int = 4;
     pub(crate) const IBV_WC_BIND_MW: c_int = 5;
     pub(crate) const IBV_WC_LOCAL_INV: c_int = 6;
+    pub(crate) const IBV_WC_ATOMIC_WRITE: c_int = 9;
     pub(crate) const IBV_WC_RECV: c_int = 128;
     pub(crate) const IBV_WC_RECV_RDMA_WITH_IMM: c_int = 129;
     pub(crate) const IBV_WC_GRH: u32 = 1;
@@ -1599,6 +1602,9 @@ mod tests {
                 IBV_WC_WITH_IMM,
                 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
                 IBV_QP_INIT_ATTR_XRCD,
+                IBV_WR_ATOMIC_WRITE,
+                IBV_WC_ATOMIC_WRITE,
+                IBV_QP_EX_WITH_ATOMIC_WRITE,
                 IBV_QPT_XRC_SEND,
                 IBV_QPT_XRC_RECV,
                 IBV_SRQT_BASIC,

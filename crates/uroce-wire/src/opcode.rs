@@ -133,6 +133,8 @@ impl OpFlags {
     /// Completes a message at the responder (the last packet of a SEND or of a WRITE with
     /// immediate), generating a receive completion.
     pub const COMPLETES_RECV: Self = Self(1 << 14);
+    /// An RDMA ATOMIC WRITE (IBA 1.5): 8 bytes stored at once at an aligned remote address.
+    pub const ATOMIC_WRITE: Self = Self(1 << 15);
 
     /// Whether every flag in `other` is set in `self`.
     pub const fn contains(self, other: Self) -> bool {
@@ -222,6 +224,7 @@ pub mod op {
     pub const FETCH_ADD: u8 = 0x14;
     pub const SEND_LAST_WITH_INVALIDATE: u8 = 0x16;
     pub const SEND_ONLY_WITH_INVALIDATE: u8 = 0x17;
+    pub const ATOMIC_WRITE: u8 = 0x1D;
 }
 
 /// Transport bases: the top three bits (IBA 9.2).
@@ -285,6 +288,8 @@ opcodes! {
     RC_SEND_LAST_WITH_INVALIDATE = RC | op::SEND_LAST_WITH_INVALIDATE;
     /// RC SEND in one packet with invalidate.
     RC_SEND_ONLY_WITH_INVALIDATE = RC | op::SEND_ONLY_WITH_INVALIDATE;
+    /// RC RDMA ATOMIC WRITE (IBA 1.5; rxe's `IB_OPCODE_RC_ATOMIC_WRITE`).
+    RC_ATOMIC_WRITE = RC | op::ATOMIC_WRITE;
     /// UC SEND first packet.
     UC_SEND_FIRST = UC | op::SEND_FIRST;
     /// UC SEND middle packet.
@@ -548,6 +553,15 @@ static TABLE: [Option<OpcodeInfo>; 256] = {
     reliable_rest(&mut t, RC, Transport::Rc, &PLAIN);
     reliable_rest(&mut t, XRC, Transport::Xrc, &WITH_XRCETH);
 
+    // IBA 1.5's RDMA ATOMIC WRITE: a RETH and 8 bytes of payload, answered by an ACK; RC
+    // only, as rxe and ConnectX-7 offer it.
+    t[RC as usize + op::ATOMIC_WRITE as usize] = entry(
+        "ATOMIC_WRITE",
+        Transport::Rc,
+        f(&[REQ, OpFlags::ATOMIC_WRITE, PAYLOAD, ONLY, ACK]),
+        &[Reth],
+    );
+
     let ud = Transport::Ud;
     let ud_send = f(&[REQ, SEND, PAYLOAD, ONLY, RWQE, COMP]);
     t[(UD | op::SEND_ONLY) as usize] = entry("SEND_ONLY", ud, ud_send, &[Deth]);
@@ -564,7 +578,7 @@ mod tests {
 
     #[test]
     fn table_has_every_opcode_of_roce_notes() {
-        let rc: Vec<u8> = (0x00..=0x14).chain([0x16, 0x17]).collect();
+        let rc: Vec<u8> = (0x00..=0x14).chain([0x16, 0x17, 0x1D]).collect();
         let uc: Vec<u8> = (0x20..=0x2B).collect();
         let xrc: Vec<u8> = (0xA0..=0xB4).chain([0xB6, 0xB7]).collect();
         let expected: Vec<u8> =
@@ -609,7 +623,7 @@ mod tests {
             assert_eq!(info.headers.contains(&Xrceth), xrc_request, "{op}: XRCETH");
             if info.transport == Transport::Xrc {
                 // The same operation as RC's, offset by the transport base.
-                let rc = Opcode(op.0 & 0x1F).info().unwrap();
+                let rc = op.as_rc().info().unwrap();
                 assert_eq!((rc.name, rc.flags), (info.name, info.flags), "{op}");
             }
             if info.has(OpFlags::NEEDS_ACK) {

@@ -261,6 +261,7 @@ pub(super) fn wc_opcode(w: &WorkCompletion) -> c_int {
         WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
         WcOpcode::BindMw => IBV_WC_BIND_MW,
         WcOpcode::LocalInv => IBV_WC_LOCAL_INV,
+        WcOpcode::AtomicWrite => IBV_WC_ATOMIC_WRITE,
     }
 }
 

@@ -12,7 +12,7 @@ use super::*;
 
 /// The operations `send_ops_flags` may ask for, per QP type (`ibv_wr_post(3)`, the table of
 /// WR builders; IBA 9.8: UC carries SEND and RDMA WRITE, UD SEND only; SEND with invalidate
-/// is RC's). TSO and atomic write are not offered.
+/// is RC's and XRC's, atomic write RC's). TSO is not offered.
 fn supported_ops(qp_type: QpType) -> u64 {
     let sends = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
     let writes = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
@@ -21,7 +21,8 @@ fn supported_ops(qp_type: QpType) -> u64 {
         QpType::Ud => sends,
         QpType::Uc => sends | writes | windows,
         QpType::XrcTgt => 0,
-        QpType::Rc | QpType::XrcIni => {
+        QpType::Rc => supported_ops(QpType::XrcIni) | IBV_QP_EX_WITH_ATOMIC_WRITE,
+        QpType::XrcIni => {
             sends
                 | writes
                 | windows
@@ -40,8 +41,8 @@ pub(super) fn check_send_ops(qp_type: QpType, ops: u64) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "send_ops_flags {unsupported:#x}: not for a {qp_type:?} QP on uroce (TSO and atomic \
-         write are not supported)"
+        "send_ops_flags {unsupported:#x}: not for a {qp_type:?} QP on uroce (TSO is not \
+         supported)"
     ))
 }
 
@@ -343,9 +344,24 @@ unsafe extern "C" fn wr_send_tso(qp: *mut IbvQpEx, _: *mut c_void, _: u16, _: u1
     unsafe { unsupported(qp, "ibv_wr_send_tso") };
 }
 
-unsafe extern "C" fn wr_atomic_write(qp: *mut IbvQpEx, _: u32, _: u64, _: *const c_void) {
+/// `ibv_wr_atomic_write(3)`: the 8 bytes at `atomic_wr` are taken now, as inline data.
+unsafe extern "C" fn wr_atomic_write(qp: *mut IbvQpEx, rkey: u32, addr: u64, data: *const c_void) {
+    let value = (!data.is_null()).then(|| {
+        // SAFETY: ibv_wr_atomic_write(3): `atomic_wr` points at the 8 bytes to write.
+        unsafe { data.cast::<[u8; 8]>().read_unaligned() }
+    });
     // SAFETY: the caller passes an extended QP it created.
-    unsafe { unsupported(qp, "ibv_wr_atomic_write") };
+    unsafe {
+        with_batch(qp, |b, t, id, f| {
+            let Some(value) = value else {
+                return b.misuse(libc::EINVAL, "ibv_wr_atomic_write: NULL data");
+            };
+            if let Some(wr) = b.build(t, id, f, WrOpcode::AtomicWrite) {
+                wr.remote = Some(RemoteAddr { addr, rkey: RKey(rkey) });
+                wr.inline_data = Some(value.to_vec());
+            }
+        });
+    }
 }
 
 unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut IbvQpEx, remote_srqn: u32) {

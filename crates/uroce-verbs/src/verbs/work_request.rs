@@ -107,6 +107,7 @@ pub(super) unsafe fn read_send_wr(wr: *const IbvSendWr, qp_type: QpType) -> Resu
         IBV_WR_SEND_WITH_INV => WrOpcode::SendWithInv,
         IBV_WR_LOCAL_INV => WrOpcode::LocalInv,
         IBV_WR_BIND_MW => WrOpcode::BindMw,
+        IBV_WR_ATOMIC_WRITE => WrOpcode::AtomicWrite,
         _ => return Err(libc::EINVAL),
     };
     // SAFETY: the caller's contract: `sg_list` holds `num_sge` entries.

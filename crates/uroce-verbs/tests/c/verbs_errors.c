@@ -83,8 +83,8 @@
  *   l. the extended CQ, polled with ibv_start_poll/ibv_next_poll/ibv_end_poll and read with
  *      ibv_wc_read_*, its completion timestamps checked against ibv_query_rt_values_ex's
  *      clock (scenario_cq_ex).
- *   m. the extended QP's ibv_wr_* send API: one batch of five operations, a batch refused
- *      whole, an aborted one (scenario_wr_api).
+ *   m. the extended QP's ibv_wr_* send API: one batch of six operations (IBA 1.5's atomic
+ *      write among them), a batch refused whole, an aborted one (scenario_wr_api).
  *   n. memory windows of type 1 and 2: bind, access inside and past a window, remote
  *      invalidation, a bind that breaks a rule (scenario_mw).
  *   o. on-demand paging, explicit and implicit, and ibv_advise_mr (scenario_odp).
@@ -1789,7 +1789,8 @@ static void scenario_wr_api(struct dev *d0, struct dev *d1)
 	const char *sc = "wr_api";
 	const uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
 			     IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-			     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+			     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE;
+	const uint64_t word = 0x0102030405060708ull;
 	struct ep a, b;
 	struct ibv_qp *legacy, *refused;
 	struct ibv_qp_ex *qpx;
@@ -1802,9 +1803,9 @@ static void scenario_wr_api(struct dev *d0, struct dev *d1)
 	ep_create(&b, d1);
 	if (ibv_qp_to_qp_ex(a.qp))
 		fail("%s: ibv_qp_to_qp_ex of a legacy QP is not NULL", sc);
-	refused = create_qp_ex_ops(&a, d0, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_WRITE);
+	refused = create_qp_ex_ops(&a, d0, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO);
 	if (refused || errno != EOPNOTSUPP)
-		fail("%s: send_ops ATOMIC_WRITE: %s, expected EOPNOTSUPP", sc,
+		fail("%s: send_ops TSO on RC: %s, expected EOPNOTSUPP", sc,
 		     refused ? "created" : strerror(errno));
 	/* Swap a's QP for an extended one on the same CQ. */
 	legacy = a.qp;
@@ -1854,10 +1855,13 @@ static void scenario_wr_api(struct dev *d0, struct dev *d1)
 	qpx->wr_id = 15;
 	ibv_wr_atomic_fetch_add(qpx, b.mr->rkey, (uintptr_t)counter, 2);
 	ibv_wr_set_sge(qpx, a.mr->lkey, (uintptr_t)(a.buf + 1024), 8);
+	/* IBA 1.5's atomic write: the 8 bytes are taken at the call. */
+	qpx->wr_id = 16;
+	ibv_wr_atomic_write(qpx, b.mr->rkey, (uintptr_t)(b.buf + 1536), &word);
 	rc = ibv_wr_complete(qpx);
 	if (rc)
 		fail("%s: ibv_wr_complete: %s", sc, strerror(rc));
-	for (uint64_t id = 11; id <= 15; id++)
+	for (uint64_t id = 11; id <= 16; id++)
 		expect_wc(sc, "requester", &a, id, IBV_WC_SUCCESS, POLL_MS);
 	for (uint64_t id = 1; id <= 3; id++)
 		expect_wc(sc, "responder", &b, id, IBV_WC_SUCCESS, POLL_MS);
@@ -1873,6 +1877,8 @@ static void scenario_wr_api(struct dev *d0, struct dev *d1)
 	if (*(uint64_t *)(a.buf + 1024) != 40 || *counter != 42)
 		fail("%s: FETCH_AND_ADD returned %" PRIu64 ", left %" PRIu64, sc,
 		     *(uint64_t *)(a.buf + 1024), *counter);
+	if (memcmp(b.buf + 1536, &word, 8))
+		fail("%s: ATOMIC_WRITE left %016" PRIx64, sc, *(uint64_t *)(b.buf + 1536));
 	expect_no_wc(sc, "requester", &a);
 
 	/* A setter before any builder: the batch fails whole, a good request with it. */
