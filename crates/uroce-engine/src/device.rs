@@ -173,6 +173,12 @@ impl<M: MemoryAccess> Device<M> {
         Ok(())
     }
 
+    /// The allocated PD numbered `number` ([`PdHandle::get`]): how an imported PD
+    /// (`ibv_import_pd(3)`) is found again.
+    pub fn pd_of_number(&self, number: u32) -> Option<PdHandle> {
+        self.pds.contains(&number).then_some(PdHandle(number))
+    }
+
     /// Whether `pd` is allocated.
     fn has_pd(&self, pd: PdHandle) -> bool {
         self.pds.contains(&pd.0)

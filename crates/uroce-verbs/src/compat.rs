@@ -6,7 +6,7 @@
 //! linked with immediate binding: the `IBVERBS_1.0` compatibility entry points (binaries from
 //! before libibverbs 1.1), the provider interface (`IBVERBS_PRIVATE_34`: the real `libmlx5`,
 //! `libefa` and `librdmacm` that perftest loads need `verbs_register_driver_34`, the `ibv_cmd_*`
-//! kernel commands and friends) and the newer extensions (`ibv_import_*`, dmabuf, ECE).
+//! kernel commands and friends) and the newer extensions (dmabuf, ECE).
 
 use core::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use core::ptr::null_mut;
@@ -191,17 +191,8 @@ macro_rules! nothing {
 
 // Extensions uroce does not have.
 errno_code!(uroce_verbs_query_ece, uroce_verbs_set_ece, uroce_verbs_resolve_eth_l2_from_gid,);
-null!(
-    uroce_verbs_import_device,
-    uroce_verbs_import_pd,
-    uroce_verbs_import_mr,
-    uroce_verbs_import_dm,
-    uroce_verbs_reg_dmabuf_mr,
-);
+null!(uroce_verbs_reg_dmabuf_mr);
 nothing!(
-    uroce_verbs_unimport_pd,
-    uroce_verbs_unimport_mr,
-    uroce_verbs_unimport_dm,
     // Conversions of kernel structures (librdmacm's kernel path); uroce has no kernel side.
     uroce_verbs_copy_ah_attr_from_kern,
     uroce_verbs_copy_qp_attr_from_kern,

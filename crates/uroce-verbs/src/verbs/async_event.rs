@@ -17,7 +17,7 @@ pub(super) unsafe extern "C" fn uroce_verbs_get_async_event(
         return -1;
     }
     loop {
-        while let Some(e) = ctx.net.with(|s| s.poll_async_event_for(ctx.events)) {
+        while let Some(e) = ctx.net.with(|s| s.poll_async_event_for(ctx.events.id)) {
             // An object destroyed since its event was queued: the event goes with it.
             let Some((element, kind)) = lock(&ctx.objects).event(&e) else { continue };
             let out = IbvAsyncEvent { element: element as *mut c_void, event_type: kind };

@@ -11,11 +11,11 @@ pub(crate) struct Context {
     pub(super) async_fd: Arc<EventFd>,
     pub(super) objects: Arc<Mutex<Objects>>,
     /// This context's share of the device's asynchronous events: those of its objects.
-    pub(super) events: SubscriberId,
+    pub(super) events: Arc<Subscription>,
     /// Device memory this context holds (`ibv_alloc_dm`), in bytes.
     pub(super) dm_in_use: AtomicU64,
-    /// `cmd_fd`: the context's own descriptor, as a kernel device's uverbs file is (rdma-core
-    /// duplicates it to import the context elsewhere, which uroce refuses with EOPNOTSUPP).
+    /// `cmd_fd`: the context's own file, as a kernel device's uverbs file is; a duplicate of
+    /// it imports the context (`ibv_import_device(3)`), in this process.
     pub(super) cmd: std::fs::File,
 }
 
@@ -30,6 +30,10 @@ pub(super) struct Objects {
     /// XRC target QPs with the number of handles to each (`ibv_create_qp_ex` and every
     /// `ibv_open_qp`).
     pub(super) target_opens: HashMap<Qpn, usize>,
+    /// Device memory by its handle (`ibv_import_dm(3)` finds it by that).
+    pub(super) dms: HashMap<u32, usize>,
+    /// The next device memory's handle.
+    pub(super) next_dm: u32,
 }
 
 impl Objects {
@@ -58,6 +62,47 @@ pub(crate) unsafe fn ctx_of<'a>(p: *mut IbvContext) -> Option<&'a Context> {
     Context::from_c(p).map(|c| unsafe { &*c })
 }
 
+/// A context's share of the device's asynchronous events: unsubscribed when the last context
+/// holding it closes (an imported context shares its original's, as the kernel gives one
+/// event file per command file).
+pub(super) struct Subscription {
+    net: Arc<NetDevice>,
+    pub(super) id: SubscriberId,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.net.with(|s| s.unsubscribe_async(self.id));
+    }
+}
+
+/// What a context shares with the contexts imported from it (`ibv_import_device(3)`): the
+/// device, its objects and its events.
+pub(super) struct Shared {
+    pub(super) net: Arc<NetDevice>,
+    pub(super) async_fd: Arc<EventFd>,
+    pub(super) objects: Arc<Mutex<Objects>>,
+    pub(super) events: Arc<Subscription>,
+}
+
+/// The live contexts by their command file, (device, inode): what `ibv_import_device` finds
+/// a duplicated `cmd_fd` by.
+static COMMAND_FILES: Mutex<Vec<((u64, u64), usize)>> = Mutex::new(Vec::new());
+
+/// The (device, inode) of the file open as `fd`.
+pub(super) fn file_id(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: all zeroes is a valid `struct stat` (integers).
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: fstat(2) writes the local `st`; the descriptor is only looked at.
+    (unsafe { libc::fstat(fd, &raw mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// The context whose command file `fd` is open on, if one lives.
+pub(super) fn context_of_file(fd: c_int) -> Option<*mut IbvContext> {
+    let id = file_id(fd)?;
+    lock(&COMMAND_FILES).iter().find(|(f, _)| *f == id).map(|&(_, c)| c as *mut IbvContext)
+}
+
 #[unsafe(no_mangle)]
 pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) -> *mut IbvContext {
     let Some(dev) = device_of(device) else { return fail(libc::ENODEV) };
@@ -69,16 +114,36 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
         Ok(fd) => Arc::new(fd),
         Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
     };
-    // std opens with O_CLOEXEC.
-    let cmd = match std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
-        Ok(f) => f,
-        Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
-    };
+    // The command file: a memfd, an inode of its own, by which a duplicate of `cmd_fd` finds
+    // this context again (ibv_import_device(3)).
+    // SAFETY: memfd_create(2) with a NUL-terminated name; the descriptor is owned below.
+    let fd = unsafe { libc::memfd_create(c"uroce-context".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return fail(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
+    }
+    // SAFETY: a descriptor just opened, owned by nothing else.
+    let cmd = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     // Several contexts may share one device: each takes the events of its own objects.
     let objects = Arc::new(Mutex::new(Objects::default()));
     let mine = Arc::clone(&objects);
     let wants = Box::new(move |e: &AsyncEvent| lock(&mine).event(e).is_some());
-    let events = net.with(|s| s.subscribe_async(Arc::clone(&async_fd), wants));
+    let id = net.with(|s| s.subscribe_async(Arc::clone(&async_fd), wants));
+    let events = Arc::new(Subscription { net: Arc::clone(&net), id });
+    // SAFETY: `device` is a device of this library's list (checked above).
+    unsafe { new_context(device, dev, Shared { net, async_fd, objects, events }, cmd) }
+}
+
+/// A context on `device` with what it shares and its command file.
+///
+/// # Safety
+///
+/// `device` is a device of this library's list and `dev` its description.
+pub(super) unsafe fn new_context(
+    device: *mut IbvDevice,
+    dev: &'static Device,
+    shared: Shared,
+    cmd: std::fs::File,
+) -> *mut IbvContext {
     let ops = IbvContextOps {
         compat_query_device: None,
         compat_query_port: None,
@@ -126,29 +191,42 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
                 device,
                 ops,
                 cmd_fd: cmd.as_raw_fd(),
-                async_fd: async_fd.as_raw_fd(),
+                async_fd: shared.async_fd.as_raw_fd(),
                 num_comp_vectors: 1,
                 mutex: [0; 5],
                 abi_compat: VERBS_ABI_IS_EXTENDED,
             },
         },
         dev,
-        net,
-        async_fd,
-        objects,
-        events,
+        net: shared.net,
+        async_fd: shared.async_fd,
+        objects: shared.objects,
+        events: shared.events,
         dm_in_use: AtomicU64::new(0),
         cmd,
     });
-    ctx.into_c()
+    let raw = ctx.into_c();
+    if let Some(id) = file_id(raw_cmd_fd(raw)) {
+        lock(&COMMAND_FILES).push((id, raw as usize));
+    }
+    raw
+}
+
+/// A context's `cmd_fd`.
+fn raw_cmd_fd(context: *mut IbvContext) -> c_int {
+    // SAFETY: a context this library just made; a plain field.
+    unsafe { (*context).cmd_fd }
 }
 
 #[unsafe(no_mangle)]
 pub(super) unsafe extern "C" fn uroce_verbs_close_device(context: *mut IbvContext) -> c_int {
-    // SAFETY: made by `ibv_open_device`; closing it is the caller's last use
-    // (ibv_close_device(3)).
-    let Some(ctx) = (unsafe { Context::take(context) }) else { return libc::EINVAL };
-    ctx.net.with(|s| s.unsubscribe_async(ctx.events));
+    if Context::from_c(context).is_none() {
+        return libc::EINVAL;
+    }
+    lock(&COMMAND_FILES).retain(|&(_, c)| c != context as usize);
+    // SAFETY: made by `ibv_open_device` or `ibv_import_device`; closing it is the caller's
+    // last use (ibv_close_device(3)). Its share of the events goes with the last holder.
+    drop(unsafe { Context::take(context) });
     0
 }
 
@@ -170,8 +248,7 @@ pub(super) unsafe extern "C" fn uroce_verbs_query_device(
 /// `verbs_context.query_device_ex` (`ibv_query_device_ex(3)`): the legacy attributes and the
 /// extended ones, as far as `attr_size` (the caller's `sizeof(struct ibv_device_attr_ex)`,
 /// which an older header makes smaller) reaches. Every extended capability uroce lacks reads
-/// 0: no on-demand paging, no completion timestamps (so no core clock), no device memory, no
-/// TSO, RSS, packet pacing or tag matching.
+/// 0: TSO, RSS, packet pacing and tag matching.
 pub(super) unsafe extern "C" fn query_device_ex(
     context: *mut IbvContext,
     input: *const IbvQueryDeviceExInput,

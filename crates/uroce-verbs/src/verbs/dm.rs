@@ -63,14 +63,28 @@ pub(super) unsafe extern "C" fn alloc_dm(
             return fail(libc::ENOMEM);
         }
     };
+    let mut objects = lock(&ctx.objects);
+    objects.next_dm += 1;
+    let handle = objects.next_dm;
+    let raw = new_dm(context, handle, region);
+    objects.dms.insert(handle, raw as usize);
+    raw
+}
+
+fn new_dm(context: *mut IbvContext, handle: u32, region: Arc<RawRegion>) -> *mut IbvDm {
     let ibv = IbvDm {
         context,
         memcpy_to_dm: Some(memcpy_to_dm),
         memcpy_from_dm: Some(memcpy_from_dm),
         comp_mask: 0,
-        handle: 0,
+        handle,
     };
     Box::new(Dm { ibv, region, regions: AtomicU32::new(0) }).into_c()
+}
+
+/// Another handle, in `context`, to the memory of `original` (`ibv_import_dm(3)`).
+pub(super) fn imported_dm(context: *mut IbvContext, original: &Dm) -> *mut IbvDm {
+    new_dm(context, original.ibv.handle, Arc::clone(&original.region))
 }
 
 /// `verbs_context.free_dm`: EBUSY while a region is registered in it.
@@ -82,7 +96,12 @@ pub(super) unsafe extern "C" fn free_dm(dm: *mut IbvDm) -> c_int {
     }
     // SAFETY: a device memory's context outlives it.
     if let Some(ctx) = unsafe { ctx_of(d.ibv.context) } {
-        in_use(ctx).fetch_sub(d.region.len() as u64, Ordering::AcqRel);
+        // Counted where it was allocated: freed through an imported handle, the context
+        // that holds that handle never counted it.
+        let len = d.region.len() as u64;
+        let _ = in_use(ctx)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(len)));
+        lock(&ctx.objects).dms.remove(&d.ibv.handle);
     }
     // SAFETY: made by `ibv_alloc_dm`; freeing is the caller's last use.
     drop(unsafe { Dm::take(dm) });

@@ -121,6 +121,7 @@ mod cq_ex;
 mod device;
 mod dm;
 mod handle;
+mod import;
 mod mr;
 mod mw;
 mod pd;

@@ -89,7 +89,8 @@ pub(crate) unsafe extern "C" fn uroce_verbs_alloc_pd(context: *mut IbvContext) -
     // SAFETY: the caller passes a context it opened.
     let Some(ctx) = (unsafe { ctx_of(context) }) else { return fail(libc::EINVAL) };
     let handle = ctx.net.with(|s| s.engine().alloc_pd());
-    let ibv = IbvPd { context, handle: 0 };
+    // The number `ibv_import_pd(3)` finds it by.
+    let ibv = IbvPd { context, handle: handle.get() };
     Box::new(Pd { ibv, handle, parent: None, users: AtomicU32::new(0) }).into_c()
 }
 

@@ -98,6 +98,14 @@
  *      halves have no receive queue (ibv_post_recv fails); the domain's last close is EBUSY
  *      while its SRQ and target live; a SEND naming an SRQ the domain does not have completes
  *      with IBV_WC_REM_INV_REQ_ERR (scenario_xrc).
+ *   s. import (ibv_import_device(3), ibv_import_pd(3), ibv_import_mr(3), ibv_import_dm(3)): a
+ *      duplicate of a context's cmd_fd opens another context on its objects (a descriptor of
+ *      another file imports nothing: EOPNOTSUPP on uroce, whose objects live in the process);
+ *      its PD, region and device memory are found by their handles (an unknown one is EINVAL),
+ *      the imported region has the original's keys, address and length, the imported device
+ *      memory holds what the original's copy put there, and a QP made through the imported
+ *      context and PD carries an RDMA WRITE; unimported and closed, the originals serve on
+ *      (scenario_import).
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -2525,6 +2533,90 @@ static void scenario_xrc(struct dev *d0, struct dev *d1)
 	unlink(path);
 }
 
+static void scenario_import(struct dev *d0, struct dev *d1)
+{
+	const char *sc = "import";
+	struct ibv_alloc_dm_attr da = { .length = 256 };
+	struct ibv_context *ctx2, *stray;
+	struct ibv_pd *pd2, *bad_pd;
+	struct ibv_mr *mr, *mr2;
+	struct ibv_dm *dm, *dm2;
+	struct dev d2;
+	struct ep a, b;
+	char got[8], *buf;
+	int fd, rc;
+
+	fd = open("/dev/null", O_RDWR);
+	stray = ibv_import_device(fd);
+	if (stray || errno != EOPNOTSUPP)
+		fail("%s: importing /dev/null: %s, expected EOPNOTSUPP", sc,
+		     stray ? "imported" : strerror(errno));
+	if (!stray)
+		close(fd);
+	ctx2 = ibv_import_device(dup(d1->ctx->cmd_fd));
+	if (!ctx2) {
+		fail("%s: ibv_import_device: %s", sc, strerror(errno));
+		return;
+	}
+	pd2 = ibv_import_pd(ctx2, d1->pd->handle);
+	if (!pd2 || pd2->handle != d1->pd->handle)
+		die("%s: ibv_import_pd: %s", sc, pd2 ? "another handle" : strerror(errno));
+	bad_pd = ibv_import_pd(ctx2, 0xdead);
+	if (bad_pd || errno != EINVAL)
+		fail("%s: an unknown PD handle: %s, expected EINVAL", sc, bad_pd ? "imported" : strerror(errno));
+
+	buf = aligned_alloc(4096, BUF_SIZE);
+	memset(buf, 0, BUF_SIZE);
+	mr = ibv_reg_mr(d1->pd, buf, BUF_SIZE, MR_ACCESS);
+	mr2 = mr ? ibv_import_mr(pd2, mr->handle) : NULL;
+	if (!mr2)
+		die("%s: ibv_import_mr: %s", sc, strerror(errno));
+	if (mr2->lkey != mr->lkey || mr2->rkey != mr->rkey || mr2->addr != mr->addr ||
+	    mr2->length != mr->length || mr2->pd != pd2)
+		fail("%s: the imported region differs: keys %#x/%#x, %p+%zu", sc, mr2->lkey,
+		     mr2->rkey, mr2->addr, mr2->length);
+
+	dm = ibv_alloc_dm(d1->ctx, &da);
+	dm2 = dm ? ibv_import_dm(ctx2, dm->handle) : NULL;
+	if (!dm2) {
+		fail("%s: ibv_import_dm: %s", sc, strerror(errno));
+	} else {
+		if ((rc = ibv_memcpy_to_dm(dm, 8, "shared!!", 8)))
+			fail("%s: ibv_memcpy_to_dm: %s", sc, strerror(rc));
+		if ((rc = ibv_memcpy_from_dm(got, dm2, 8, 8)) || memcmp(got, "shared!!", 8))
+			fail("%s: the imported device memory: %d \"%.8s\"", sc, rc, got);
+		ibv_unimport_dm(dm2);
+	}
+
+	/* A QP of the imported context and PD, written into through the imported region's key. */
+	d2 = *d1;
+	d2.ctx = ctx2;
+	d2.pd = pd2;
+	d2.name = "imported";
+	make_pair(&a, d0, &b, &d2);
+	memcpy(a.buf, "through the import", 18);
+	rc = post_send(&a, IBV_WR_RDMA_WRITE, 141, 18, (uintptr_t)buf + 64, mr2->rkey);
+	if (must_post(sc, "WRITE into the imported region", rc))
+		expect_wc(sc, "requester", &a, 141, IBV_WC_SUCCESS, POLL_MS);
+	if (memcmp(buf + 64, "through the import", 18))
+		fail("%s: the WRITE left \"%.18s\"", sc, buf + 64);
+	ep_destroy(&a);
+	ep_destroy(&b);
+
+	ibv_unimport_mr(mr2);
+	ibv_unimport_pd(pd2);
+	if ((rc = ibv_close_device(ctx2)))
+		fail("%s: closing the imported context: %s", sc, strerror(rc));
+	/* The originals are untouched. */
+	if (dm && (rc = ibv_memcpy_from_dm(got, dm, 8, 8)) == 0 && memcmp(got, "shared!!", 8))
+		fail("%s: the device memory changed", sc);
+	if (dm && (rc = ibv_free_dm(dm)))
+		fail("%s: ibv_free_dm: %s", sc, strerror(rc));
+	if ((rc = ibv_dereg_mr(mr)))
+		fail("%s: ibv_dereg_mr of the original: %s", sc, strerror(rc));
+	free(buf);
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -2575,6 +2667,7 @@ int main(void)
 	scenario_parent_domain(&d0, &d1);
 	scenario_dm(&d0, &d1);
 	scenario_xrc(&d0, &d1);
+	scenario_import(&d0, &d1);
 
 	close_dev(&d0);
 	close_dev(&d1);
