@@ -58,8 +58,10 @@
 
 pub mod cm;
 mod work_request;
+mod xrc;
 pub use cm::{CmError, Connection, Listener};
 pub use work_request::SendRequest;
+pub use xrc::{XrcDomain, XrcSrq};
 
 use core::fmt;
 use core::net::IpAddr;
@@ -656,6 +658,7 @@ impl<'a> QpBuilder<'a> {
             rnr_retry: self.rnr_retry,
             max_rd_atomic: self.max_rd_atomic,
             qkey: self.qkey,
+            domain: None,
         })
     }
 }
@@ -673,6 +676,27 @@ pub struct Qp {
     rnr_retry: u8,
     max_rd_atomic: u8,
     qkey: QKey,
+    /// An XRC target's domain, which lives as long as the target.
+    domain: Option<Arc<xrc::DomainInner>>,
+}
+
+impl Qp {
+    /// A QP the engine created as `qpn`, with the builder's default transport settings.
+    fn unconnected(ctx: Context, qpn: Qpn, qp_type: QpType, psn: Psn, mtu: Mtu) -> Self {
+        Self {
+            ctx,
+            qpn,
+            qp_type,
+            psn,
+            mtu,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 4,
+            qkey: QKey(0x1111_1111),
+            domain: None,
+        }
+    }
 }
 
 impl Drop for Qp {
@@ -811,8 +835,9 @@ impl Qp {
         }
     }
 
-    /// Connects an RC or UC QP to `remote` (Init → RTR → RTS; the path MTU is the smaller of
-    /// the two). UD QPs are ready from `build` and ignore this.
+    /// Connects an RC, UC or XRC QP to `remote` (Init → RTR → RTS; the path MTU is the
+    /// smaller of the two; an XRC initiator connects to a target, a target to an initiator).
+    /// UD QPs are ready from `build` and ignore this.
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {
         if self.qp_type == QpType::Ud {
             return Ok(());

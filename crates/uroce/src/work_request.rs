@@ -163,6 +163,13 @@ impl SendRequest {
         self
     }
 
+    /// XRC initiator: the XRC SRQ at the target that takes the request
+    /// ([`crate::XrcSrq::number`]; `wr.qp_type.xrc.remote_srqn`).
+    pub fn xrc_srq(mut self, number: u32) -> Self {
+        self.wr.xrc_remote_srqn = number;
+        self
+    }
+
     /// No completion on success (`IBV_SEND_SIGNALED` cleared), on a QP built with
     /// selective signaling.
     pub fn unsignaled(mut self) -> Self {

@@ -1,0 +1,107 @@
+//! XRC (IBA Annex A14): one process's receive resources shared by every connection to it.
+//!
+//! An [`XrcDomain`] holds XRC SRQs and target QPs. A peer's initiator QP
+//! ([`QpType::XrcIni`](crate::QpType::XrcIni), built from a [`Pd`] like any QP) connects to one
+//! target, and names in each request the SRQ that takes it
+//! ([`SendRequest::xrc_srq`](crate::SendRequest::xrc_srq)): that SRQ's receive, completion
+//! queue and PD serve the request, whichever target of the domain it came through. So N peers
+//! need one SRQ and one target each, not a receive queue per connection.
+//!
+//! Ownership: the domain lives as long as anything in it. An [`XrcSrq`] and a target [`Qp`]
+//! each hold the domain; dropping the [`XrcDomain`] handle first is fine. A target borrows the
+//! SRQ a request names only for that request: dropping an SRQ a peer still names makes its
+//! next request an invalid request (`REM_INV_REQ_ERR` at the peer), as on a device.
+
+use core::ops::Range;
+use std::sync::Arc;
+
+use uroce_engine::{Access, QKey, QpInitAttr, QpType, RecvWr, SrqHandle, XrcdHandle};
+
+use crate::{Context, Cq, Mr, Pd, Qp, Result};
+
+/// The engine's domain, freed when its last holder goes.
+#[derive(Debug)]
+pub(crate) struct DomainInner {
+    ctx: Context,
+    handle: XrcdHandle,
+}
+
+impl Drop for DomainInner {
+    fn drop(&mut self) {
+        // Every SRQ and target holds this, so nothing is in the domain any more.
+        let h = self.handle;
+        let _ = self.ctx.dev.with(|s| s.engine().dealloc_xrcd(h));
+    }
+}
+
+/// An XRC domain (`ibv_open_xrcd(3)`).
+#[derive(Debug, Clone)]
+pub struct XrcDomain {
+    inner: Arc<DomainInner>,
+}
+
+/// An XRC SRQ (`ibv_create_srq_ex(3)` with `IBV_SRQT_XRC`): receives for requests that name
+/// its [`XrcSrq::number`], completed on its CQ, checked against its PD.
+#[derive(Debug)]
+pub struct XrcSrq {
+    domain: Arc<DomainInner>,
+    handle: SrqHandle,
+}
+
+impl Context {
+    /// A new XRC domain on this device.
+    pub fn xrc_domain(&self) -> XrcDomain {
+        let handle = self.dev.with(|s| s.engine().alloc_xrcd());
+        XrcDomain { inner: Arc::new(DomainInner { ctx: self.clone(), handle }) }
+    }
+}
+
+impl XrcDomain {
+    /// An XRC SRQ of up to `max_wr` receives in this domain: requests that name it are
+    /// checked against `pd` (its regions are theirs) and complete on `cq`.
+    pub fn create_srq(&self, pd: &Pd, cq: &Cq, max_wr: u32) -> Result<XrcSrq> {
+        let (x, pd, cq) = (self.inner.handle, pd.handle, cq.handle);
+        let handle =
+            self.inner.ctx.dev.with(|s| s.engine().create_xrc_srq(pd, x, cq, max_wr, 4))?;
+        Ok(XrcSrq { domain: Arc::clone(&self.inner), handle })
+    }
+
+    /// A target QP of this domain (`IBV_QPT_XRC_RECV`), in Init, serving `access` to the
+    /// SRQs' regions; connect it to one peer initiator with [`Qp::connect`]. It has no queues
+    /// of its own: posting to it fails.
+    pub fn target(&self, access: Access) -> Result<Qp> {
+        let ctx = &self.inner.ctx;
+        let (qpn, psn, mtu) = ctx.dev.with(|s| -> Result<_> {
+            let e = s.engine();
+            let qpn = e.create_qp(QpInitAttr::xrc_target(self.inner.handle))?;
+            let psn = e.random_psn();
+            e.init_qp(qpn, access, QKey(0))?;
+            Ok((qpn, psn, e.port_mtu()))
+        })?;
+        let mut qp = Qp::unconnected(ctx.clone(), qpn, QpType::XrcTgt, psn, mtu);
+        qp.domain = Some(Arc::clone(&self.inner));
+        Ok(qp)
+    }
+}
+
+impl XrcSrq {
+    /// The number initiators name ([`SendRequest::xrc_srq`](crate::SendRequest::xrc_srq);
+    /// `ibv_get_srq_num(3)`).
+    pub fn number(&self) -> u32 {
+        self.handle.get()
+    }
+
+    /// Posts a receive of `range` of `mr`.
+    pub fn post_recv(&self, wr_id: u64, mr: &Mr, range: Range<usize>) -> Result<()> {
+        let wr = RecvWr { wr_id, sg_list: vec![mr.sge(range)?] };
+        self.domain.ctx.dev.post_recv_with(|s| s.engine().post_srq_recv(self.handle, wr))?;
+        Ok(())
+    }
+}
+
+impl Drop for XrcSrq {
+    fn drop(&mut self) {
+        let h = self.handle;
+        let _ = self.domain.ctx.dev.with(|s| s.engine().destroy_srq(h));
+    }
+}
