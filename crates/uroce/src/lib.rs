@@ -186,7 +186,7 @@ impl Context {
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Pd {
         let handle = self.dev.with(|s| s.engine().alloc_pd());
-        Pd { ctx: self.clone(), handle }
+        Pd { ctx: self.clone(), handle, life: Arc::new(PdLife { ctx: self.clone(), handle }) }
     }
 
     /// A completion queue of `capacity` entries, with its own completion channel for
@@ -227,10 +227,45 @@ impl Context {
 }
 
 /// A protection domain: regions, QPs and address handles of one PD work together only.
+///
+/// Everything made from it (regions, windows, address handles, SRQs, QPs) holds it: the
+/// domain is deallocated when the last of them, or this handle, goes. (A region whose
+/// deregistration waits for outstanding work requests leaves the domain's number allocated.)
 #[derive(Debug)]
 pub struct Pd {
     ctx: Context,
     handle: PdHandle,
+    life: Arc<PdLife>,
+}
+
+/// The engine's PD, deallocated with its last holder.
+#[derive(Debug)]
+pub(crate) struct PdLife {
+    ctx: Context,
+    handle: PdHandle,
+}
+
+impl Drop for PdLife {
+    fn drop(&mut self) {
+        let h = self.handle;
+        // In use only by a region whose deregistration is deferred: the number stays taken.
+        let _ = self.ctx.dev.with(|s| s.engine().dealloc_pd(h));
+    }
+}
+
+/// The engine's SRQ, destroyed with its last holder (its handle and the QPs taking from it).
+#[derive(Debug)]
+pub(crate) struct SrqLife {
+    ctx: Context,
+    handle: SrqHandle,
+    _pd: Arc<PdLife>,
+}
+
+impl Drop for SrqLife {
+    fn drop(&mut self) {
+        let h = self.handle;
+        let _ = self.ctx.dev.with(|s| s.engine().destroy_srq(h));
+    }
 }
 
 impl Pd {
@@ -249,13 +284,13 @@ impl Pd {
         let region = Arc::new(region);
         let r = Arc::clone(&region);
         let mr = self.ctx.dev.with(|s| s.register(self.handle, r, access))?;
-        Ok(Mr { ctx: self.ctx.clone(), region, mr })
+        Ok(Mr { ctx: self.ctx.clone(), region, mr, _pd: Arc::clone(&self.life) })
     }
 
     /// An address handle for UD sends to `dest` (a device address or a multicast group).
     pub fn create_ah(&self, dest: IpAddr) -> Result<Ah> {
         let handle = self.ctx.dev.with(|s| s.engine().create_ah(self.handle, AhAttr::new(dest)))?;
-        Ok(Ah { ctx: self.ctx.clone(), handle })
+        Ok(Ah { ctx: self.ctx.clone(), handle, _pd: Arc::clone(&self.life) })
     }
 
     /// A memory window of `kind` (IBA 10.6.7), unbound: bind it to a range of a region with
@@ -265,13 +300,14 @@ impl Pd {
     /// type 2), or dropping the window. Regions windows are bound in need [`Access::MW_BIND`].
     pub fn alloc_mw(&self, kind: MwType) -> Result<Mw> {
         let (handle, _) = self.ctx.dev.with(|s| s.engine().alloc_mw(self.handle, kind))?;
-        Ok(Mw { ctx: self.ctx.clone(), handle, kind })
+        Ok(Mw { ctx: self.ctx.clone(), handle, kind, _pd: Arc::clone(&self.life) })
     }
 
     /// A shared receive queue of up to `max_wr` receives.
     pub fn create_srq(&self, max_wr: u32) -> Result<Srq> {
         let handle = self.ctx.dev.with(|s| s.engine().create_srq(self.handle, max_wr, 4))?;
-        Ok(Srq { ctx: self.ctx.clone(), handle })
+        let life = Arc::new(SrqLife { ctx: self.ctx.clone(), handle, _pd: Arc::clone(&self.life) });
+        Ok(Srq { ctx: self.ctx.clone(), handle, life })
     }
 
     /// Starts building a queue pair of `qp_type` whose completions go to `cq`.
@@ -303,6 +339,7 @@ pub struct Mr {
     ctx: Context,
     region: Arc<RawRegion>,
     mr: MemoryRegion,
+    _pd: Arc<PdLife>,
 }
 
 /// A memory window (`ibv_alloc_mw`). Its key changes at every bind; dropping it revokes
@@ -313,6 +350,7 @@ pub struct Mw {
     ctx: Context,
     handle: MwHandle,
     kind: MwType,
+    _pd: Arc<PdLife>,
 }
 
 impl Mw {
@@ -521,11 +559,13 @@ impl Cq {
     }
 }
 
-/// A shared receive queue.
+/// A shared receive queue. The QPs that take from it hold it: it is destroyed when the last
+/// of them, or this handle, goes.
 #[derive(Debug)]
 pub struct Srq {
     ctx: Context,
     handle: SrqHandle,
+    life: Arc<SrqLife>,
 }
 
 impl Srq {
@@ -542,6 +582,7 @@ impl Srq {
 pub struct Ah {
     ctx: Context,
     handle: AhHandle,
+    _pd: Arc<PdLife>,
 }
 
 impl Drop for Ah {
@@ -659,6 +700,8 @@ impl<'a> QpBuilder<'a> {
             max_rd_atomic: self.max_rd_atomic,
             qkey: self.qkey,
             domain: None,
+            _pd: Some(Arc::clone(&self.pd.life)),
+            _srq: self.srq.map(|s| Arc::clone(&s.life)),
         })
     }
 }
@@ -678,6 +721,9 @@ pub struct Qp {
     qkey: QKey,
     /// An XRC target's domain, which lives as long as the target.
     domain: Option<Arc<xrc::DomainInner>>,
+    /// The PD and SRQ it was made from, which live as long as it.
+    _pd: Option<Arc<PdLife>>,
+    _srq: Option<Arc<SrqLife>>,
 }
 
 impl Qp {
@@ -695,6 +741,8 @@ impl Qp {
             max_rd_atomic: 4,
             qkey: QKey(0x1111_1111),
             domain: None,
+            _pd: None,
+            _srq: None,
         }
     }
 }

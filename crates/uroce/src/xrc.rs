@@ -46,6 +46,7 @@ pub struct XrcDomain {
 pub struct XrcSrq {
     domain: Arc<DomainInner>,
     handle: SrqHandle,
+    _pd: Arc<crate::PdLife>,
 }
 
 impl Context {
@@ -60,10 +61,10 @@ impl XrcDomain {
     /// An XRC SRQ of up to `max_wr` receives in this domain: requests that name it are
     /// checked against `pd` (its regions are theirs) and complete on `cq`.
     pub fn create_srq(&self, pd: &Pd, cq: &Cq, max_wr: u32) -> Result<XrcSrq> {
-        let (x, pd, cq) = (self.inner.handle, pd.handle, cq.handle);
+        let (x, pdh, cq) = (self.inner.handle, pd.handle, cq.handle);
         let handle =
-            self.inner.ctx.dev.with(|s| s.engine().create_xrc_srq(pd, x, cq, max_wr, 4))?;
-        Ok(XrcSrq { domain: Arc::clone(&self.inner), handle })
+            self.inner.ctx.dev.with(|s| s.engine().create_xrc_srq(pdh, x, cq, max_wr, 4))?;
+        Ok(XrcSrq { domain: Arc::clone(&self.inner), handle, _pd: Arc::clone(&pd.life) })
     }
 
     /// A target QP of this domain (`IBV_QPT_XRC_RECV`), in Init, serving `access` to the
@@ -103,5 +104,47 @@ impl Drop for XrcSrq {
     fn drop(&mut self) {
         let h = self.handle;
         let _ = self.domain.ctx.dev.with(|s| s.engine().destroy_srq(h));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+
+    use uroce_engine::{Access, DestroyError, QpType};
+
+    use crate::{Context, Options};
+
+    /// Handles may go in any order: the engine's PD, SRQ and domain go with their last holder.
+    #[test]
+    fn objects_outlive_their_handles_and_go_with_their_last_holder() {
+        let options = Options { no_progress_thread: true, ..Options::default() };
+        let ctx = Context::open_with("127.0.34.2".parse().unwrap(), options).unwrap();
+        let cq = ctx.create_cq(8).unwrap();
+        let pd = ctx.alloc_pd();
+        let number = pd.handle.get();
+        let srq = pd.create_srq(4).unwrap();
+        let srqn = srq.handle;
+        let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
+        let qp = pd.qp(QpType::Rc, &cq).srq(&srq).build().unwrap();
+        let domain = ctx.xrc_domain();
+        let xrcd = domain.inner.handle;
+        let xsrq = domain.create_srq(&pd, &cq, 4).unwrap();
+        let target = domain.target(Access::REMOTE_WRITE).unwrap();
+        let live = |ctx: &Context| {
+            ctx.dev.with(|s| {
+                let e = s.engine();
+                (e.pd_of_number(number).is_some(), e.srq_limit(srqn).is_some())
+            })
+        };
+        drop((pd, srq, domain));
+        assert_eq!(live(&ctx), (true, true), "the QP, region and XRC SRQ hold them");
+        let domain_probe = |ctx: &Context| ctx.dev.with(|s| s.engine().dealloc_xrcd(xrcd));
+        assert_eq!(domain_probe(&ctx), Err(DestroyError::InUse), "its SRQ and target hold it");
+        drop(qp);
+        assert_eq!(live(&ctx), (true, false), "the SRQ went with the QP");
+        drop((mr, xsrq, target));
+        assert_eq!(live(&ctx), (false, false), "the PD went with the last holder");
+        assert_eq!(domain_probe(&ctx), Err(DestroyError::Unknown), "and the domain with its");
     }
 }
