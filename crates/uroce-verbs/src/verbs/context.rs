@@ -89,17 +89,21 @@ pub(super) struct Shared {
 /// a duplicated `cmd_fd` by.
 static COMMAND_FILES: Mutex<Vec<((u64, u64), usize)>> = Mutex::new(Vec::new());
 
-/// The (device, inode) of the file open as `fd`.
-pub(super) fn file_id(fd: c_int) -> Option<(u64, u64)> {
+/// The (device, inode) of the file open as `fd`: what names a command file or an XRC
+/// domain's file.
+pub(super) fn file_id(fd: c_int) -> std::io::Result<(u64, u64)> {
     // SAFETY: all zeroes is a valid `struct stat` (integers).
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: fstat(2) writes the local `st`; the descriptor is only looked at.
-    (unsafe { libc::fstat(fd, &raw mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    if unsafe { libc::fstat(fd, &raw mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((st.st_dev, st.st_ino))
 }
 
 /// The context whose command file `fd` is open on, if one lives.
 pub(super) fn context_of_file(fd: c_int) -> Option<*mut IbvContext> {
-    let id = file_id(fd)?;
+    let id = file_id(fd).ok()?;
     lock(&COMMAND_FILES).iter().find(|(f, _)| *f == id).map(|&(_, c)| c as *mut IbvContext)
 }
 
@@ -206,7 +210,7 @@ pub(super) unsafe fn new_context(
         cmd,
     });
     let raw = ctx.into_c();
-    if let Some(id) = file_id(raw_cmd_fd(raw)) {
+    if let Ok(id) = file_id(raw_cmd_fd(raw)) {
         lock(&COMMAND_FILES).push((id, raw as usize));
     }
     raw

@@ -16,7 +16,7 @@ use super::*;
 #[unsafe(no_mangle)]
 pub(crate) unsafe extern "C" fn uroce_verbs_import_device(cmd_fd: c_int) -> *mut IbvContext {
     const VERB: &str = "ibv_import_device";
-    if file_id(cmd_fd).is_none() {
+    if file_id(cmd_fd).is_err() {
         return fail(libc::EBADF);
     }
     let Some(original) = context_of_file(cmd_fd) else {

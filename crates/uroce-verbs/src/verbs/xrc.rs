@@ -67,18 +67,13 @@ pub(super) unsafe extern "C" fn open_xrcd(
         if fd < 0 {
             return fail(libc::EBADF);
         }
-        // SAFETY: all zeroes is a valid `struct stat` (integers).
-        let mut st: libc::stat = unsafe { core::mem::zeroed() };
-        // SAFETY: fstat(2) writes the local `st`; the descriptor is only looked at.
-        if unsafe { libc::fstat(fd, &raw mut st) } != 0 {
-            let e = std::io::Error::last_os_error();
-            return fail(refuse(
-                VERB,
-                format_args!("fd {fd}: {e}"),
-                e.raw_os_error().unwrap_or(libc::EBADF),
-            ));
+        match file_id(fd) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EBADF);
+                return fail(refuse(VERB, format_args!("fd {fd}: {e}"), errno));
+            }
         }
-        Some((st.st_dev, st.st_ino))
     };
     let mut objects = lock(&ctx.objects);
     if let Some(key) = file
