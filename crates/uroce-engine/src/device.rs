@@ -163,7 +163,7 @@ impl<M: MemoryAccess> Device<M> {
         }
         let used = self.ctx.mrs.any_in(pd)
             || self.ctx.mrs.any_window_in(pd)
-            || self.qps.values().any(|qp| qp.init.qp_type != QpType::XrcTgt && qp.init.pd == pd)
+            || self.qps.values().filter_map(Qp::held).any(|i| i.pd == pd)
             || self.ctx.srqs.values().any(|s| s.pd == pd)
             || self.ctx.ahs.values().any(|ah| ah.pd == pd);
         if used {
@@ -323,11 +323,10 @@ impl<M: MemoryAccess> Device<M> {
         if !self.ctx.cqs.contains_key(&cq.0) {
             return Err(DestroyError::Unknown);
         }
-        let by_qp = |qp: &Qp| {
-            qp.init.qp_type != QpType::XrcTgt && (qp.init.send_cq == cq || qp.init.recv_cq == cq)
-        };
+        let by_qp =
+            self.qps.values().filter_map(Qp::held).any(|i| i.send_cq == cq || i.recv_cq == cq);
         let by_xrc_srq = self.ctx.srqs.values().any(|s| s.xrc.is_some_and(|(_, c)| c == cq));
-        if self.qps.values().any(by_qp) || by_xrc_srq {
+        if by_qp || by_xrc_srq {
             return Err(DestroyError::InUse);
         }
         self.ctx.cqs.remove(&cq.0);
@@ -409,9 +408,7 @@ impl<M: MemoryAccess> Device<M> {
         if !self.ctx.srqs.contains_key(&srq.0) {
             return Err(DestroyError::Unknown);
         }
-        // An XRC target only borrows the SRQ its last request named.
-        if self.qps.values().any(|qp| qp.init.qp_type != QpType::XrcTgt && qp.init.srq == Some(srq))
-        {
+        if self.qps.values().filter_map(Qp::held).any(|i| i.srq == Some(srq)) {
             return Err(DestroyError::InUse);
         }
         self.ctx.srqs.remove(&srq.0);

@@ -667,6 +667,12 @@ impl Qp {
         !self.req.sq.is_empty() || !self.rq.is_empty()
     }
 
+    /// The PD, CQs and SRQ this QP holds (what destroying them must wait for): its own, or
+    /// none for an XRC target, whose are borrowed from the XRC SRQ each message names.
+    pub(crate) fn held(&self) -> Option<&QpInitAttr> {
+        (self.init.qp_type != QpType::XrcTgt).then_some(&self.init)
+    }
+
     pub(crate) fn can_receive(&self) -> bool {
         matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
     }
