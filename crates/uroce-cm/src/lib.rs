@@ -447,6 +447,9 @@ pub struct Cm {
     out: VecDeque<Outgoing>,
     events: VecDeque<Event>,
     counters: Counters,
+    /// When this CM last answered a DREQ: until its peer's next retry, a DREP lost on the
+    /// way can still be made good ([`Cm::answering_until`]).
+    answered_at: Option<Instant>,
 }
 
 /// How many SIDR requests (each way) may be outstanding.
@@ -482,6 +485,7 @@ impl Cm {
             out: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
+            answered_at: None,
         }
     }
 
@@ -518,6 +522,16 @@ impl Cm {
         }
         self.counters.tx_mads += repeated as u64;
         repeated
+    }
+
+    /// Until when a peer may still retry a DREQ this CM answered, should the DREP have been
+    /// lost: the peer waits this CM's response timeout plus twice the packet lifetime between
+    /// tries (IBA 12.7.36, 12.9.7). A process that ends sooner leaves such a peer waiting out
+    /// its retries; one that stays until then answers the retry (a DREQ for a connection gone
+    /// is answered too, IBA 12.9.8.6). `None` when it never answered one.
+    pub fn answering_until(&self) -> Option<Instant> {
+        let wait = exp_time(self.config.response_timeout) + self.lifetime();
+        self.answered_at.map(|t| t + wait)
     }
 
     /// Connections held, in every state.
@@ -1081,6 +1095,7 @@ impl Cm {
 
     fn send_drep(&mut self, id: CommId, now: Instant) {
         let Some(c) = self.conns.get(&id) else { return };
+        self.answered_at = Some(now);
         let (remote, remote_id, tid) = (c.remote, c.remote_id, c.tid);
         let drep = Ids { local_comm_id: id, remote_comm_id: remote_id, private_data: &[] };
         let sent = self.send(remote, CmMad { tid, message: Message::Drep(drep) });
@@ -1123,6 +1138,7 @@ impl Cm {
                             private_data: &[],
                         };
                         self.send(from, CmMad { tid, message: Message::Drep(drep) });
+                        self.answered_at = Some(now);
                     }
                     self.counters.drop_unknown_id += 1;
                     return;
@@ -1353,6 +1369,7 @@ impl Cm {
                     .and_then(|b| CmMad::parse(b).ok())
                     .is_some_and(|m| matches!(m.message, Message::Dreq(_)));
                 let (remote, remote_id, sent) = (c.remote, c.remote_id, c.sent);
+                self.answered_at = Some(now);
                 if own_dreq {
                     let drep =
                         Ids { local_comm_id: id, remote_comm_id: remote_id, private_data: &[] };

@@ -315,6 +315,11 @@ fn a_peer_that_exits_after_answering_a_dreq_repeats_its_drep() {
     let now = net.now();
     assert!(!net.run_until(now + Duration::from_millis(10), CmNode::has_events));
     assert_eq!(dreps_dropped.get(), 1, "the first DREP is lost");
+    // Until A's retry could come (B's response timeout and twice the packet lifetime), B
+    // should stay to answer it.
+    let until = net[1].cm.answering_until().unwrap();
+    assert!(until > net.now() + Duration::from_secs(1), "{until:?}");
+    assert_eq!(net[0].cm.answering_until(), None, "A answered no DREQ");
     assert_eq!(net[1].cm.repeat_dreps(), 1);
     // B is gone from here on; A's DREQ retry would come only after about 1.1 s.
     net.set_link(0, 1, LinkConfig::default().loss(1.0));

@@ -56,10 +56,11 @@ fn rping_and_ucmatose_complete_across_namespaces_with_one_percent_loss() {
     );
     assert!(s.ok() && c.ok(), "rping with 1 % loss:\n{s}\n{c}");
     assert!(c.stdout.contains("rdma-ping-199: "), "{c}");
+    // Line-buffered, so that a run killed at the deadline shows how far each side came.
     let (s, c) = cm_pair(
-        "ucmatose",
-        &["-b", SERVER, "-c", "10", "-C", "100"],
-        &["-s", SERVER, "-b", CLIENT, "-c", "10", "-C", "100"],
+        "stdbuf",
+        &["-oL", "ucmatose", "-b", SERVER, "-c", "10", "-C", "100"],
+        &["-oL", "ucmatose", "-s", SERVER, "-b", CLIENT, "-c", "10", "-C", "100"],
         &server,
         &client,
         limit,

@@ -124,10 +124,11 @@ fn open_devices() -> Vec<CmDev> {
 ///
 /// The kernel's CM then goes on retrying those DREQs after the process is gone, and answers
 /// a peer's retried DREQ whose DREP was lost; uroce's CM lives in the process. So the exit
-/// waits (at most [`EXIT_LINGER`]) until every DREQ of this process has its DREP, and sends
-/// every DREP it gave a release still in TimeWait once more: otherwise one MAD lost on the
-/// way leaves the peer waiting out all its DREQ retries (15 × 1.1 s) for
-/// `RDMA_CM_EVENT_DISCONNECTED`.
+/// sends every DREP it gave a release still in TimeWait once more, and waits (at most
+/// [`EXIT_LINGER`]) until every DREQ of this process has its DREP and until a peer whose
+/// DREQ it answered would have retried it (about 1.1 s after the last answer), answering
+/// that retry: otherwise one MAD lost on the way leaves the peer waiting out all its DREQ
+/// retries (15 × 1.1 s) for `RDMA_CM_EVENT_DISCONNECTED`.
 extern "C" fn release_at_exit() {
     // A child of fork(2) inherits this handler, and its parent's ids: those are the parent's
     // to release. The child's own devices registered the handler again.
@@ -154,21 +155,30 @@ extern "C" fn release_at_exit() {
     }
     let releasing =
         || devices().iter().map(|d| d.net.with(|s| s.cm().0.releasing())).sum::<usize>();
+    let answering = || {
+        devices().iter().any(|d| {
+            d.net.with(|s| {
+                let (cm, now) = s.cm();
+                cm.answering_until().is_some_and(|until| now < until)
+            })
+        })
+    };
     #[expect(clippy::disallowed_methods, reason = "a bounded wait at exit reads the clock")]
     let deadline = std::time::Instant::now() + EXIT_LINGER;
-    while releasing() > 0 {
+    while releasing() > 0 || answering() {
         #[expect(clippy::disallowed_methods, reason = "a bounded wait at exit reads the clock")]
         if std::time::Instant::now() >= deadline {
             break;
         }
-        // The progress thread retries the DREQs; this only watches.
+        // The progress thread retries the DREQs and answers the peers'; this only watches.
         #[expect(clippy::disallowed_methods, reason = "a bounded wait at exit")]
         std::thread::sleep(core::time::Duration::from_millis(5));
     }
 }
 
-/// How long an exiting process waits for the DREPs of its DREQs: a few CM retries (each
-/// after about 1.1 s, the response timeout the CM sends, IBA 12.7.36).
+/// How long an exiting process waits for the DREPs of its DREQs and for its peers' retries of
+/// the DREQs it answered: a few CM retries (each after about 1.1 s, the response timeout the
+/// CM sends, IBA 12.7.36).
 const EXIT_LINGER: core::time::Duration = core::time::Duration::from_secs(4);
 
 /// The device with address `addr`.
