@@ -349,6 +349,10 @@ pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
         let Some(w) = pop_front(qp) else {
             return;
         };
+        if let Some(op) = w.device_op {
+            crate::tm::device_op_ended(qp, ctx, *op, WcStatus::SUCCESS);
+            continue;
+        }
         if w.signaled {
             let wc = WorkCompletion {
                 wr_id: w.wr.wr_id,
@@ -361,6 +365,7 @@ pub(crate) fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
                 grh: false,
                 ipv4: false,
                 timestamp: Instant::ZERO,
+                tm: None,
                 invalidated_rkey: None,
             };
             ctx.complete(qp.init.send_cq, wc);
@@ -390,6 +395,13 @@ fn pop_front(qp: &mut Qp) -> Option<crate::qp::SendWqe> {
 /// Ends the oldest WQE with `status` (reported even if unsignaled), then moves the QP to Error.
 pub(crate) fn fail_front<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) {
     if let Some(w) = pop_front(qp) {
+        if let Some(op) = w.device_op {
+            crate::tm::device_op_ended(qp, ctx, *op, status);
+            qp.error_status = Some(status);
+            ctx.qp_fatal(qp.qpn);
+            enter_error(qp, ctx);
+            return;
+        }
         let wc = WorkCompletion {
             wr_id: w.wr.wr_id,
             status,
@@ -401,6 +413,7 @@ pub(crate) fn fail_front<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, status:
             grh: false,
             ipv4: false,
             timestamp: Instant::ZERO,
+            tm: None,
             invalidated_rkey: None,
         };
         ctx.complete(qp.init.send_cq, wc);
@@ -417,10 +430,19 @@ pub(crate) fn enter_error<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     qp.state = QpState::Error;
     let qpn = qp.qpn;
     while let Some(w) = qp.req.sq.pop_front() {
-        ctx.complete(qp.init.send_cq, flush_wc(qpn, w.wr.wr_id, WcOpcode::from(w.wr.opcode)));
+        match w.device_op {
+            Some(op) => crate::tm::device_op_ended(qp, ctx, *op, WcStatus::WR_FLUSH_ERR),
+            None => {
+                let wc = flush_wc(qpn, w.wr.wr_id, WcOpcode::from(w.wr.opcode));
+                ctx.complete(qp.init.send_cq, wc);
+            }
+        }
     }
-    if let Some(crate::qp::InMessage::Send { wqe, .. }) = qp.resp.current.take() {
-        ctx.complete(qp.init.recv_cq, flush_wc(qpn, wqe.wr.wr_id, WcOpcode::Recv));
+    if let Some(message) = qp.resp.current.take() {
+        crate::tm::abandon_message(ctx, qp, &message);
+        if let crate::qp::InMessage::Send { wqe, .. } = message {
+            ctx.complete(ctx.recv_cq(qp), flush_wc(qpn, wqe.wr.wr_id, WcOpcode::Recv));
+        }
     }
     if qp.init.srq.is_some() {
         // The SRQ's WQEs stay for its other QPs; this one will take no more (IBA 11.6.3).

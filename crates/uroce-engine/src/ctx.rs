@@ -238,6 +238,12 @@ impl<M> Ctx<M> {
         }
     }
 
+    /// The CQ `qp`'s receives complete on: its SRQ's when that names one (XRC, TM-SRQ),
+    /// else its receive CQ.
+    pub(crate) fn recv_cq(&self, qp: &Qp) -> CqHandle {
+        qp.init.srq.and_then(|h| self.srqs.get(&h.0)).and_then(Srq::cq).unwrap_or(qp.init.recv_cq)
+    }
+
     /// Receive WQEs waiting for `qp`.
     pub(crate) fn recvs_posted(&self, qp: &Qp) -> usize {
         match qp.init.srq {
@@ -386,6 +392,7 @@ pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> WorkCompletion
         grh: false,
         ipv4: false,
         timestamp: Instant::ZERO,
+        tm: None,
         invalidated_rkey: None,
     }
 }

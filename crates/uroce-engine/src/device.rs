@@ -18,6 +18,7 @@ use crate::qp::{ModifyError, PostError, Qp, QpAttr, QpInitAttr, RecvWqe, SendWqe
 use crate::rng::Rng;
 use crate::srq::Srq;
 use crate::time::Instant;
+use crate::tm::TagMatching;
 use crate::types::{
     Access, AhAttr, AhHandle, CqHandle, LKey, Mtu, MwHandle, MwType, PdHandle, QpState, QpType,
     RecvWr, SendWr, SrqHandle, WcOpcode, WorkCompletion, WrOpcode,
@@ -269,8 +270,8 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     /// Whether a work request not yet completed names `lkey` in its scatter/gather list: a
-    /// send WQE (not inline), a receive WQE of a QP or an SRQ, or the receive a message in
-    /// progress is landing in. A runtime defers deregistering such a region, so the memory an
+    /// send WQE (not inline), a receive WQE of a QP or an SRQ, a TM-SRQ's posted tag, or the
+    /// receive a message in progress is landing in. A runtime defers deregistering such a region, so the memory an
     /// outstanding work request uses stays alive until its completion.
     pub fn lkey_in_use(&self, lkey: LKey) -> bool {
         let names = |sges: &[crate::types::Sge]| sges.iter().any(|s| s.lkey == lkey);
@@ -279,7 +280,9 @@ impl<M: MemoryAccess> Device<M> {
             qp.req.sq.iter().any(|w| w.wr.inline_data.is_none() && names(&w.wr.sg_list))
                 || qp.rq.iter().any(recv_uses)
                 || matches!(&qp.resp.current, Some(crate::qp::InMessage::Send { wqe, .. }) if recv_uses(wqe))
-        }) || self.ctx.srqs.values().any(|s| s.wqes.iter().any(recv_uses))
+        }) || self.ctx.srqs.values().any(|s| {
+            s.wqes.iter().any(recv_uses) || s.tm.as_ref().is_some_and(|t| t.names_lkey(lkey))
+        })
     }
 
     /// Whether RC QP `qpn` has packets on the wire not yet acknowledged: an acknowledgement is
@@ -294,7 +297,12 @@ impl<M: MemoryAccess> Device<M> {
     /// receive WQE posted to a QP or an SRQ. Without any, polling a CQ cannot find anything new
     /// (only an incoming one-sided operation can happen, and it completes nothing).
     pub fn has_pending_work(&self) -> bool {
-        self.watch.any_busy() || self.ctx.srqs.values().any(|s| !s.wqes.is_empty())
+        self.watch.any_busy()
+            || self
+                .ctx
+                .srqs
+                .values()
+                .any(|s| !s.wqes.is_empty() || s.tm.as_ref().is_some_and(TagMatching::has_tags))
     }
 
     /// Creates a completion queue that holds `capacity` completions.
@@ -325,8 +333,8 @@ impl<M: MemoryAccess> Device<M> {
         }
         let by_qp =
             self.qps.values().filter_map(Qp::held).any(|i| i.send_cq == cq || i.recv_cq == cq);
-        let by_xrc_srq = self.ctx.srqs.values().any(|s| s.xrc.is_some_and(|(_, c)| c == cq));
-        if by_qp || by_xrc_srq {
+        let by_srq = self.ctx.srqs.values().any(|s| s.cq() == Some(cq));
+        if by_qp || by_srq {
             return Err(DestroyError::InUse);
         }
         self.ctx.cqs.remove(&cq.0);
@@ -540,6 +548,9 @@ impl<M: MemoryAccess> Device<M> {
         if let Some(srq) = init.srq {
             // Receive buffers are checked against the QP's PD, so the SRQ must share it.
             match self.ctx.srqs.get(&srq.0) {
+                Some(s) if s.tm.is_some() && init.qp_type != QpType::Rc => {
+                    return Err(CreateError::TmSrqNeedsRc);
+                }
                 Some(s) if s.pd == init.pd => {}
                 Some(_) => return Err(CreateError::SrqOfAnotherPd),
                 None => return Err(CreateError::UnknownSrq),
@@ -743,23 +754,7 @@ impl<M: MemoryAccess> Device<M> {
             self.ctx.complete(qp.init.send_cq, wc);
             return;
         }
-        let mtu = qp.mtu.bytes();
-        let npkts = match wr.opcode {
-            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 1,
-            WrOpcode::LocalInv | WrOpcode::BindMw => 0,
-            _ => len.div_ceil(mtu).max(1),
-        };
-        qp.req.sq.push_back(SendWqe {
-            wr,
-            len,
-            npkts,
-            first_psn: Psn::ZERO,
-            started: false,
-            resp_pkts: 0,
-            done: false,
-            signaled,
-            error: None,
-        });
+        qp.req.sq.push_back(SendWqe::new(wr, len, qp.mtu.bytes(), signaled, None));
         if qp.can_send() {
             self.ctx.schedule(qp);
         }

@@ -70,6 +70,9 @@ pub enum CreateError {
     /// An SRQ given to an XRC QP (which takes none), or a shared receive queue named for a
     /// QP that is not an XRC SRQ where one is needed.
     XrcMisuse,
+    /// A TM-SRQ named for a QP that is not RC: tag matching is an RC offload
+    /// (`IBV_TM_CAP_RC`).
+    TmSrqNeedsRc,
     /// An address handle whose destination is of the other IP family than the device.
     AhAddressFamily,
     /// A requested size is beyond the device's limit (`ibv_query_device`).
@@ -95,6 +98,7 @@ impl core::fmt::Display for CreateError {
             }
             Self::UnknownXrcd => f.write_str("no such XRC domain"),
             Self::XrcMisuse => f.write_str("XRC QPs take no SRQ; their receives go to XRC SRQs"),
+            Self::TmSrqNeedsRc => f.write_str("a tag-matching SRQ serves RC QPs only"),
             Self::ExceedsLimit { limit, requested, max } => {
                 write!(f, "{requested} exceeds the device's {limit} of {max}")
             }

@@ -15,8 +15,8 @@
 //! one QP; `requester` builds request packets, `responder` executes requests and answers
 //! them, `completer` handles answers and timers and completes send WQEs; `sg` walks
 //! scatter/gather lists for all three; `mr` checks every memory access (regions and
-//! windows), `qp` holds the state machine; `attr` and `errors` the configuration, limits and
-//! error types.
+//! windows), `qp` holds the state machine, `tm` the tag matching of TM-SRQs; `attr` and
+//! `errors` the configuration, limits and error types.
 #![forbid(unsafe_code)]
 
 mod attr;
@@ -42,6 +42,7 @@ pub mod seeded;
 mod sg;
 mod srq;
 pub mod time;
+pub mod tm;
 pub mod types;
 mod watch;
 mod xrc;

@@ -12,6 +12,7 @@ use uroce_wire::{Msn, Psn, QKey, Qpn, RKey};
 use crate::time::{Duration, Instant};
 use crate::types::{
     Access, AddressVector, CqHandle, Mtu, PdHandle, QpState, QpType, RecvWr, RnrTimer, SendWr,
+    WrOpcode,
 };
 
 /// Limits of a QP's queues (`ibv_qp_cap`).
@@ -313,9 +314,39 @@ pub(crate) struct SendWqe {
     pub(crate) signaled: bool,
     /// A local error found when the WQE was started; reported when it reaches the front.
     pub(crate) error: Option<crate::types::WcStatus>,
+    /// Work the device queued itself (a TM-SRQ's rendezvous): it completes to the device,
+    /// never on the send CQ.
+    pub(crate) device_op: Option<Box<crate::tm::DeviceOp>>,
 }
 
 impl SendWqe {
+    /// A WQE not yet started for a checked `wr` of `len` bytes on a path of `mtu` bytes.
+    pub(crate) fn new(
+        wr: SendWr,
+        len: u32,
+        mtu: u32,
+        signaled: bool,
+        device_op: Option<Box<crate::tm::DeviceOp>>,
+    ) -> Self {
+        let npkts = match wr.opcode {
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 1,
+            WrOpcode::LocalInv | WrOpcode::BindMw => 0,
+            _ => len.div_ceil(mtu).max(1),
+        };
+        Self {
+            wr,
+            len,
+            npkts,
+            first_psn: Psn::ZERO,
+            started: false,
+            resp_pkts: 0,
+            done: false,
+            signaled,
+            error: None,
+            device_op,
+        }
+    }
+
     pub(crate) fn last_psn(&self) -> Psn {
         self.first_psn.add(self.npkts.saturating_sub(1))
     }
@@ -394,8 +425,9 @@ impl Requester {
 /// A message the responder is in the middle of.
 #[derive(Debug)]
 pub(crate) enum InMessage {
-    /// A multi-packet SEND: its receive WQE and the bytes placed so far.
-    Send { wqe: RecvWqe, written: u32 },
+    /// A multi-packet SEND: its receive WQE, the bytes placed so far, and (at a TM-SRQ) how
+    /// it is delivered.
+    Send { wqe: RecvWqe, written: u32, delivery: crate::tm::Delivery },
     /// A multi-packet RDMA WRITE.
     Write { va: u64, rkey: RKey, dma_len: u32, written: u32 },
 }
@@ -699,7 +731,7 @@ mod size_tests {
     fn a_qp_and_its_work_requests_cost_what_the_readme_says() {
         let sizes = [
             ("a QP", size_of::<super::Qp>(), 1024),
-            ("a send WQE", size_of::<super::SendWqe>(), 176),
+            ("a send WQE", size_of::<super::SendWqe>(), 184),
             ("a receive WQE", size_of::<super::RecvWqe>(), 32),
             ("a queued response", size_of::<super::Response>(), 40),
         ];

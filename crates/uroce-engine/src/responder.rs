@@ -19,7 +19,10 @@ use crate::memory::MemoryAccess;
 use crate::qp::{InMessage, NakSent, Qp, RecvWqe, Resource, ResourceKind, Response};
 use crate::sg::{ScatterError, scatter};
 use crate::time::Instant;
-use crate::types::{Access, QpState, QpType, WcOpcode, WcStatus, WorkCompletion};
+use crate::tm::{self, Delivery, Header};
+use crate::types::{
+    Access, QpState, QpType, RecvWr, TmFlags, TmInfo, WcOpcode, WcStatus, WorkCompletion,
+};
 
 /// How long after a sequence NAK a packet asking for an acknowledgement gets the NAK again:
 /// longer than the burst behind a gap takes to arrive, shorter than the requester's tail-loss
@@ -342,7 +345,7 @@ fn fatal_raising<M: MemoryAccess>(
         match recv {
             Some((wqe, status @ (WcStatus::LOC_LEN_ERR | WcStatus::LOC_PROT_ERR))) => {
                 let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
-                ctx.complete(qp.init.recv_cq, wc);
+                ctx.complete(ctx.recv_cq(qp), wc);
                 qp.error_status = Some(status);
                 ctx.async_events.push_back(event(qp.qpn));
                 completer::enter_error(qp, ctx);
@@ -370,7 +373,7 @@ fn fatal_raising<M: MemoryAccess>(
     });
     if let Some((wqe, status)) = recv {
         let wc = recv_wc(qp, wqe.wr.wr_id, status, WcOpcode::Recv, 0, None);
-        ctx.complete(qp.init.recv_cq, wc);
+        ctx.complete(ctx.recv_cq(qp), wc);
     }
     ctx.async_events.push_back(event(qp.qpn));
     completer::enter_error(qp, ctx);
@@ -395,6 +398,7 @@ fn recv_wc(
         grh: false,
         ipv4: false,
         timestamp: Instant::ZERO,
+        tm: None,
         invalidated_rkey: None,
     }
 }
@@ -498,57 +502,152 @@ fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) -> Option<RecvWqe> {
     wqe
 }
 
+/// How the first packet of a new SEND is taken.
+enum NewSend {
+    /// Into this WQE (of the receive queue, or a posted tag's buffer).
+    Into(RecvWqe, Delivery),
+    /// Whole, by the device: a matched rendezvous request.
+    Done,
+    /// Not at all: no receive WQE (RNR NAK queued).
+    Refused,
+}
+
+/// Takes what a new SEND is received into. At a TM-SRQ the first packet's tag-matching
+/// header decides (see [`crate::tm`]): a matched eager message goes to its tag's buffer, a
+/// matched rendezvous request is carried out by the device, and everything else takes a WQE
+/// of the SRQ, a tagged one counted as unexpected.
+fn start_send<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    packet: &PacketRepr<'_>,
+    info: OpFlags,
+) -> NewSend {
+    let psn = packet.bth.psn;
+    let Some(srq) = qp.init.srq.filter(|h| tm::tag_matching(ctx, *h).is_some()) else {
+        return take_recv(qp, ctx, psn)
+            .map_or(NewSend::Refused, |w| NewSend::Into(w, Delivery::Plain));
+    };
+    let whole = info.contains(OpFlags::FIRST) && info.contains(OpFlags::LAST);
+    let header = Header::parse(packet.payload, whole);
+    let tag = match header {
+        Header::Eager(tag) | Header::Rndv { info: tag, .. } => Some(tag),
+        Header::Other | Header::NoTag | Header::ForSoftware => None,
+    };
+    let taken = tag.and_then(|t| tm::tag_matching(ctx, srq)?.take_match(t.tag).map(|m| (t, m)));
+    if let Some((tag, (handle, recv_wr_id, sg_list))) = taken {
+        let wqe = RecvWqe { wr: RecvWr { wr_id: recv_wr_id, sg_list } };
+        if let Header::Rndv { va, rkey, len, headers, .. } = header {
+            let request =
+                tm::Rendezvous { srq, handle, recv_wr_id, info: tag, headers, va, rkey, len };
+            tm::start_rendezvous(qp, ctx, request, wqe, packet.payload);
+            return NewSend::Done;
+        }
+        return NewSend::Into(wqe, Delivery::Expected { handle, info: tag });
+    }
+    let delivery = match header {
+        Header::Other => Delivery::Plain,
+        Header::NoTag => Delivery::NoTag,
+        Header::Eager(_) | Header::Rndv { .. } | Header::ForSoftware => Delivery::Unexpected,
+    };
+    let Some(wqe) = take_recv(qp, ctx, psn) else { return NewSend::Refused };
+    if delivery == Delivery::Unexpected
+        && let Some(tm) = tm::tag_matching(ctx, srq)
+    {
+        tm.count_unexpected();
+    }
+    NewSend::Into(wqe, delivery)
+}
+
 /// SEND FIRST/MIDDLE/LAST/ONLY. Returns whether the packet was consumed.
 fn send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>) -> bool {
     let psn = packet.bth.psn;
     let info = packet.bth.opcode.info().map_or(OpFlags::NONE, |i| i.flags);
-    let (wqe, written) = match qp.resp.current.take() {
-        Some(InMessage::Send { wqe, written }) => (wqe, written),
-        _ => match take_recv(qp, ctx, psn) {
-            Some(wqe) => (wqe, 0),
-            None => return false,
+    let (wqe, written, delivery) = match qp.resp.current.take() {
+        Some(InMessage::Send { wqe, written, delivery }) => (wqe, written, delivery),
+        _ => match start_send(qp, ctx, packet, info) {
+            NewSend::Into(wqe, delivery) => (wqe, 0, delivery),
+            NewSend::Done => return true,
+            NewSend::Refused => return false,
         },
     };
-    match scatter(ctx, qp.init.pd, &wqe.wr.sg_list, u64::from(written), packet.payload) {
-        Ok(()) => {}
-        Err(ScatterError::Length) => {
-            // IBA 9.7: the receive buffer is too small: LOC_LEN_ERR here,
-            // NAK invalid request to the sender (REM_INV_REQ_ERR there).
-            fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, Some((wqe, WcStatus::LOC_LEN_ERR)));
-            return false;
+    // A matched message's buffer takes its payload without the TMH.
+    let data = match delivery {
+        Delivery::Expected { .. } if info.contains(OpFlags::FIRST) => {
+            packet.payload.get(tm::TMH_LEN..).unwrap_or(&[])
         }
+        _ => packet.payload,
+    };
+    let failed = match scatter(ctx, qp.init.pd, &wqe.wr.sg_list, u64::from(written), data) {
+        Ok(()) => None,
+        // IBA 9.7: the receive buffer is too small: LOC_LEN_ERR here,
+        // NAK invalid request to the sender (REM_INV_REQ_ERR there).
+        Err(ScatterError::Length) => Some((NakCode::INVALID_REQUEST, WcStatus::LOC_LEN_ERR)),
         Err(ScatterError::Protection) => {
-            fatal(
-                qp,
-                ctx,
-                psn,
-                NakCode::REMOTE_OPERATIONAL_ERROR,
-                Some((wqe, WcStatus::LOC_PROT_ERR)),
-            );
-            return false;
+            Some((NakCode::REMOTE_OPERATIONAL_ERROR, WcStatus::LOC_PROT_ERR))
         }
+    };
+    if let Some((code, status)) = failed {
+        tm::delivery_ended(ctx, qp, delivery);
+        fatal(qp, ctx, psn, code, Some((wqe, status)));
+        return false;
     }
-    let written = written + u32::try_from(packet.payload.len()).unwrap_or(u32::MAX);
-    if info.contains(OpFlags::LAST) {
-        // IBA 9.4.1.2 / 10.6.7.2.7: a SEND with invalidate frees the type 2 window its IETH
-        // names, bound to this QP, before the receive completes; a key that cannot be
-        // invalidated is an invalid request (rxe: the receive ends in REM_INV_REQ_ERR).
-        let invalidated = packet.ext.ieth.map(|i| i.rkey);
-        if let Some(rkey) = invalidated
-            && ctx.mrs.invalidate(rkey, qp.init.pd, qp.qpn, true).is_err()
+    let written = written + u32::try_from(data.len()).unwrap_or(u32::MAX);
+    let cq = ctx.recv_cq(qp);
+    if !info.contains(OpFlags::LAST) {
+        // A matched message of several packets reports the match at once; its data when
+        // the last packet is in (tag_matching.md).
+        if let (Delivery::Expected { info: tag, .. }, true) =
+            (delivery, info.contains(OpFlags::FIRST))
         {
-            ctx.counters.invalidate_errors += 1;
-            let refused = Some((wqe, WcStatus::REM_INV_REQ_ERR));
-            fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, refused);
-            return false;
+            let flags = TmFlags::MATCH;
+            let tm = Some(TmInfo { tag: tag.tag, app_ctx: tag.app_ctx, flags });
+            let wc = tm::tm_wc(
+                wqe.wr.wr_id,
+                WcStatus::SUCCESS,
+                WcOpcode::TmRecv,
+                0,
+                (qp.qpn, qp.dest_qpn),
+                tm,
+            );
+            ctx.complete(cq, wc);
         }
-        let imm = packet.ext.immdt.map(|i| i.imm);
-        let mut wc = recv_wc(qp, wqe.wr.wr_id, WcStatus::SUCCESS, WcOpcode::Recv, written, imm);
-        wc.invalidated_rkey = invalidated;
-        ctx.complete_solicited(qp.init.recv_cq, wc, packet.bth.solicited);
-    } else {
-        qp.resp.current = Some(InMessage::Send { wqe, written });
+        qp.resp.current = Some(InMessage::Send { wqe, written, delivery });
+        return true;
     }
+    // IBA 9.4.1.2 / 10.6.7.2.7: a SEND with invalidate frees the type 2 window its IETH
+    // names, bound to this QP, before the receive completes; a key that cannot be
+    // invalidated is an invalid request (rxe: the receive ends in REM_INV_REQ_ERR).
+    let invalidated = packet.ext.ieth.map(|i| i.rkey);
+    if let Some(rkey) = invalidated
+        && ctx.mrs.invalidate(rkey, qp.init.pd, qp.qpn, true).is_err()
+    {
+        ctx.counters.invalidate_errors += 1;
+        tm::delivery_ended(ctx, qp, delivery);
+        let refused = Some((wqe, WcStatus::REM_INV_REQ_ERR));
+        fatal(qp, ctx, psn, NakCode::INVALID_REQUEST, refused);
+        return false;
+    }
+    let imm = packet.ext.immdt.map(|i| i.imm);
+    let (opcode, tm) = match delivery {
+        Delivery::Plain => (WcOpcode::Recv, None),
+        Delivery::NoTag => (WcOpcode::TmNoTag, Some(TmInfo::default())),
+        Delivery::Unexpected => (WcOpcode::TmRecv, Some(TmInfo::default())),
+        // One packet: match and data in one completion. Several: the match was reported
+        // with the tag at the first; this one names the buffer by wr_id only, as the
+        // rendezvous's data completion does.
+        Delivery::Expected { info: tag, .. } if info.contains(OpFlags::FIRST) => {
+            let flags = TmFlags::MATCH | TmFlags::DATA_VALID;
+            (WcOpcode::TmRecv, Some(TmInfo { tag: tag.tag, app_ctx: tag.app_ctx, flags }))
+        }
+        Delivery::Expected { .. } => {
+            (WcOpcode::TmRecv, Some(TmInfo { flags: TmFlags::DATA_VALID, ..TmInfo::default() }))
+        }
+    };
+    tm::delivery_ended(ctx, qp, delivery);
+    let mut wc = recv_wc(qp, wqe.wr.wr_id, WcStatus::SUCCESS, opcode, written, imm);
+    wc.invalidated_rkey = invalidated;
+    wc.tm = tm;
+    ctx.complete_solicited(cq, wc, packet.bth.solicited);
     true
 }
 

@@ -519,6 +519,12 @@ impl WcStatus {
     pub const RNR_RETRY_EXC_ERR: Self = Self(13);
     /// The responder reported an invalid RD request.
     pub const REM_INV_RD_REQ_ERR: Self = Self(15);
+    /// A tag operation failed: a DEL of a tag a message had already taken (rdma-core
+    /// `tag_matching.md`).
+    pub const TM_ERR: Self = Self(22);
+    /// A matched rendezvous request whose data does not fit the tag's buffer: its headers
+    /// are there instead, and software carries on (rdma-core `tag_matching.md`).
+    pub const TM_RNDV_INCOMPLETE: Self = Self(23);
 
     /// rdma-core's name for the status (`ibv_wc_status_str` without the prose).
     pub const fn name(self) -> &'static str {
@@ -536,6 +542,8 @@ impl WcStatus {
             12 => "RETRY_EXC_ERR",
             13 => "RNR_RETRY_EXC_ERR",
             15 => "REM_INV_RD_REQ_ERR",
+            22 => "TM_ERR",
+            23 => "TM_RNDV_INCOMPLETE",
             _ => "OTHER",
         }
     }
@@ -579,6 +587,17 @@ pub enum WcOpcode {
     LocalInv,
     /// An RDMA ATOMIC WRITE.
     AtomicWrite,
+    /// A tag added to a TM-SRQ (`IBV_WC_TM_ADD`).
+    TmAdd,
+    /// A tag removed from a TM-SRQ (`IBV_WC_TM_DEL`).
+    TmDel,
+    /// The count of unexpected messages reported to a TM-SRQ (`IBV_WC_TM_SYNC`).
+    TmSync,
+    /// A tagged message received at a TM-SRQ, matched or not (`IBV_WC_TM_RECV`; the
+    /// [`TmInfo`] flags say which).
+    TmRecv,
+    /// A NO_TAG message received at a TM-SRQ (`IBV_WC_TM_NO_TAG`).
+    TmNoTag,
 }
 
 impl From<WrOpcode> for WcOpcode {
@@ -624,6 +643,50 @@ pub struct WorkCompletion {
     /// When the completion entered its CQ, on the engine's clock (the latest time the runtime
     /// has passed in): `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`.
     pub timestamp: crate::Instant,
+    /// Completions of a TM-SRQ: the tag-matching flags and, for a matched message, its tag
+    /// (`IBV_WC_EX_WITH_TM_INFO`).
+    pub tm: Option<TmInfo>,
+}
+
+/// What a TM-SRQ's completion reports of tag matching (`ibv_wc_read_tm_info`, and the
+/// `IBV_WC_TM_*` bits of `wc_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TmInfo {
+    /// The matched message's tag (0 when none was matched).
+    pub tag: u64,
+    /// The matched message's application context (`priv`, from its TMH).
+    pub app_ctx: u32,
+    /// Match, data valid, synchronisation required.
+    pub flags: TmFlags,
+}
+
+/// The tag-matching bits of a completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct TmFlags(u8);
+
+impl TmFlags {
+    /// None.
+    pub const NONE: Self = Self(0);
+    /// `IBV_WC_TM_SYNC_REQ`: the device and the consumer disagree on the count of unexpected
+    /// messages; matching is off until an operation with `IBV_OPS_TM_SYNC` reports it.
+    pub const SYNC_REQ: Self = Self(1);
+    /// `IBV_WC_TM_MATCH`: a posted tag took the message.
+    pub const MATCH: Self = Self(1 << 1);
+    /// `IBV_WC_TM_DATA_VALID`: all of the matched message's data is in the tag's buffer.
+    pub const DATA_VALID: Self = Self(1 << 2);
+
+    /// Whether every flag in `other` is set.
+    #[must_use]
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for TmFlags {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
 }
 
 #[cfg(test)]

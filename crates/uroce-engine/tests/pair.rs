@@ -1910,3 +1910,244 @@ fn a_zero_based_region_is_reached_at_offsets_from_zero() {
     p.run(Duration::from_millis(10));
     assert_eq!(statuses(&p.cq(A)), [(5, WcStatus::REM_ACCESS_ERR)]);
 }
+
+/// A TM-SRQ at B and a QP of A connected to a QP of B that takes from it; A's own QP keeps a
+/// receive queue (a rendezvous's FIN arrives there).
+struct TmPair {
+    p: Pair,
+    srq: SrqHandle,
+    a: Qpn,
+}
+
+fn tm_pair() -> TmPair {
+    use uroce_engine::tm::{MAX_NUM_TAGS, MAX_OPS};
+    let mut p = Pair::new(Mtu::Mtu1024);
+    let (ip_a, ip_b) = (p.net[A].dev.addr(), p.net[B].dev.addr());
+    let (pd_b, cq_b) = (p.hosts[B].pd, p.hosts[B].cq);
+    let srq = p.net[B].dev.create_tm_srq(pd_b, cq_b, 16, 1, MAX_NUM_TAGS, MAX_OPS).unwrap();
+    let mut make = |i: usize, srq: Option<SrqHandle>| {
+        let (h, dev) = (p.hosts[i], &mut p.net[i].dev);
+        dev.create_qp(QpInitAttr {
+            srq,
+            sq_sig_all: true,
+            ..QpInitAttr::new(QpType::Rc, h.pd, h.cq)
+        })
+        .unwrap()
+    };
+    let (a, b) = (make(A, None), make(B, Some(srq)));
+    // Tag matching is an RC offload.
+    let (pd, cq) = (p.hosts[B].pd, p.hosts[B].cq);
+    let uc = QpInitAttr { srq: Some(srq), ..QpInitAttr::new(QpType::Uc, pd, cq) };
+    assert_eq!(p.net[B].dev.create_qp(uc), Err(CreateError::TmSrqNeedsRc));
+    connect_rc(&mut p.net[A].dev, a, ip_b, b);
+    connect_rc(&mut p.net[B].dev, b, ip_a, a);
+    TmPair { p, srq, a }
+}
+
+impl TmPair {
+    fn ops(&mut self, ops: &[tm::TagOp]) -> Vec<Option<u32>> {
+        ops.iter().map(|op| self.p.net[B].dev.post_srq_op(self.srq, op).unwrap()).collect()
+    }
+
+    /// Adds a signaled tag whose buffer is `len` bytes at `offset` of B's region.
+    fn add(&mut self, tag: u64, offset: u64, len: u32) -> u32 {
+        let kind = tm::TagOpKind::Add {
+            recv_wr_id: tag,
+            sg_list: vec![self.p.sge(B, offset, len)],
+            tag,
+            mask: u64::MAX,
+        };
+        let op =
+            tm::TagOp { wr_id: 1000 + tag, kind, signaled: true, sync: false, unexpected_cnt: 0 };
+        self.ops(&[op])[0].unwrap()
+    }
+
+    /// A SEND from A of a TMH (`op`, `tag`, context 7) then `body`, from `offset` of A's region.
+    fn send(&mut self, wr_id: u64, op: u8, tag: u64, body: &[u8], offset: u64) {
+        let mut msg = vec![op, 0, 0, 0, 0, 0, 0, 7];
+        msg.extend_from_slice(&tag.to_be_bytes());
+        msg.extend_from_slice(body);
+        self.p.mem(A, offset, msg.len()).copy_from_slice(&msg);
+        let sge = self.p.sge(A, offset, msg.len() as u32);
+        self.p.net[A].dev.post_send(self.a, SendWr::new(wr_id, WrOpcode::Send, vec![sge])).unwrap();
+        self.p.run(Duration::from_millis(1));
+    }
+
+    fn post_plain(&mut self, wr_id: u64, offset: u64) {
+        let sg_list = vec![self.p.sge(B, offset, 4096)];
+        self.p.net[B].dev.post_srq_recv(self.srq, RecvWr { wr_id, sg_list }).unwrap();
+    }
+}
+
+/// (wr_id, status, opcode, byte_len, tag, flags) of each completion.
+type TmSeen = (u64, WcStatus, WcOpcode, u32, u64, TmFlags);
+
+fn tm_seen(wcs: &[WorkCompletion]) -> Vec<TmSeen> {
+    wcs.iter()
+        .map(|w| {
+            let tm = w.tm.unwrap_or_default();
+            (w.wr_id, w.status, w.opcode, w.byte_len, tm.tag, tm.flags)
+        })
+        .collect()
+}
+
+#[test]
+fn a_tm_srq_matches_eager_messages_by_tag_and_keeps_order_with_unexpected_ones() {
+    let mut t = tm_pair();
+    let (match_all, none) = (TmFlags::MATCH | TmFlags::DATA_VALID, TmFlags::NONE);
+    for (k, offset) in [(100, 0x1_0000), (101, 0x1_1000), (102, 0x1_2000)] {
+        t.post_plain(k, offset);
+    }
+    let h1 = t.add(1, 0x2_0000, 256);
+    let h2 = t.add(2, 0x2_1000, 256);
+    assert_ne!(h1, h2);
+    let added = tm_seen(&t.p.cq(B));
+    assert_eq!(
+        added,
+        [(1001, WcStatus::SUCCESS, WcOpcode::TmAdd, 0, 0, none); 1]
+            .into_iter()
+            .chain([(1002, WcStatus::SUCCESS, WcOpcode::TmAdd, 0, 0, none)])
+            .collect::<Vec<_>>()
+    );
+
+    // Tag 2 is matched although tag 1 was posted first: the payload lands in its buffer
+    // without the TMH.
+    let body: Vec<u8> = (0..48).collect();
+    t.send(1, tm::tmh_op::EAGER, 2, &body, 0);
+    assert_eq!(tm_seen(&t.p.cq(B)), [(2, WcStatus::SUCCESS, WcOpcode::TmRecv, 48, 2, match_all)]);
+    assert_eq!(t.p.mem(B, 0x2_1000, 48), &body[..]);
+    // NO_TAG goes whole to an SRQ buffer, uncounted.
+    t.send(2, tm::tmh_op::NO_TAG, 0, &body, 0);
+    assert_eq!(tm_seen(&t.p.cq(B)), [(100, WcStatus::SUCCESS, WcOpcode::TmNoTag, 64, 0, none)]);
+    // A tag nobody posted is unexpected: whole, to an SRQ buffer, no match flags.
+    t.send(3, tm::tmh_op::EAGER, 9, &body, 0);
+    assert_eq!(tm_seen(&t.p.cq(B)), [(101, WcStatus::SUCCESS, WcOpcode::TmRecv, 64, 0, none)]);
+    assert_eq!(t.p.mem(B, 0x1_1000 + 16, 48), &body[..]);
+    assert_eq!(t.p.mem(B, 0x1_1000 + 8, 8), 9u64.to_be_bytes());
+    // Until software reports that it saw it, tag 1 is not matched either: software must match
+    // the unexpected message first (MPI's order).
+    t.send(4, tm::tmh_op::EAGER, 1, &body, 0);
+    assert_eq!(tm_seen(&t.p.cq(B)), [(102, WcStatus::SUCCESS, WcOpcode::TmRecv, 64, 0, none)]);
+    // A stale count leaves matching off and says so; the right one turns it back on.
+    let sync = |cnt| tm::TagOp {
+        wr_id: 7,
+        kind: tm::TagOpKind::Sync,
+        signaled: true,
+        sync: true,
+        unexpected_cnt: cnt,
+    };
+    t.ops(&[sync(1)]);
+    assert_eq!(
+        tm_seen(&t.p.cq(B)),
+        [(7, WcStatus::SUCCESS, WcOpcode::TmSync, 0, 0, TmFlags::SYNC_REQ)]
+    );
+    t.ops(&[sync(2)]);
+    assert_eq!(tm_seen(&t.p.cq(B)), [(7, WcStatus::SUCCESS, WcOpcode::TmSync, 0, 0, none)]);
+    t.send(5, tm::tmh_op::EAGER, 1, &body[..10], 0);
+    assert_eq!(tm_seen(&t.p.cq(B)), [(1, WcStatus::SUCCESS, WcOpcode::TmRecv, 10, 1, match_all)]);
+    assert_eq!(t.p.cq(A).len(), 5, "every send completed");
+
+    // A deleted tag is not matched; deleting it twice is refused at post.
+    let h3 = t.add(3, 0x2_2000, 256);
+    t.p.cq(B);
+    let del = tm::TagOp {
+        wr_id: 8,
+        kind: tm::TagOpKind::Del { handle: h3 },
+        signaled: true,
+        sync: false,
+        unexpected_cnt: 0,
+    };
+    t.ops(std::slice::from_ref(&del));
+    assert_eq!(tm_seen(&t.p.cq(B)), [(8, WcStatus::SUCCESS, WcOpcode::TmDel, 0, 0, none)]);
+    let again = t.p.net[B].dev.post_srq_op(t.srq, &del);
+    assert_eq!(again, Err(tm::TagOpError::UnknownHandle(h3)));
+    // Unsignaled operations complete nothing.
+    let quiet = tm::TagOp {
+        wr_id: 9,
+        kind: tm::TagOpKind::Sync,
+        signaled: false,
+        sync: false,
+        unexpected_cnt: 0,
+    };
+    t.ops(&[quiet]);
+    assert!(t.p.cq(B).is_empty());
+}
+
+#[test]
+fn a_matched_eager_message_of_several_packets_reports_the_match_then_the_data() {
+    let mut t = tm_pair();
+    t.add(5, 0x2_0000, 8192);
+    t.p.cq(B);
+    let body: Vec<u8> = (0..3000u32).map(|k| (k * 7) as u8).collect();
+    t.send(1, tm::tmh_op::EAGER, 5, &body, 0);
+    let tm = TmFlags::MATCH;
+    assert_eq!(
+        tm_seen(&t.p.cq(B)),
+        [
+            (5, WcStatus::SUCCESS, WcOpcode::TmRecv, 0, 5, tm),
+            (5, WcStatus::SUCCESS, WcOpcode::TmRecv, 3000, 0, TmFlags::DATA_VALID),
+        ]
+    );
+    assert_eq!(t.p.mem(B, 0x2_0000, 3000), &body[..]);
+}
+
+/// The RVH of a rendezvous request for `len` bytes at `offset` of A's region.
+fn rvh(p: &Pair, offset: u64, len: u32) -> Vec<u8> {
+    let remote = p.remote(A, offset);
+    let mut rvh = remote.addr.to_be_bytes().to_vec();
+    rvh.extend_from_slice(&remote.rkey.0.to_be_bytes());
+    rvh.extend_from_slice(&len.to_be_bytes());
+    rvh
+}
+
+#[test]
+fn a_matched_rendezvous_request_is_read_by_the_device_which_then_sends_the_fin() {
+    let mut t = tm_pair();
+    t.add(6, 0x2_0000, 8192);
+    t.p.cq(B);
+    let data = fill(&mut t.p, A, 0x8000, 5000, 3);
+    // The FIN comes back to A's receive queue.
+    let sge = t.p.sge(A, 0x4000, 64);
+    let a = t.a;
+    t.p.net[A].dev.post_recv(a, RecvWr { wr_id: 77, sg_list: vec![sge] }).unwrap();
+    let request = rvh(&t.p, 0x8000, 5000);
+    t.send(1, tm::tmh_op::RNDV, 6, &request, 0);
+    t.p.run(Duration::from_millis(5));
+    assert_eq!(
+        tm_seen(&t.p.cq(B)),
+        [
+            (6, WcStatus::SUCCESS, WcOpcode::TmRecv, 0, 6, TmFlags::MATCH),
+            (6, WcStatus::SUCCESS, WcOpcode::TmRecv, 5000, 0, TmFlags::DATA_VALID),
+        ]
+    );
+    assert_eq!(t.p.mem(B, 0x2_0000, 5000), &data[..]);
+    // A: its SEND's completion and the FIN: the request's TMH and RVH with the FIN opcode.
+    let got: Vec<(u64, WcOpcode, u32)> =
+        t.p.cq(A).iter().map(|w| (w.wr_id, w.opcode, w.byte_len)).collect();
+    assert_eq!(got, [(1, WcOpcode::Send, 32), (77, WcOpcode::Recv, 32)]);
+    let mut fin = vec![tm::tmh_op::FIN, 0, 0, 0, 0, 0, 0, 7];
+    fin.extend_from_slice(&6u64.to_be_bytes());
+    fin.extend_from_slice(&request);
+    assert_eq!(t.p.mem(A, 0x4000, 32), &fin[..]);
+    // The device's own READ and SEND never complete on A's or B's send CQ: B saw only the two.
+    let reads =
+        t.p.log().iter().filter(|l| l.1 == B && l.2 == Opcode::RC_RDMA_READ_REQUEST).count();
+    assert_eq!(reads, 1);
+}
+
+#[test]
+fn a_rendezvous_too_large_for_the_tag_leaves_its_headers_there_for_software() {
+    let mut t = tm_pair();
+    t.add(6, 0x2_0000, 100);
+    t.p.cq(B);
+    let request = rvh(&t.p, 0x8000, 5000);
+    t.send(1, tm::tmh_op::RNDV, 6, &request, 0);
+    assert_eq!(
+        tm_seen(&t.p.cq(B)),
+        [(6, WcStatus::TM_RNDV_INCOMPLETE, WcOpcode::TmRecv, 32, 6, TmFlags::MATCH)]
+    );
+    assert_eq!(t.p.mem(B, 0x2_0000 + 16, 16), &request[..]);
+    // No READ was issued; the tag is free again.
+    assert!(!t.p.log().iter().any(|l| l.2 == Opcode::RC_RDMA_READ_REQUEST));
+    assert_eq!(t.add(7, 0x2_1000, 100), 0);
+}

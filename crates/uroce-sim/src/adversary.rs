@@ -785,6 +785,7 @@ mod tests {
             grh: false,
             ipv4: false,
             timestamp: Instant::ZERO,
+            tm: None,
             invalidated_rkey: None,
         }
     }

@@ -98,8 +98,10 @@ pub(crate) struct VerbsContext {
     pub(crate) dealloc_td: Option<unsafe extern "C" fn(*mut IbvTd) -> c_int>,
     pub(crate) alloc_td:
         Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvTdInitAttr) -> *mut IbvTd>,
-    /// `modify_cq` … `create_wq`.
-    pub(crate) unset_before_query_rt_values: [Unset; 7],
+    pub(crate) modify_cq: Unset,
+    pub(crate) post_srq_ops: Option<PostSrqOpsFn>,
+    /// `destroy_rwq_ind_table` … `create_wq`.
+    pub(crate) unset_before_query_rt_values: [Unset; 5],
     pub(crate) query_rt_values: Option<QueryRtValuesFn>,
     pub(crate) create_cq_ex: Option<CreateCqExFn>,
     pub(crate) priv_: Unset,
@@ -301,8 +303,55 @@ pub(crate) struct IbvCqEx {
     pub(crate) read_completion_ts: CqExRead<u64>,
     pub(crate) read_cvlan: CqExRead<u16>,
     pub(crate) read_flow_tag: CqExRead<u32>,
-    pub(crate) read_tm_info: Unset,
+    pub(crate) read_tm_info: Option<unsafe extern "C" fn(*mut Self, *mut IbvWcTmInfo)>,
     pub(crate) read_completion_wallclock_ns: CqExRead<u64>,
+}
+
+/// `struct ibv_wc_tm_info`.
+#[repr(C)]
+pub(crate) struct IbvWcTmInfo {
+    pub(crate) tag: u64,
+    pub(crate) priv_: u32,
+}
+
+/// `verbs_context.post_srq_ops` (`ibv_post_srq_ops(3)`).
+pub(crate) type PostSrqOpsFn =
+    unsafe extern "C" fn(*mut IbvSrq, *mut IbvOpsWr, *mut *mut IbvOpsWr) -> c_int;
+
+/// `struct ibv_ops_wr`: a tag operation on a TM-SRQ.
+#[repr(C)]
+pub(crate) struct IbvOpsWr {
+    pub(crate) wr_id: u64,
+    pub(crate) next: *mut Self,
+    pub(crate) opcode: c_int,
+    pub(crate) flags: c_int,
+    pub(crate) tm: IbvOpsWrTm,
+}
+
+/// `ibv_ops_wr.tm`.
+#[repr(C)]
+pub(crate) struct IbvOpsWrTm {
+    pub(crate) unexpected_cnt: u32,
+    pub(crate) handle: u32,
+    pub(crate) add: IbvOpsWrAdd,
+}
+
+/// `ibv_ops_wr.tm.add`.
+#[repr(C)]
+pub(crate) struct IbvOpsWrAdd {
+    pub(crate) recv_wr_id: u64,
+    pub(crate) sg_list: *mut IbvSge,
+    pub(crate) num_sge: c_int,
+    pub(crate) tag: u64,
+    pub(crate) mask: u64,
+}
+
+/// `struct ibv_tm_cap`: a TM-SRQ's sizes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IbvTmCap {
+    pub(crate) max_num_tags: u32,
+    pub(crate) max_ops: u32,
 }
 
 /// `ibv_cq_ex.start_poll`.
@@ -706,7 +755,7 @@ pub(crate) struct IbvSrqInitAttrEx {
     pub(crate) pd: *mut IbvPd,
     pub(crate) xrcd: *mut IbvXrcd,
     pub(crate) cq: *mut IbvCq,
-    pub(crate) tm_cap: [u32; 2],
+    pub(crate) tm_cap: IbvTmCap,
 }
 
 /// `struct ibv_xrcd`.
@@ -896,6 +945,14 @@ pub(crate) mod consts {
     pub(crate) const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
     pub(crate) const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
     pub(crate) const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+    pub(crate) const IBV_SRQT_TM: c_int = 2;
+    pub(crate) const IBV_SRQ_INIT_ATTR_TM: u32 = 1 << 4;
+    pub(crate) const IBV_WR_TAG_ADD: c_int = 0;
+    pub(crate) const IBV_WR_TAG_DEL: c_int = 1;
+    pub(crate) const IBV_WR_TAG_SYNC: c_int = 2;
+    pub(crate) const IBV_OPS_SIGNALED: c_int = 1 << 0;
+    pub(crate) const IBV_OPS_TM_SYNC: c_int = 1 << 1;
+    pub(crate) const IBV_TM_CAP_RC: u32 = 1 << 0;
     pub(crate) const IBV_XRCD_INIT_ATTR_FD: u32 = 1 << 0;
     pub(crate) const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
     pub(crate) const IBV_QP_OPEN_ATTR_NUM: u32 = 1 << 0;
@@ -982,6 +1039,17 @@ pub(crate) mod consts {
     pub(crate) const IBV_WC_ATOMIC_WRITE: c_int = 9;
     pub(crate) const IBV_WC_RECV: c_int = 128;
     pub(crate) const IBV_WC_RECV_RDMA_WITH_IMM: c_int = 129;
+    pub(crate) const IBV_WC_TM_ADD: c_int = 130;
+    pub(crate) const IBV_WC_TM_DEL: c_int = 131;
+    pub(crate) const IBV_WC_TM_SYNC: c_int = 132;
+    pub(crate) const IBV_WC_TM_RECV: c_int = 133;
+    pub(crate) const IBV_WC_TM_NO_TAG: c_int = 134;
+    pub(crate) const IBV_WC_TM_SYNC_REQ: u32 = 1 << 4;
+    pub(crate) const IBV_WC_TM_MATCH: u32 = 1 << 5;
+    pub(crate) const IBV_WC_TM_DATA_VALID: u32 = 1 << 6;
+    pub(crate) const IBV_WC_EX_WITH_TM_INFO: u64 = 1 << 10;
+    pub(crate) const IBV_WC_TM_ERR: c_int = 22;
+    pub(crate) const IBV_WC_TM_RNDV_INCOMPLETE: c_int = 23;
     pub(crate) const IBV_WC_GRH: u32 = 1;
     pub(crate) const IBV_WC_WITH_IMM: u32 = 2;
     pub(crate) const IBV_WC_WITH_INV: u32 = 1 << 3;
@@ -1139,6 +1207,7 @@ mod tests {
                 alloc_parent_domain,
                 dealloc_td,
                 alloc_td,
+                post_srq_ops,
                 query_rt_values,
                 create_cq_ex,
                 query_device_ex,
@@ -1159,6 +1228,27 @@ mod tests {
             [srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap]
         );
         layout!(v, IbvXrcd, "ibv_xrcd", [context]);
+        layout!(v, IbvTmCap, "ibv_tm_cap", [max_num_tags, max_ops]);
+        layout!(v, IbvWcTmInfo, "ibv_wc_tm_info", [tag]);
+        v.push((
+            "offsetof(struct ibv_wc_tm_info, priv)".into(),
+            offset_of!(IbvWcTmInfo, priv_) as i128,
+        ));
+        layout!(v, IbvOpsWr, "ibv_ops_wr", [wr_id, next, opcode, flags, tm]);
+        // The nested `tm` and `tm.add`, by their C paths.
+        let tm = offset_of!(IbvOpsWr, tm);
+        let add = tm + offset_of!(IbvOpsWrTm, add);
+        for (path, at) in [
+            ("tm.unexpected_cnt", tm + offset_of!(IbvOpsWrTm, unexpected_cnt)),
+            ("tm.handle", tm + offset_of!(IbvOpsWrTm, handle)),
+            ("tm.add.recv_wr_id", add + offset_of!(IbvOpsWrAdd, recv_wr_id)),
+            ("tm.add.sg_list", add + offset_of!(IbvOpsWrAdd, sg_list)),
+            ("tm.add.num_sge", add + offset_of!(IbvOpsWrAdd, num_sge)),
+            ("tm.add.tag", add + offset_of!(IbvOpsWrAdd, tag)),
+            ("tm.add.mask", add + offset_of!(IbvOpsWrAdd, mask)),
+        ] {
+            v.push((format!("offsetof(struct ibv_ops_wr, {path})"), at as i128));
+        }
         layout!(v, IbvXrcdInitAttr, "ibv_xrcd_init_attr", [comp_mask, fd, oflags]);
         layout!(
             v,
@@ -1609,6 +1699,25 @@ mod tests {
                 IBV_QPT_XRC_RECV,
                 IBV_SRQT_BASIC,
                 IBV_SRQT_XRC,
+                IBV_SRQT_TM,
+                IBV_SRQ_INIT_ATTR_TM,
+                IBV_WR_TAG_ADD,
+                IBV_WR_TAG_DEL,
+                IBV_WR_TAG_SYNC,
+                IBV_OPS_SIGNALED,
+                IBV_OPS_TM_SYNC,
+                IBV_TM_CAP_RC,
+                IBV_WC_TM_ADD,
+                IBV_WC_TM_DEL,
+                IBV_WC_TM_SYNC,
+                IBV_WC_TM_RECV,
+                IBV_WC_TM_NO_TAG,
+                IBV_WC_TM_SYNC_REQ,
+                IBV_WC_TM_MATCH,
+                IBV_WC_TM_DATA_VALID,
+                IBV_WC_EX_WITH_TM_INFO,
+                IBV_WC_TM_ERR,
+                IBV_WC_TM_RNDV_INCOMPLETE,
                 IBV_SRQ_INIT_ATTR_TYPE,
                 IBV_SRQ_INIT_ATTR_PD,
                 IBV_SRQ_INIT_ATTR_XRCD,

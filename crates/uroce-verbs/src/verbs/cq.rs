@@ -262,10 +262,16 @@ pub(super) fn wc_opcode(w: &WorkCompletion) -> c_int {
         WcOpcode::BindMw => IBV_WC_BIND_MW,
         WcOpcode::LocalInv => IBV_WC_LOCAL_INV,
         WcOpcode::AtomicWrite => IBV_WC_ATOMIC_WRITE,
+        WcOpcode::TmAdd => IBV_WC_TM_ADD,
+        WcOpcode::TmDel => IBV_WC_TM_DEL,
+        WcOpcode::TmSync => IBV_WC_TM_SYNC,
+        WcOpcode::TmRecv => IBV_WC_TM_RECV,
+        WcOpcode::TmNoTag => IBV_WC_TM_NO_TAG,
     }
 }
 
-/// `wc_flags` of a completion (`IBV_WC_GRH`, `IBV_WC_WITH_IMM`).
+/// `wc_flags` of a completion (`IBV_WC_GRH`, `IBV_WC_WITH_IMM`, `IBV_WC_WITH_INV`, and a
+/// TM-SRQ's `IBV_WC_TM_*`).
 pub(super) fn wc_flags(w: &WorkCompletion) -> u32 {
     let mut flags = 0;
     if w.grh {
@@ -276,6 +282,16 @@ pub(super) fn wc_flags(w: &WorkCompletion) -> u32 {
     }
     if w.invalidated_rkey.is_some() {
         flags |= IBV_WC_WITH_INV;
+    }
+    let tm = w.tm.unwrap_or_default().flags;
+    for (bit, c) in [
+        (TmFlags::SYNC_REQ, IBV_WC_TM_SYNC_REQ),
+        (TmFlags::MATCH, IBV_WC_TM_MATCH),
+        (TmFlags::DATA_VALID, IBV_WC_TM_DATA_VALID),
+    ] {
+        if tm.contains(bit) {
+            flags |= c;
+        }
     }
     flags
 }

@@ -12,12 +12,13 @@ use super::*;
 /// `raw_clock` are nanoseconds.
 pub(super) const DEVICE_CLOCK_KHZ: u64 = 1_000_000;
 
-/// The `wc_flags` an extended CQ can report: the standard fields and both timestamps. A
-/// customer VLAN (`CVLAN`), a flow tag and tag-matching information belong to raw-packet QPs,
-/// flow steering and tag matching, which uroce does not have.
+/// The `wc_flags` an extended CQ can report: the standard fields, both timestamps and
+/// tag-matching information. A customer VLAN (`CVLAN`) and a flow tag belong to raw-packet
+/// QPs and flow steering, which uroce does not have.
 const SUPPORTED_WC_FLAGS: u64 = IBV_WC_STANDARD_FLAGS
     | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
-    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK
+    | IBV_WC_EX_WITH_TM_INFO;
 
 /// The poll in progress on a CQ: the completion `ibv_start_poll` or `ibv_next_poll` loaded,
 /// which the `ibv_wc_read_*` functions read until `ibv_end_poll`.
@@ -78,7 +79,7 @@ pub(super) fn extended_cq(cq: IbvCq) -> IbvCqEx {
         read_completion_ts: Some(read_completion_ts),
         read_cvlan: None,
         read_flow_tag: None,
-        read_tm_info: None,
+        read_tm_info: Some(read_tm_info),
         read_completion_wallclock_ns: Some(read_completion_wallclock_ns),
     }
 }
@@ -132,10 +133,8 @@ pub(super) unsafe extern "C" fn create_cq_ex(
         return fail(refuse(VERB, why, libc::EOPNOTSUPP));
     }
     if a.wc_flags & !SUPPORTED_WC_FLAGS != 0 {
-        let why = format_args!(
-            "wc_flags {:#x}: no CVLAN, flow tag or tag matching",
-            a.wc_flags & !SUPPORTED_WC_FLAGS
-        );
+        let why =
+            format_args!("wc_flags {:#x}: no CVLAN or flow tag", a.wc_flags & !SUPPORTED_WC_FLAGS);
         return fail(refuse(VERB, why, libc::EOPNOTSUPP));
     }
     let spec = CqSpec {
@@ -285,6 +284,17 @@ unsafe extern "C" fn read_sl(cq: *mut IbvCqEx) -> u8 {
 
 unsafe extern "C" fn read_dlid_path_bits(_cq: *mut IbvCqEx) -> u8 {
     0
+}
+
+/// The tag and application context of the message a TM-SRQ matched (both 0 for any other
+/// completion), as `ibv_wc_read_tm_info(3)` reads them.
+unsafe extern "C" fn read_tm_info(cq: *mut IbvCqEx, info: *mut IbvWcTmInfo) {
+    // SAFETY: the caller passes a CQ it is polling.
+    let tm = unsafe { read(cq, |_, w| w.tm.unwrap_or_default()) };
+    // SAFETY: NULL or the caller's room for a struct ibv_wc_tm_info.
+    if let Some(out) = unsafe { info.as_mut() } {
+        *out = IbvWcTmInfo { tag: tm.tag, priv_: tm.app_ctx };
+    }
 }
 
 /// When the completion entered the CQ, in device-clock ticks ([`DEVICE_CLOCK_KHZ`]).

@@ -42,7 +42,7 @@ use uroce_engine::{
     Access, AddressVector, AhAttr, AhHandle, AsyncEvent, CqHandle, DEVICE_ATTR, DestroyError, LKey,
     Mtu, MwBind, MwHandle, MwType, PdHandle, PostError, Psn, QKey, QpAttr, QpCap, QpInitAttr,
     QpState, QpType, Qpn, RKey, RecvWr, RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, SrqHandle,
-    UdDest, WcOpcode, WorkCompletion, WrOpcode, XrcdHandle,
+    TmFlags, UdDest, WcOpcode, WorkCompletion, WrOpcode, XrcdHandle,
 };
 use uroce_net::{Channel, EventFd, NetDevice, OpenError, Options, RawRegion, SubscriberId};
 
@@ -128,6 +128,7 @@ mod pd;
 mod qp;
 mod qp_ex;
 mod srq;
+mod tm;
 mod work_request;
 mod xrc;
 
@@ -144,6 +145,7 @@ pub(crate) use pd::*;
 pub(crate) use qp::*;
 use qp_ex::*;
 pub(crate) use srq::*;
+use tm::*;
 use work_request::*;
 use xrc::*;
 

@@ -37,6 +37,79 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_srq(
     publish_srq(ctx, pd, srq_context, handle, max_wr, max_sge)
 }
 
+/// `verbs_context.create_srq_ex` (`ibv_create_srq_ex(3)`): a basic SRQ as `ibv_create_srq`
+/// makes, an XRC SRQ in a domain (xrc.rs), or a tag-matching SRQ (tm.rs); the last two with
+/// the CQ their receives complete on.
+pub(super) unsafe extern "C" fn create_srq_ex(
+    context: *mut IbvContext,
+    attr: *mut IbvSrqInitAttrEx,
+) -> *mut IbvSrq {
+    const VERB: &str = "ibv_create_srq_ex";
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's attributes (checked non-NULL).
+    let a = unsafe { &mut *attr };
+    let known = IBV_SRQ_INIT_ATTR_TYPE
+        | IBV_SRQ_INIT_ATTR_PD
+        | IBV_SRQ_INIT_ATTR_XRCD
+        | IBV_SRQ_INIT_ATTR_CQ
+        | IBV_SRQ_INIT_ATTR_TM;
+    if a.comp_mask & !known != 0 {
+        let why = format_args!("unknown comp_mask bits {:#x}", a.comp_mask & !known);
+        return fail(refuse(VERB, why, libc::EOPNOTSUPP));
+    }
+    let srq_type =
+        if a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 { a.srq_type } else { IBV_SRQT_BASIC };
+    let pd = if a.comp_mask & IBV_SRQ_INIT_ATTR_PD != 0 { a.pd } else { null_mut() };
+    // SAFETY: NULL or the caller's PD.
+    let Some((ctx, pdh)) = (unsafe { pd_parts(pd) }) else {
+        return fail(refuse(VERB, "an SRQ needs a PD", libc::EINVAL));
+    };
+    if ctx_ptr(ctx) != context {
+        return fail(refuse(VERB, "the PD is another context's", libc::EINVAL));
+    }
+    match srq_type {
+        IBV_SRQT_BASIC => {
+            let mut legacy = IbvSrqInitAttr {
+                srq_context: a.srq_context,
+                attr: IbvSrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: 0 },
+            };
+            // SAFETY: the caller's PD; a local attribute structure.
+            let srq = unsafe { uroce_verbs_create_srq(pd, &raw mut legacy) };
+            a.attr.max_wr = legacy.attr.max_wr;
+            a.attr.max_sge = legacy.attr.max_sge;
+            srq
+        }
+        // SAFETY: the caller's live PD of `ctx`, and its attributes.
+        IBV_SRQT_XRC => unsafe { create_xrc_srq(ctx, pd, pdh, a) },
+        // SAFETY: as above.
+        IBV_SRQT_TM => unsafe { create_tm_srq(ctx, pd, pdh, a) },
+        t => fail(refuse(VERB, format_args!("srq_type {t}: basic, XRC or TM"), libc::EINVAL)),
+    }
+}
+
+/// An SRQ of the sizes `a` asks for (`max_wr` at least 1; `max_sge` 0 taken as 1), made by
+/// `make`, handed to C with the sizes it got written back.
+pub(super) fn create_sized_srq(
+    ctx: &Context,
+    pd: *mut IbvPd,
+    a: &mut IbvSrqInitAttrEx,
+    make: impl FnOnce(u32, u32) -> Result<SrqHandle, uroce_engine::CreateError>,
+) -> *mut IbvSrq {
+    if a.attr.max_wr == 0 {
+        return fail(refuse("ibv_create_srq_ex", "max_wr 0", libc::EINVAL));
+    }
+    let (max_wr, max_sge) = (a.attr.max_wr, a.attr.max_sge.max(1));
+    let handle = match make(max_wr, max_sge) {
+        Ok(h) => h,
+        Err(e) => return fail(refuse("ibv_create_srq_ex", e, libc::EINVAL)),
+    };
+    a.attr.max_wr = max_wr;
+    a.attr.max_sge = max_sge;
+    publish_srq(ctx, pd, a.srq_context, handle, max_wr, max_sge)
+}
+
 /// Hands an SRQ the engine created in `pd` to C.
 pub(super) fn publish_srq(
     ctx: &Context,

@@ -1,5 +1,5 @@
 //! XRC (IBA Annex A14): domains (`ibv_open_xrcd`, `ibv_close_xrcd`), XRC SRQs
-//! (`ibv_create_srq_ex`, `ibv_get_srq_num`), target QPs (`ibv_create_qp_ex` with
+//! (`ibv_create_srq_ex` through srq.rs, `ibv_get_srq_num`), target QPs (`ibv_create_qp_ex` with
 //! `IBV_QPT_XRC_RECV`, `ibv_open_qp`). Initiators are ordinary QPs of type
 //! `IBV_QPT_XRC_SEND` (qp.rs), whose work requests name the remote SRQ.
 //!
@@ -123,82 +123,35 @@ pub(super) unsafe extern "C" fn close_xrcd(xrcd: *mut IbvXrcd) -> c_int {
     0
 }
 
-/// `verbs_context.create_srq_ex` (`ibv_create_srq_ex(3)`): a basic SRQ as `ibv_create_srq`
-/// makes, or an XRC SRQ in a domain, with the CQ its receives complete on. Tag-matching SRQs
-/// are not offered (EOPNOTSUPP).
-pub(super) unsafe extern "C" fn create_srq_ex(
-    context: *mut IbvContext,
-    attr: *mut IbvSrqInitAttrEx,
+/// An XRC SRQ (`ibv_create_srq_ex` with `IBV_SRQT_XRC`) in `pd`: it needs an XRC domain and
+/// the CQ its receives complete on.
+///
+/// # Safety
+///
+/// `pd` is the live PD `pdh` of `ctx`; `a` the caller's attributes.
+pub(super) unsafe fn create_xrc_srq(
+    ctx: &Context,
+    pd: *mut IbvPd,
+    pdh: PdHandle,
+    a: &mut IbvSrqInitAttrEx,
 ) -> *mut IbvSrq {
     const VERB: &str = "ibv_create_srq_ex";
-    if attr.is_null() {
+    let need = IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+    if a.comp_mask & need != need {
+        return fail(refuse(VERB, "an XRC SRQ needs an XRC domain and a CQ", libc::EINVAL));
+    }
+    // SAFETY: NULL or the caller's domain and CQ.
+    let (Some((xctx, x)), Some((cctx, cq))) =
+        (unsafe { xrcd_parts(a.xrcd) }, unsafe { cq_parts(a.cq) })
+    else {
         return fail(libc::EINVAL);
-    }
-    // SAFETY: the caller's attributes (checked non-NULL).
-    let a = unsafe { &mut *attr };
-    let known = IBV_SRQ_INIT_ATTR_TYPE
-        | IBV_SRQ_INIT_ATTR_PD
-        | IBV_SRQ_INIT_ATTR_XRCD
-        | IBV_SRQ_INIT_ATTR_CQ;
-    if a.comp_mask & !known != 0 {
-        let why = format_args!("comp_mask {:#x} (tag matching is not offered)", a.comp_mask);
-        return fail(refuse(VERB, why, libc::EOPNOTSUPP));
-    }
-    let srq_type =
-        if a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 { a.srq_type } else { IBV_SRQT_BASIC };
-    let pd = if a.comp_mask & IBV_SRQ_INIT_ATTR_PD != 0 { a.pd } else { null_mut() };
-    // SAFETY: NULL or the caller's PD.
-    let Some((ctx, pdh)) = (unsafe { pd_parts(pd) }) else {
-        return fail(refuse(VERB, "an SRQ needs a PD", libc::EINVAL));
     };
-    if ctx_ptr(ctx) != context {
-        return fail(refuse(VERB, "the PD is another context's", libc::EINVAL));
+    if !ptr::eq(xctx, ctx) || !ptr::eq(cctx, ctx) {
+        return fail(refuse(VERB, "objects of another context", libc::EINVAL));
     }
-    match srq_type {
-        IBV_SRQT_BASIC => {
-            let mut legacy = IbvSrqInitAttr {
-                srq_context: a.srq_context,
-                attr: IbvSrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: 0 },
-            };
-            // SAFETY: the caller's PD; a local attribute structure.
-            let srq = unsafe { uroce_verbs_create_srq(pd, &raw mut legacy) };
-            a.attr.max_wr = legacy.attr.max_wr;
-            a.attr.max_sge = legacy.attr.max_sge;
-            srq
-        }
-        IBV_SRQT_XRC => {
-            let need = IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
-            if a.comp_mask & need != need {
-                return fail(refuse(VERB, "an XRC SRQ needs an XRC domain and a CQ", libc::EINVAL));
-            }
-            // SAFETY: NULL or the caller's domain and CQ.
-            let (Some((xctx, x)), Some((cctx, cq))) =
-                (unsafe { xrcd_parts(a.xrcd) }, unsafe { cq_parts(a.cq) })
-            else {
-                return fail(libc::EINVAL);
-            };
-            if !ptr::eq(xctx, ctx) || !ptr::eq(cctx, ctx) {
-                return fail(refuse(VERB, "objects of another context", libc::EINVAL));
-            }
-            if a.attr.max_wr == 0 {
-                return fail(libc::EINVAL);
-            }
-            let (max_wr, max_sge) = (a.attr.max_wr, a.attr.max_sge.max(1));
-            let made =
-                ctx.net.with(|s| s.engine().create_xrc_srq(pdh, x.handle, cq, max_wr, max_sge));
-            let handle = match made {
-                Ok(h) => h,
-                Err(e) => return fail(refuse(VERB, e, libc::EINVAL)),
-            };
-            a.attr.max_wr = max_wr;
-            a.attr.max_sge = max_sge;
-            let srq = publish_srq(ctx, pd, a.srq_context, handle, max_wr, max_sge);
-            // SAFETY: the caller's PD, live (checked above).
-            unsafe { parent_domain_use(pd, true) };
-            srq
-        }
-        t => fail(refuse(VERB, format_args!("srq_type {t}: basic and XRC only"), libc::EOPNOTSUPP)),
-    }
+    create_sized_srq(ctx, pd, a, |max_wr, max_sge| {
+        ctx.net.with(|s| s.engine().create_xrc_srq(pdh, x.handle, cq, max_wr, max_sge))
+    })
 }
 
 /// `verbs_context.get_srq_num` (`ibv_get_srq_num(3)`): the number initiators name in their

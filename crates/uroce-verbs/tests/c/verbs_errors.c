@@ -106,6 +106,16 @@
  *      memory holds what the original's copy put there, and a QP made through the imported
  *      context and PD carries an RDMA WRITE; unimported and closed, the originals serve on
  *      (scenario_import).
+ *   t. tag matching (rdma-core Documentation/tag_matching.md; ibv_create_srq_ex(3) with
+ *      IBV_SRQT_TM, ibv_post_srq_ops(3)): a TM-SRQ needs its CQ (EINVAL without); an ADD
+ *      completes IBV_WC_TM_ADD and hands back a handle; an eager message with a posted tag
+ *      lands in the tag's buffer without its TMH (IBV_WC_TM_RECV, MATCH | DATA_VALID, its tag
+ *      and context through ibv_wc_read_tm_info); one with another tag goes whole to an SRQ
+ *      buffer as unexpected (no match flags), and a sync with the count completes
+ *      IBV_WC_TM_SYNC without IBV_WC_TM_SYNC_REQ; NO_TAG completes IBV_WC_TM_NO_TAG; a
+ *      rendezvous request is READ by the receiving device (MATCH, then DATA_VALID with the
+ *      data), which SENDs the FIN back; DEL of a handle never added fails with EINVAL and
+ *      names it in bad_op (scenario_tm).
  *
  * Section numbers are those of IBA vol. 1 (release 1.2.1 and later, chapters 9 "Transport
  * layer", 10 "Software transport interface"); compliance statement numbers (C9-nn) are not
@@ -136,6 +146,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include <infiniband/tm_types.h>
 #include <infiniband/verbs.h>
 
 #define BUF_SIZE 4096
@@ -2617,6 +2628,208 @@ static void scenario_import(struct dev *d0, struct dev *d1)
 	free(buf);
 }
 
+/* Waits for the next completion of an extended CQ: 0 with it loaded, else the poll's error. */
+static int tm_next(struct ibv_cq_ex *cq)
+{
+	return start_poll_wait(cq);
+}
+
+/* Checks the loaded completion of a TM-SRQ's CQ, then ends the poll. */
+static void tm_expect(const char *sc, const char *what, struct ibv_cq_ex *cq, uint64_t wr_id,
+		      enum ibv_wc_opcode op, unsigned int flags, uint64_t tag, uint32_t len)
+{
+	struct ibv_wc_tm_info info = { 0 };
+	unsigned int got_flags;
+	int rc = tm_next(cq);
+
+	if (rc) {
+		fail("%s: %s: no completion (%d)", sc, what, rc);
+		return;
+	}
+	got_flags = ibv_wc_read_wc_flags(cq) & (IBV_WC_TM_SYNC_REQ | IBV_WC_TM_MATCH |
+						 IBV_WC_TM_DATA_VALID);
+	ibv_wc_read_tm_info(cq, &info);
+	printf("%s: %s %s opcode %d flags 0x%x tag 0x%" PRIx64 "\n", sc, what,
+	       ibv_wc_status_str(cq->status), ibv_wc_read_opcode(cq), got_flags,
+	       (uint64_t)info.tag);
+	if (cq->status != IBV_WC_SUCCESS || cq->wr_id != wr_id ||
+	    ibv_wc_read_opcode(cq) != op || got_flags != flags || info.tag != tag ||
+	    ((op == IBV_WC_TM_RECV || op == IBV_WC_TM_NO_TAG) && ibv_wc_read_byte_len(cq) != len))
+		fail("%s: %s: status %d wr_id %" PRIu64 " opcode %d flags 0x%x tag 0x%" PRIx64
+		     " len %u; expected wr_id %" PRIu64 " opcode %d flags 0x%x tag 0x%" PRIx64
+		     " len %u",
+		     sc, what, cq->status, (uint64_t)cq->wr_id, ibv_wc_read_opcode(cq), got_flags,
+		     (uint64_t)info.tag, ibv_wc_read_byte_len(cq), wr_id, op, flags, tag, len);
+	ibv_end_poll(cq);
+}
+
+/* A TMH (`op`, `tag`, context 0x5a) then `body_len` bytes of pattern at the start of a's buffer. */
+static uint32_t tm_message(struct ep *a, uint8_t op, uint64_t tag, uint32_t body_len)
+{
+	struct ibv_tmh tmh = { .opcode = op, .app_ctx = htonl(0x5a), .tag = htobe64(tag) };
+
+	memcpy(a->buf, &tmh, sizeof(tmh));
+	for (uint32_t i = 0; i < body_len; i++)
+		a->buf[sizeof(tmh) + i] = (char)(i * 7 + op);
+	return sizeof(tmh) + body_len;
+}
+
+static struct ibv_ops_wr tm_add(uint64_t wr_id, uint64_t tag, struct ibv_sge *sge)
+{
+	struct ibv_ops_wr op = { .wr_id = wr_id, .opcode = IBV_WR_TAG_ADD,
+				 .flags = IBV_OPS_SIGNALED };
+
+	op.tm.add.recv_wr_id = tag;
+	op.tm.add.sg_list = sge;
+	op.tm.add.num_sge = 1;
+	op.tm.add.tag = tag;
+	op.tm.add.mask = ~0ull;
+	return op;
+}
+
+static void scenario_tm(struct dev *d0, struct dev *d1)
+{
+	const char *sc = "tm";
+	const unsigned int all = IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID;
+	struct ibv_cq_init_attr_ex ca = { .cqe = CQ_DEPTH,
+					  .wc_flags = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_TM_INFO };
+	struct ibv_srq_init_attr_ex sa;
+	struct ibv_device_attr_ex dx;
+	struct ibv_ops_wr op, *bad_op;
+	struct ibv_recv_wr rwr, *bad_rwr;
+	struct ibv_sge sge, rsge[2];
+	struct ibv_cq_ex *cqx;
+	struct ibv_srq *srq;
+	struct ibv_rvh rvh;
+	struct ep a, b;
+	char *data;
+	uint32_t len;
+	int rc;
+
+	if (ibv_query_device_ex(d1->ctx, NULL, &dx) || !(dx.tm_caps.flags & IBV_TM_CAP_RC)) {
+		printf("%s: the device has no RC tag matching; skipped\n", sc);
+		return;
+	}
+	printf("%s: tm_caps max_num_tags %u max_ops %u max_sge %u max_rndv_hdr_size %u\n", sc,
+	       dx.tm_caps.max_num_tags, dx.tm_caps.max_ops, dx.tm_caps.max_sge,
+	       dx.tm_caps.max_rndv_hdr_size);
+	cqx = ibv_create_cq_ex(d1->ctx, &ca);
+	if (!cqx)
+		die("%s: ibv_create_cq_ex(TM_INFO): %s", sc, strerror(errno));
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = 8;
+	sa.attr.max_sge = 1;
+	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TM;
+	sa.srq_type = IBV_SRQT_TM;
+	sa.pd = d1->pd;
+	sa.tm_cap.max_num_tags = dx.tm_caps.max_num_tags;
+	sa.tm_cap.max_ops = 8;
+	srq = ibv_create_srq_ex(d1->ctx, &sa);
+	if (srq || errno != EINVAL)
+		fail("%s: a TM-SRQ without its CQ: %s, expected EINVAL", sc,
+		     srq ? "created" : strerror(errno));
+	sa.comp_mask |= IBV_SRQ_INIT_ATTR_CQ;
+	sa.cq = ibv_cq_ex_to_cq(cqx);
+	srq = ibv_create_srq_ex(d1->ctx, &sa);
+	if (!srq)
+		die("%s: ibv_create_srq_ex(TM): %s", sc, strerror(errno));
+
+	ep_create(&a, d0);
+	memset(&b, 0, sizeof(b));
+	b.cq = ibv_cq_ex_to_cq(cqx);
+	ep_attach(&b, d1, srq);
+	connect_pair(&a, &b);
+
+	/* Two ordinary SRQ buffers (the first half of b's buffer), one tag (the third quarter). */
+	for (int i = 0; i < 2; i++) {
+		rsge[i] = (struct ibv_sge){ (uintptr_t)b.buf + i * 1024, 1024, b.mr->lkey };
+		rwr = (struct ibv_recv_wr){ .wr_id = 100 + i, .sg_list = &rsge[i], .num_sge = 1 };
+		must_post(sc, "SRQ receive", ibv_post_srq_recv(srq, &rwr, &bad_rwr));
+	}
+	sge = (struct ibv_sge){ (uintptr_t)b.buf + 2048, 1024, b.mr->lkey };
+	op = tm_add(1, 0x42, &sge);
+	must_post(sc, "ADD 0x42", ibv_post_srq_ops(srq, &op, &bad_op));
+	tm_expect(sc, "ADD", cqx, 1, IBV_WC_TM_ADD, 0, 0, 0);
+
+	/* Expected: the tag's buffer, without the TMH. */
+	len = tm_message(&a, IBV_TMH_EAGER, 0x42, 48);
+	must_post(sc, "eager 0x42", post_send(&a, IBV_WR_SEND, 10, len, 0, 0));
+	expect_wc(sc, "sender", &a, 10, IBV_WC_SUCCESS, POLL_MS);
+	tm_expect(sc, "matched", cqx, 0x42, IBV_WC_TM_RECV, all, 0x42, 48);
+	if (memcmp(b.buf + 2048, a.buf + sizeof(struct ibv_tmh), 48))
+		fail("%s: the matched payload is not in the tag's buffer", sc);
+
+	/* Unexpected: whole, into the first SRQ buffer; then the count is reported. */
+	len = tm_message(&a, IBV_TMH_EAGER, 0x99, 48);
+	must_post(sc, "eager 0x99", post_send(&a, IBV_WR_SEND, 11, len, 0, 0));
+	expect_wc(sc, "sender", &a, 11, IBV_WC_SUCCESS, POLL_MS);
+	tm_expect(sc, "unexpected", cqx, 100, IBV_WC_TM_RECV, 0, 0, len);
+	if (memcmp(b.buf, a.buf, len))
+		fail("%s: the unexpected message is not whole in the SRQ buffer", sc);
+	op = (struct ibv_ops_wr){ .wr_id = 2, .opcode = IBV_WR_TAG_SYNC,
+				  .flags = IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC };
+	op.tm.unexpected_cnt = 1;
+	must_post(sc, "SYNC 1", ibv_post_srq_ops(srq, &op, &bad_op));
+	tm_expect(sc, "SYNC", cqx, 2, IBV_WC_TM_SYNC, 0, 0, 0);
+
+	/* NO_TAG: whole, into the second SRQ buffer. */
+	len = tm_message(&a, IBV_TMH_NO_TAG, 0, 8);
+	must_post(sc, "no tag", post_send(&a, IBV_WR_SEND, 12, len, 0, 0));
+	expect_wc(sc, "sender", &a, 12, IBV_WC_SUCCESS, POLL_MS);
+	tm_expect(sc, "no tag", cqx, 101, IBV_WC_TM_NO_TAG, 0, 0, len);
+
+	/* Rendezvous: the data (1000 bytes at a.buf + 2048) is READ into the tag's buffer. */
+	op = tm_add(3, 0x43, &sge);
+	must_post(sc, "ADD 0x43", ibv_post_srq_ops(srq, &op, &bad_op));
+	tm_expect(sc, "ADD", cqx, 3, IBV_WC_TM_ADD, 0, 0, 0);
+	data = a.buf + 2048;
+	for (int i = 0; i < 1000; i++)
+		data[i] = (char)(i * 13 + 1);
+	len = tm_message(&a, IBV_TMH_RNDV, 0x43, 0);
+	rvh = (struct ibv_rvh){ .va = htobe64((uintptr_t)data), .rkey = htonl(a.mr->rkey),
+				.len = htonl(1000) };
+	memcpy(a.buf + len, &rvh, sizeof(rvh));
+	len += sizeof(rvh);
+	{
+		/* The FIN comes back into a's receive queue, at a.buf + 1024. */
+		struct ibv_sge fsge = { (uintptr_t)a.buf + 1024, 64, a.mr->lkey };
+		struct ibv_recv_wr fwr = { .wr_id = 55, .sg_list = &fsge, .num_sge = 1 };
+
+		must_post(sc, "FIN receive", ibv_post_recv(a.qp, &fwr, &bad_rwr));
+	}
+	must_post(sc, "rendezvous 0x43", post_send(&a, IBV_WR_SEND, 13, len, 0, 0));
+	expect_wc(sc, "sender", &a, 13, IBV_WC_SUCCESS, POLL_MS);
+	tm_expect(sc, "rendezvous match", cqx, 0x43, IBV_WC_TM_RECV, IBV_WC_TM_MATCH, 0x43, 0);
+	tm_expect(sc, "rendezvous data", cqx, 0x43, IBV_WC_TM_RECV, IBV_WC_TM_DATA_VALID, 0,
+		  1000);
+	if (memcmp(b.buf + 2048, data, 1000))
+		fail("%s: the rendezvous data is not in the tag's buffer", sc);
+	expect_wc(sc, "FIN", &a, 55, IBV_WC_SUCCESS, POLL_MS);
+	if (((struct ibv_tmh *)(a.buf + 1024))->opcode != IBV_TMH_FIN ||
+	    memcmp(a.buf + 1024 + 1, a.buf + 1, len - 1))
+		fail("%s: the FIN is not the request's headers with the FIN opcode", sc);
+
+	/* A handle never added. */
+	op = (struct ibv_ops_wr){ .wr_id = 4, .opcode = IBV_WR_TAG_DEL, .flags = IBV_OPS_SIGNALED };
+	op.tm.handle = 999;
+	bad_op = NULL;
+	rc = ibv_post_srq_ops(srq, &op, &bad_op);
+	if (rc != EINVAL || bad_op != &op)
+		fail("%s: DEL of handle 999: %d, bad_op %s; expected EINVAL naming it", sc, rc,
+		     bad_op == &op ? "set" : "not set");
+
+	ep_destroy(&a);
+	if (ibv_destroy_qp(b.qp))
+		fail("%s: cleanup: ibv_destroy_qp", sc);
+	if (ibv_destroy_srq(srq))
+		fail("%s: cleanup: ibv_destroy_srq", sc);
+	if (ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)))
+		fail("%s: cleanup: ibv_destroy_cq", sc);
+	if (ibv_dereg_mr(b.mr))
+		fail("%s: cleanup: ibv_dereg_mr", sc);
+	free(b.buf);
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -2668,6 +2881,7 @@ int main(void)
 	scenario_dm(&d0, &d1);
 	scenario_xrc(&d0, &d1);
 	scenario_import(&d0, &d1);
+	scenario_tm(&d0, &d1);
 
 	close_dev(&d0);
 	close_dev(&d1);
