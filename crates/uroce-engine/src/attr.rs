@@ -106,6 +106,10 @@ pub struct DeviceAttr {
     pub max_mcast_qp_attach: u32,
     /// Attachments over all groups.
     pub max_total_mcast_qp_attach: u32,
+    /// Entries of the port's GID table (`gid_tbl_len`): entry 0 holds the device's RoCE v2
+    /// GID (its address, IPv4-mapped for IPv4), the others are empty, as on a RoCE NIC whose
+    /// table has room for the GIDs its host may add.
+    pub gid_tbl_len: u32,
 }
 
 /// The limits every uroce device has.
@@ -123,4 +127,5 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
     max_mcast_grp: 1 << 10,
     max_mcast_qp_attach: 64,
     max_total_mcast_qp_attach: 1 << 16,
+    gid_tbl_len: 16,
 };

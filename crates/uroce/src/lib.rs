@@ -71,9 +71,9 @@ use std::io::{self, Read, Write};
 use std::sync::Arc;
 
 pub use uroce_engine::{
-    Access, AsyncEvent, Counters, CreateError, Instant, McastError, ModifyError, Mtu, MwType,
-    PostError, Psn, QKey, QpCounters, QpState, QpType, Qpn, RKey, RemoteAddr, SendFlags, Sge,
-    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    Access, AsyncEvent, Counters, CreateError, DEVICE_ATTR, DeviceAttr, Instant, McastError,
+    ModifyError, Mtu, MwType, PostError, Psn, QKey, QpCounters, QpState, QpType, Qpn, RKey,
+    RemoteAddr, SendFlags, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use uroce_engine::{
     AhAttr, AhHandle, CqHandle, MemoryRegion, MwHandle, PdHandle, QpAttr, QpCap, QpInitAttr,

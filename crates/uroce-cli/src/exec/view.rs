@@ -91,7 +91,13 @@ pub(crate) fn sys_class(devices: &[Device], cpus: usize) -> Vec<(PathBuf, Node)>
         for sub in ["gids", "pkeys", "gid_attrs", "gid_attrs/types", "gid_attrs/ndevs"] {
             put(format!("{port}/{sub}"), Node::Dir);
         }
+        // One GID, at index 0; the table's other entries are empty, shown as the zero GID
+        // (their types and netdevs cannot be read: the kernel fails such a read; here the file
+        // is absent).
         put(format!("{port}/gids/0"), file(&groups(&gid(d.addr))));
+        for i in 1..uroce::DEVICE_ATTR.gid_tbl_len {
+            put(format!("{port}/gids/{i}"), file(&groups(&[0; 16])));
+        }
         put(format!("{port}/pkeys/0"), file("0xffff"));
         put(format!("{port}/gid_attrs/types/0"), file("RoCE v2"));
         if let Some(nd) = &d.netdev {

@@ -25,6 +25,12 @@ pub(super) unsafe extern "C" fn uroce_verbs_create_ah(
         let why = "RoCE needs is_global = 1 and the destination's GID in grh.dgid";
         return fail(refuse("ibv_create_ah", why, libc::EINVAL));
     }
+    // The source GID must be one the port holds (Linux resolves it before the driver sees
+    // the address handle, and fails an empty or absent entry).
+    if a.grh.sgid_index != 0 {
+        let why = "grh.sgid_index: only entry 0 of the GID table holds a GID";
+        return fail(refuse("ibv_create_ah", why, libc::EINVAL));
+    }
     let ah_attr = AhAttr { dest: addr_of_gid(&a.grh.dgid), flow_label: a.grh.flow_label };
     let handle = match ctx.net.with(|s| s.engine().create_ah(pdh, ah_attr)) {
         Ok(h) => h,

@@ -382,7 +382,7 @@ pub(super) fn port_attr(ctx: &Context) -> IbvPortAttr {
         state: IBV_PORT_ACTIVE,
         max_mtu: IBV_MTU_4096,
         active_mtu: mtu_enum(mtu),
-        gid_tbl_len: 1,
+        gid_tbl_len: c_int::try_from(DEVICE_ATTR.gid_tbl_len).unwrap_or(c_int::MAX),
         port_cap_flags: 0,
         max_msg_sz: DEVICE_ATTR.max_msg_sz,
         bad_pkey_cntr: 0,
@@ -468,13 +468,20 @@ pub(super) unsafe extern "C" fn uroce_verbs_query_gid(
 ) -> c_int {
     // SAFETY: the caller passes a context it opened.
     let Some(ctx) = (unsafe { ctx_of(context) }) else { return -1 };
-    if port != 1 || index != 0 || gid.is_null() {
+    if port != 1 || !in_gid_table(index) || gid.is_null() {
         set_errno(libc::EINVAL);
         return -1;
     }
+    // ibv_query_gid(3): an empty entry reads as the zero GID, as the kernel's sysfs shows it.
+    let value = if index == 0 { gid_of(ctx.dev.addr) } else { IbvGid { raw: [0; 16] } };
     // SAFETY: the caller passes room for a union ibv_gid.
-    unsafe { gid.write(gid_of(ctx.dev.addr)) };
+    unsafe { gid.write(value) };
     0
+}
+
+/// Whether `index` is an entry of the port's GID table (populated or not).
+fn in_gid_table(index: impl TryInto<u32>) -> bool {
+    index.try_into().is_ok_and(|i| i < DEVICE_ATTR.gid_tbl_len)
 }
 
 #[unsafe(no_mangle)]
@@ -517,7 +524,11 @@ pub(super) unsafe extern "C" fn uroce_verbs_query_gid_ex(
     if flags != 0 || entry.is_null() || entry_size < size_of::<IbvGidEntry>() {
         return libc::EINVAL;
     }
-    if port != 1 || index != 0 {
+    // The kernel's query_gid_entry: EINVAL past the table, ENODATA for an empty entry.
+    if port != 1 || !in_gid_table(index) {
+        return libc::EINVAL;
+    }
+    if index != 0 {
         return libc::ENODATA;
     }
     // SAFETY: the caller passes room for `entry_size` >= size_of bytes.

@@ -305,7 +305,7 @@ pub(super) fn qp_attr(a: &IbvQpAttr, mask: c_int) -> Result<QpAttr, AttrRefusal>
         }
         // The source GID and the port must exist (Linux checks both before the driver).
         if a.ah_attr.grh.sgid_index != 0 {
-            return invalid("ah_attr.grh.sgid_index: the port's GID table has one entry, 0");
+            return invalid("ah_attr.grh.sgid_index: only entry 0 of the GID table holds a GID");
         }
         if a.ah_attr.port_num != 1 {
             return invalid("ah_attr.port_num: the device has port 1 only");

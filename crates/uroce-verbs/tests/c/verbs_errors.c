@@ -70,7 +70,9 @@
  *      bit no verbs.h defines (1 << 30), a source GID index past the port's table at
  *      INIT->RTR, a PATH_MTU at RTS->RTS and a cur_qp_state the QP is not in are refused
  *      (EINVAL; EOPNOTSUPP for the unknown bit), and the QP stays where it was; the right
- *      cur_qp_state is taken. ibv_dealloc_pd returns EBUSY while an MR or a QP uses the PD
+ *      cur_qp_state is taken; an empty entry of the GID table reads ENODATA through
+ *      ibv_query_gid_ex and the zero GID through ibv_query_gid, and is no source GID for a QP
+ *      or an address handle. ibv_dealloc_pd returns EBUSY while an MR or a QP uses the PD
  *      (ibv_dealloc_pd(3)) and 0 once neither does. ibv_create_cq with comp_vector equal to
  *      the context's num_comp_vectors fails with EINVAL (ibv_create_cq(3): the vector is below
  *      num_comp_vectors). ibv_resize_cq grows and shrinks a CQ, keeping what it holds, and
@@ -1418,6 +1420,37 @@ static void scenario_checks(struct dev *d0, struct dev *d1)
 	rc = ibv_modify_qp(a.qp, &attr, rtr_mask);
 	expect_rc(s, "ibv_modify_qp(INIT->RTR with sgid_index = gid_tbl_len)", rc, EINVAL, EINVAL);
 	expect_state(s, "after it", &a, IBV_QPS_INIT);
+	/* An empty entry of the table: ENODATA from ibv_query_gid_ex, the zero GID from
+	 * ibv_query_gid (as sysfs shows it), and no source GID for a QP or an AH. */
+	for (int i = 1; i < port.gid_tbl_len && i < 256; i++) {
+		struct ibv_gid_entry entry;
+		union ibv_gid zero, got;
+		struct ibv_ah_attr ah_attr;
+		struct ibv_ah *ah;
+
+		if (ibv_query_gid_ex(d0->ctx, PORT, i, &entry, 0) != ENODATA)
+			continue;
+		memset(&zero, 0, sizeof(zero));
+		memset(&got, 0xff, sizeof(got));
+		if (ibv_query_gid(d0->ctx, PORT, i, &got) || memcmp(&got, &zero, sizeof(zero)))
+			fail("%s: ibv_query_gid of empty entry %d: not the zero GID", s, i);
+		attr.ah_attr.grh.sgid_index = (uint8_t)i;
+		rc = ibv_modify_qp(a.qp, &attr, rtr_mask);
+		expect_rc(s, "ibv_modify_qp(INIT->RTR with an empty sgid_index)", rc, EINVAL, ENODATA);
+		expect_state(s, "after it", &a, IBV_QPS_INIT);
+		memset(&ah_attr, 0, sizeof(ah_attr));
+		ah_attr.is_global = 1;
+		ah_attr.grh.dgid = d1->gid;
+		ah_attr.grh.sgid_index = (uint8_t)i;
+		ah_attr.grh.hop_limit = 64;
+		ah_attr.port_num = PORT;
+		ah = ibv_create_ah(d0->pd, &ah_attr);
+		if (ah) {
+			fail("%s: ibv_create_ah with the empty sgid_index %d was created", s, i);
+			ibv_destroy_ah(ah);
+		}
+		break;
+	}
 
 	connect_pair(&a, &b);
 	memset(&attr, 0, sizeof(attr));
