@@ -56,7 +56,8 @@ client options:
   -D SECONDS       run each test for this long instead
   --warmup N       unmeasured iterations first (default 100)
   --json           one JSON object per result instead of the table
-  --mtu M          RDMA path MTU: 256, 512, 1024, 2048 or 4096 (default 4096)
+  --mtu M          RDMA path MTU: 256, 512, 1024, 2048 or 4096 (default: the ports' active
+                   MTU, the smaller of the two sides': 4096 on loopback, 1024 on a 1500-byte link)
   --depth N        RDMA messages in flight for streaming tests (default 32)
   --events         RDMA: sleep on completion events instead of busy polling
   --inline N       RDMA: SENDs of at most N bytes go inline (N <= 1024)
@@ -347,10 +348,12 @@ fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             Long("json") => json = true,
             Long("mtu") => {
                 let m: u32 = parser.value()?.parse()?;
-                params.mtu = uroce::Mtu::ALL
-                    .into_iter()
-                    .find(|x| x.bytes() == m)
-                    .ok_or("--mtu must be 256, 512, 1024, 2048 or 4096")?;
+                params.mtu = Some(
+                    uroce::Mtu::ALL
+                        .into_iter()
+                        .find(|x| x.bytes() == m)
+                        .ok_or("--mtu must be 256, 512, 1024, 2048 or 4096")?,
+                );
             }
             Long("depth") => params.depth = parser.value()?.parse()?,
             Long("events") => params.events = true,

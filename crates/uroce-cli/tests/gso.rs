@@ -11,7 +11,7 @@
 //! its segments and verifies each.
 //!
 //! Loopback (IPv4 and IPv6) in one namespace, and a veth pair between two (1500-byte MTU, RDMA
-//! MTU 1024: 60 segments per send). Needs root, `ip` and `dumpcap`/`tshark`; without them it
+//! MTU 1024 as the client chooses it from the ports by default: 60 segments per send). Needs root, `ip` and `dumpcap`/`tshark`; without them it
 //! says why it skips, and under `CI=true` fails.
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
@@ -82,8 +82,15 @@ fn stop(child: &mut Child) {
 }
 
 /// `uroce server` in `server_ns` and `uroce client` in `client_ns`, both on the UDP path,
-/// running WRITE and SEND streams of 64 KiB and a WRITE ping-pong; returns the client's output.
-fn run_tests(server_ns: &str, client_ns: &str, server: &str, client: &str, mtu: &str) -> String {
+/// running WRITE and SEND streams of 64 KiB and a WRITE ping-pong with `--mtu mtu` (without:
+/// the ports' MTU); returns the client's output.
+fn run_tests(
+    server_ns: &str,
+    client_ns: &str,
+    server: &str,
+    client: &str,
+    mtu: Option<&str>,
+) -> String {
     let mut server_cmd = Command::new("ip");
     server_cmd
         .args(["netns", "exec", server_ns, UROCE, "server", "--addr", server, "--port", "19901"])
@@ -94,7 +101,8 @@ fn run_tests(server_ns: &str, client_ns: &str, server: &str, client: &str, mtu: 
     let cli = Command::new("ip")
         .args(["netns", "exec", client_ns, UROCE, "client"])
         .args(args)
-        .args(["-n", "300", "--mtu", mtu, "--local", client, "--port", "19901"])
+        .args(["-n", "300", "--local", client, "--port", "19901"])
+        .args(mtu.map(|m| ["--mtu", m]).into_iter().flatten())
         .env("UROCE_FABRIC", "udp")
         .output()
         .unwrap();
@@ -150,7 +158,7 @@ fn segments_on_loopback_carry_their_identification_and_verify() {
     {
         let file = scratch(&format!("lo-{family}.pcap"));
         let mut cap = start_capture(&ns.0, "lo", &file);
-        let report = run_tests(&ns.0, &ns.0, server, client, "4096");
+        let report = run_tests(&ns.0, &ns.0, server, client, Some("4096"));
         std::thread::sleep(Duration::from_millis(300));
         stop(&mut cap);
         eprintln!("{family}:\n{report}");
@@ -167,7 +175,7 @@ fn segments_on_loopback_carry_their_identification_and_verify() {
     run("ip", &["-n", &ns.0, "link", "set", "lo", "gso_max_segs", "65535"]);
     let file = scratch("lo-whole.pcap");
     let mut cap = start_capture(&ns.0, "lo", &file);
-    run_tests(&ns.0, &ns.0, "127.0.0.3", "127.0.0.2", "4096");
+    run_tests(&ns.0, &ns.0, "127.0.0.3", "127.0.0.2", Some("4096"));
     std::thread::sleep(Duration::from_millis(300));
     stop(&mut cap);
     verify_capture(&file);
@@ -187,7 +195,9 @@ fn segments_across_a_veth_pair_carry_their_identification_and_verify() {
     }
     let file = scratch("veth.pcap");
     let mut cap = start_capture(&hosts.a, &hosts.link_a, &file);
-    let report = run_tests(&hosts.b, &hosts.a, "10.196.7.2", "10.196.7.1", "1024");
+    // No --mtu: the client takes the ports' MTU, 1024 on this 1500-byte link (4096 would put
+    // datagrams on it that the kernel refuses, and every test would fail).
+    let report = run_tests(&hosts.b, &hosts.a, "10.196.7.2", "10.196.7.1", None);
     std::thread::sleep(Duration::from_millis(300));
     stop(&mut cap);
     eprintln!("{report}");
@@ -195,4 +205,41 @@ fn segments_across_a_veth_pair_carry_their_identification_and_verify() {
     let most = ids.iter().copied().max().unwrap_or(0);
     // 64 KiB in 1,040-byte packets: up to 60 segments in one send.
     assert!(most >= 40, "segments numbered up to {most}: no segmented sends?");
+}
+
+/// A path MTU larger than the link carries: the kernel refuses every full-sized datagram. The
+/// test fails, as it must, but the client says why: the refusal, the size and the MTU to use,
+/// where it used to end in a bare retry exhaustion.
+#[test]
+fn a_path_mtu_beyond_the_link_is_named_as_the_cause() {
+    if !tools() {
+        return;
+    }
+    let hosts = Namespaces::new('m', &["10.196.8.1/24"], &["10.196.8.2/24"]);
+    let mut server_cmd = Command::new("ip");
+    server_cmd
+        .args(["netns", "exec", &hosts.b, UROCE, "server", "--addr", "10.196.8.2"])
+        .args(["--port", "19902"])
+        .env("UROCE_FABRIC", "udp");
+    let (mut srv, _) = spawn_until(&mut server_cmd, |l| l.contains("waiting for clients"));
+    let cli = Command::new("ip")
+        .args(["netns", "exec", &hosts.a, UROCE, "client", "10.196.8.2", "rc_rdma_write_bw"])
+        .args(["-s", "8K", "-n", "20", "--mtu", "4096", "--local", "10.196.8.1"])
+        .args(["--port", "19902"])
+        .env("UROCE_FABRIC", "udp")
+        .output()
+        .unwrap();
+    let _ = srv.kill();
+    let _ = srv.wait();
+    let err = String::from_utf8_lossy(&cli.stderr);
+    assert!(
+        !cli.status.success(),
+        "4096-byte packets crossed a 1500-byte link: {}",
+        describe(&cli)
+    );
+    assert!(
+        err.contains("EMSGSIZE") && err.contains("path MTU of at most 1024 bytes"),
+        "the cause is not named: {}",
+        describe(&cli)
+    );
 }

@@ -154,7 +154,7 @@ const DEFAULT_EVENT_SPIN_US: u64 = 50;
 /// The IB MTU a port has on an interface of `if_mtu` bytes: the largest that leaves room for
 /// the RoCEv2 headers (rxe reserves 80 bytes: IP, UDP, BTH, the largest extension header and
 /// ICRC).
-fn port_mtu_for(if_mtu: u32) -> Mtu {
+pub(crate) fn port_mtu_for(if_mtu: u32) -> Mtu {
     let room = if_mtu.saturating_sub(80);
     Mtu::ALL.into_iter().rev().find(|m| m.bytes() <= room).unwrap_or(Mtu::Mtu256)
 }
@@ -204,6 +204,9 @@ pub struct NetCounters {
     pub tx_batches: u64,
     /// Datagrams the kernel refused (full socket buffer, no route): lost, as on a wire.
     pub tx_errors: u64,
+    /// Of those, refused as larger than the route carries (`EMSGSIZE`): a QP whose path MTU
+    /// exceeds the interface's. The first one is also reported on standard error.
+    pub tx_too_big: u64,
     /// Datagrams whose payload the kernel took straight from registered memory.
     pub tx_zero_copy: u64,
     /// Their payload bytes.
@@ -281,6 +284,7 @@ impl NetCounters {
             ("tx_datagrams", self.tx_datagrams),
             ("tx_batches", self.tx_batches),
             ("tx_errors", self.tx_errors),
+            ("tx_too_big", self.tx_too_big),
             ("tx_zero_copy", self.tx_zero_copy),
             ("tx_zero_copy_bytes", self.tx_zero_copy_bytes),
             ("tx_gso_sends", self.tx_gso_sends),
@@ -317,6 +321,7 @@ impl core::ops::AddAssign for NetCounters {
         self.tx_datagrams += o.tx_datagrams;
         self.tx_batches += o.tx_batches;
         self.tx_errors += o.tx_errors;
+        self.tx_too_big += o.tx_too_big;
         self.tx_zero_copy += o.tx_zero_copy;
         self.tx_zero_copy_bytes += o.tx_zero_copy_bytes;
         self.tx_gso_sends += o.tx_gso_sends;
@@ -1514,6 +1519,7 @@ mod tests {
             tx_datagrams: 1,
             tx_batches: 1,
             tx_errors: 1,
+            tx_too_big: 1,
             tx_zero_copy: 1,
             tx_zero_copy_bytes: 1,
             tx_gso_sends: 1,

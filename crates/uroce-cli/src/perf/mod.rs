@@ -160,8 +160,9 @@ pub(crate) struct Params {
     pub(crate) duration: Option<Duration>,
     /// Unmeasured iterations first.
     pub(crate) warmup: u64,
-    /// RDMA: path MTU.
-    pub(crate) mtu: uroce::Mtu,
+    /// RDMA: path MTU; `None`: each side's port's active MTU, the smaller of the two once
+    /// connected (as perftest chooses it), so that a 1500-byte link gets 1024.
+    pub(crate) mtu: Option<uroce::Mtu>,
     /// Messages in flight for streaming tests (send or receive queue depth).
     pub(crate) depth: u32,
     /// RDMA: sleep on completion events instead of busy polling.
@@ -189,7 +190,7 @@ impl Default for Params {
             iters: 10_000,
             duration: None,
             warmup: 100,
-            mtu: uroce::Mtu::Mtu4096,
+            mtu: None,
             depth: 32,
             events: false,
             nodelay: true,
@@ -213,7 +214,10 @@ impl Params {
             return Err(format!("size {} is outside 1..=2^31", self.size));
         }
         let datagram = matches!(test.transport, Some(Ud)) || test.op == Op::Udp;
-        let limit = if test.op == Op::Udp { 65_507 } else { self.mtu.bytes() as usize };
+        // A UD datagram is one packet: at most the path MTU (with the port's, the largest any
+        // port has; a larger port MTU than the link's is refused when it is posted).
+        let mtu = self.mtu.unwrap_or(uroce::Mtu::Mtu4096);
+        let limit = if test.op == Op::Udp { 65_507 } else { mtu.bytes() as usize };
         if datagram && self.size > limit {
             return Err(format!(
                 "{}: size {} exceeds one datagram ({limit} bytes)",
@@ -274,7 +278,7 @@ impl Params {
             self.iters,
             self.duration.map_or(0.0, |d| d.as_secs_f64()),
             self.warmup,
-            self.mtu.bytes(),
+            self.mtu.map_or(0, uroce::Mtu::bytes),
             self.depth,
             u8::from(self.events),
             u8::from(self.nodelay),
@@ -301,12 +305,14 @@ impl Params {
                     p.duration = (s > 0.0).then(|| Duration::from_secs_f64(s));
                 }
                 "warmup" => p.warmup = num(v)?,
+                "mtu" if v == "0" => p.mtu = None,
                 "mtu" => {
                     let m = num(v)?;
-                    p.mtu = uroce::Mtu::ALL
-                        .into_iter()
-                        .find(|x| u64::from(x.bytes()) == m)
-                        .ok_or_else(|| format!("MTU {m} is not 256, 512, 1024, 2048 or 4096"))?;
+                    let mtu = uroce::Mtu::ALL.into_iter().find(|x| u64::from(x.bytes()) == m);
+                    p.mtu =
+                        Some(mtu.ok_or_else(|| {
+                            format!("MTU {m} is not 256, 512, 1024, 2048 or 4096")
+                        })?);
                 }
                 "depth" => p.depth = u32::try_from(num(v)?).map_err(|e| e.to_string())?,
                 "events" => p.events = num(v)? != 0,

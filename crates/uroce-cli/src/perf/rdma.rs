@@ -69,14 +69,17 @@ impl Side {
         let cq = ctx.create_cq((depth as usize * 4 + 64) * n).map_err(e)?;
         let mut qps = Vec::with_capacity(n);
         for _ in 0..n {
-            let qp = pd
+            let mut qp = pd
                 .qp(qp_type, &cq)
-                .mtu(p.mtu)
                 .depth(depth * 2 + 8, depth * 2 + 8)
                 .qkey(QKEY)
-                .max_inline(p.inline.max(256))
-                .build()
-                .map_err(e)?;
+                .max_inline(p.inline.max(256));
+            // Without --mtu, the builder's default: the port's active MTU (connecting takes
+            // the smaller of the two ends').
+            if let Some(mtu) = p.mtu {
+                qp = qp.mtu(mtu);
+            }
+            let qp = qp.build().map_err(e)?;
             qps.push(qp);
         }
         let all = Access::LOCAL_WRITE

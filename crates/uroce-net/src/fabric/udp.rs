@@ -70,6 +70,8 @@ pub(crate) struct Udp {
     lens: Vec<usize>,
     runs: Vec<Run>,
     send: SendBatch,
+    /// A datagram too large for its route was reported on standard error (once per device).
+    told_too_big: bool,
 }
 
 /// Packets `first..first + count` of a batch, sent as one datagram, cut into `segment`-byte
@@ -105,12 +107,38 @@ impl Udp {
             lens: Vec::new(),
             runs: Vec::new(),
             send: SendBatch::default(),
+            told_too_big: false,
         })
     }
 
     /// The MTU of the address's interface.
     pub(crate) fn interface_mtu(&self) -> Option<u32> {
         sys::interface_mtu(&self.main, self.addr)
+    }
+
+    /// Says once, on standard error, why datagrams of `len` bytes to `dst` are lost: the
+    /// kernel refuses them as larger than the route carries, so the QP sending them can only
+    /// end in retry exhaustion. A NIC's link drops such frames without a word; this names the
+    /// cause and the fix.
+    fn tell_too_big(&mut self, len: usize, dst: SocketAddr) {
+        if core::mem::replace(&mut self.told_too_big, true) {
+            return;
+        }
+        let port = self.interface_mtu().map_or_else(
+            || "the port's active MTU (ibv_query_port)".to_string(),
+            |m| {
+                format!(
+                    "{} bytes, the port's active MTU for this {m}-byte interface",
+                    crate::device::port_mtu_for(m).bytes()
+                )
+            },
+        );
+        eprintln!(
+            "uroce: {}: the kernel refuses {len}-byte datagrams to {dst} as larger than the \
+             route carries (EMSGSIZE): a QP's path MTU exceeds the interface's, and its packets \
+             are lost; connect it with a path MTU of at most {port}",
+            self.addr
+        );
     }
 
     /// The source port flow `flow` (the engine's per-QP port) is sent from: one of the send
@@ -194,6 +222,13 @@ impl Udp {
                 }
             }
             let taken: usize = self.runs[..sent].iter().map(|r| r.count).sum();
+            if let (Some(SendStop::Refused(e)), Some(r)) = (&stop, self.runs.get(sent))
+                && e.raw_os_error() == Some(libc::EMSGSIZE)
+            {
+                c.tx_too_big += r.count as u64;
+                let len = if r.count > 1 { r.segment } else { self.lens[r.first] };
+                self.tell_too_big(len, rest[r.first].dst);
+            }
             let refused_segmented = matches!(
                 (&stop, self.runs.get(sent)),
                 (Some(SendStop::Refused(e)), Some(r))
