@@ -1,5 +1,5 @@
 //! MPI on uroce through `uroce exec`, over UCX: Open MPI 4.1 (`pml ucx`, `osc ucx`) and MPICH
-//! 4.0 (`ch4:ucx`), Debian's. A C program doing ping-pong, allreduce, alltoall and one-sided
+//! 4.0 (`ch4:ucx`), Debian's; and Open MPI over libfabric (`mtl ofi` on `verbs;ofi_rxm`). A C program doing ping-pong, allreduce, alltoall and one-sided
 //! `MPI_Put`/`MPI_Get`, every result checked (`tests/c/mpi_check.c`), four ranks with two
 //! sharing each device — on one host, and on two network namespaces joined by a veth pair on
 //! which nftables drops 1 % of the RoCEv2 packets (the launcher reaches each namespace as a
@@ -77,28 +77,56 @@ fn script(name: &str, body: &str) -> PathBuf {
     p
 }
 
-/// Four ranks of the checking program, each through `rank_script` (which runs it under
+/// What carries MPI's messages to the verbs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stack {
+    /// UCX (`pml ucx` and `osc ucx`; MPICH's `ch4:ucx`), over `rc_verbs` and `ud_verbs`.
+    Ucx,
+    /// Open MPI's `pml cm` with `mtl ofi` on libfabric's `verbs;ofi_rxm` (RC QPs connected
+    /// through rdma_cm), one-sided operations through the pml (`osc pt2pt`).
+    Rxm,
+}
+
+/// `ranks` ranks of the checking program, each through `rank_script` (which runs it under
 /// `uroce exec`), with `extra` launcher options; only `UCX_TLS` set for UCX.
-fn launch(mpi: Mpi, extra: &[&str], rank_script: &Path, iterations: &str) -> Output {
+fn launch(
+    mpi: Mpi,
+    stack: Stack,
+    ranks: &str,
+    extra: &[&str],
+    rank_script: &Path,
+    iterations: &str,
+) -> Output {
     let lib = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
     let mut c = Command::new("timeout");
     c.args(["300", mpi.launcher]);
     if mpi.name == "openmpi" {
-        c.args(["--allow-run-as-root", "--oversubscribe", "-np", "4"]);
-        c.args(["--mca", "pml", "ucx", "--mca", "osc", "ucx", "--mca", "btl", "^openib,uct"]);
-        c.args(["-x", "UCX_TLS=rc_verbs,ud_verbs", "-x", "UROCE_LIB_DIR"]);
+        c.args(["--allow-run-as-root", "--oversubscribe", "-np", ranks, "-x", "UROCE_LIB_DIR"]);
+        match stack {
+            Stack::Ucx => {
+                c.args(["--mca", "pml", "ucx", "--mca", "osc", "ucx"]);
+                c.args(["--mca", "btl", "^openib,uct", "-x", "UCX_TLS=rc_verbs,ud_verbs"]);
+            }
+            Stack::Rxm => {
+                c.args(["--mca", "pml", "cm", "--mca", "mtl", "ofi"]);
+                c.args(["--mca", "mtl_ofi_provider_include", "verbs;ofi_rxm"]);
+                c.args(["--mca", "btl", "self", "--mca", "osc", "pt2pt"]);
+            }
+        }
     } else {
-        c.args(["-n", "4", "-genv", "UCX_TLS", "rc_verbs,ud_verbs"]);
+        assert!(stack == Stack::Ucx, "MPICH runs over UCX here");
+        c.args(["-n", ranks, "-genv", "UCX_TLS", "rc_verbs,ud_verbs"]);
         c.args(["-genv", "UROCE_LIB_DIR", lib.to_str().unwrap()]);
     }
     c.args(extra).arg(rank_script).arg(program(mpi)).args(["1024", iterations]);
     c.env("UROCE_LIB_DIR", lib).output().unwrap()
 }
 
-fn check(mpi: Mpi, o: &Output) {
+fn check(mpi: Mpi, ranks: &str, o: &Output) {
     assert!(o.status.success(), "{}: {}", mpi.name, describe(o));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("mpi_check: ok 4 ranks"), "{}: {}", mpi.name, describe(o));
+    let ok = format!("mpi_check: ok {ranks} ranks");
+    assert!(out.contains(&ok), "{}: {}", mpi.name, describe(o));
     println!("{}: {out}", mpi.name);
 }
 
@@ -114,7 +142,7 @@ fn on_one_host(mpi: Mpi, net: u8) {
         &format!("rank-host.{}.sh", mpi.name),
         &format!("#!/bin/sh\nexec {uroce} exec --addr 127.0.{net}.$((1 + {var} / 2)) -- \"$@\"\n"),
     );
-    check(mpi, &launch(mpi, &[], &rank, "200"));
+    check(mpi, "4", &launch(mpi, Stack::Ucx, "4", &[], &rank, "200"));
 }
 
 #[test]
@@ -127,9 +155,10 @@ fn mpich_runs_four_ranks_two_per_device() {
     on_one_host(MPICH, 26);
 }
 
-/// Ranks 0 and 1 in one namespace, 2 and 3 in the other, each pair on its namespace's one
-/// address of a veth pair that drops 1 % of the RoCEv2 packets.
-fn across_namespaces(mpi: Mpi, tag: char, net: u8) {
+/// `per_host` ranks in each of two namespaces (ranks 0 and 1 in one, 2 and 3 in the other
+/// with two), on its namespace's one address of a veth pair that drops 1 % of the RoCEv2
+/// packets.
+fn across_namespaces(mpi: Mpi, stack: Stack, per_host: u32, tag: char, net: u8) {
     if !netns_tools_present() || !have(mpi) {
         return;
     }
@@ -167,11 +196,21 @@ fn across_namespaces(mpi: Mpi, tag: char, net: u8) {
              exec {uroce} exec --addr \"$a\" -- \"$@\"\n"
         ),
     );
-    let hosts = format!("{}:2,{}:2", ns.a, ns.b);
+    let hosts = format!("{}:{per_host},{}:{per_host}", ns.a, ns.b);
     let agent = agent.to_str().unwrap();
     let control = format!("10.{}.0.0/16", net + 1);
     let extra: Vec<&str> = if mpi.name == "openmpi" {
         vec![
+            // Open MPI 4.1's daemon maps the hardware topology it shares with its ranks into
+            // its address space's "biggest hole", which at times lies where its stack grows:
+            // the daemon in one of the namespaces crashed in hwloc_shmem_topology_write on
+            // start in about one run in three, and, daemonized, left mpirun waiting for it.
+            // The ranks need no shared topology. And a daemon that fails is reported (the job
+            // ends) rather than waited for.
+            "--mca",
+            "rtc",
+            "^hwloc",
+            "--leave-session-attached",
             "--host",
             &hosts,
             "--mca",
@@ -192,9 +231,10 @@ fn across_namespaces(mpi: Mpi, tag: char, net: u8) {
     };
     // Few iterations: a packet lost at the end of an exchange waits for the RC ACK timeout
     // UCX sets (about 1 s, as on a NIC), and 1 % loss makes one every few rounds.
-    let o = launch(mpi, &extra, &rank, "20");
+    let ranks = (2 * per_host).to_string();
+    let o = launch(mpi, stack, &ranks, &extra, &rank, "20");
     let (dropped, seen) = (ns.dropped(), ns.seen());
-    check(mpi, &o);
+    check(mpi, &ranks, &o);
     // The drops are random: a short job may see none. Past 1,500 packets the chance of none at
     // 1 % is under 3 in 10 million, so none then means the rule missed the traffic.
     assert!(dropped > 0 || seen < 1500, "nftables dropped none of {seen} RoCEv2 packets");
@@ -211,13 +251,19 @@ impl Drop for Deleted {
 }
 
 #[test]
-#[ignore = "hangs in about one run in three (no rank prints, killed at 300 s): not understood \
-            yet; MPICH's same job passes"]
 fn open_mpi_runs_across_two_namespaces_with_one_percent_loss() {
-    across_namespaces(OPEN_MPI, 'p', 202);
+    across_namespaces(OPEN_MPI, Stack::Ucx, 2, 'p', 202);
 }
 
 #[test]
 fn mpich_runs_across_two_namespaces_with_one_percent_loss() {
-    across_namespaces(MPICH, 'q', 204);
+    across_namespaces(MPICH, Stack::Ucx, 2, 'q', 204);
+}
+
+/// Open MPI over libfabric (`mtl ofi`, `verbs;ofi_rxm`: every connection through rdma_cm,
+/// the two ranks of a namespace connecting through its one device too). Libfabric's verbs
+/// provider takes no device on `lo`, so this runs only between namespaces.
+#[test]
+fn open_mpi_runs_over_libfabric_rxm_across_two_namespaces_with_one_percent_loss() {
+    across_namespaces(OPEN_MPI, Stack::Rxm, 2, 'r', 208);
 }
