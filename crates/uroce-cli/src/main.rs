@@ -315,8 +315,7 @@ fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             Value(v) if server.is_none() => server = Some(parse_addr(&v, "SERVER")?),
             Value(v) => {
                 let name = v.to_string_lossy().to_string();
-                let t = perf::find(&name)
-                    .ok_or_else(|| format!("unknown test '{name}' ('uroce list' shows them)"))?;
+                let t = perf::find_or_suggest(&name)?;
                 tests.push(t);
             }
             Long("local") => local = parse_addr(&parser.value()?, "--local")?,

@@ -210,6 +210,12 @@ fn every_subcommand_has_help() {
 #[test]
 fn bad_input_is_one_line_and_status_2() {
     fails_with(&["client", "127.0.0.33", "rc_lat", "nosuch_test"], "unknown test 'nosuch_test'");
+    fails_with(&["client", "127.0.0.33", "rc_lta"], "did you mean 'rc_lat'?");
+    // Before any test runs (the first line is the refusal, not the matrix's progress).
+    fails_with(
+        &["compare", "--quick", "--out", "/proc/uroce-nowhere"],
+        "--out /proc/uroce-nowhere",
+    );
     fails_with(
         &["client", "127.0.0.33", "--port", "1", "rc_lat", "-n", "10"],
         "cannot reach a uroce server at 127.0.0.33:1",

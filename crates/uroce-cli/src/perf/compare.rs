@@ -133,6 +133,8 @@ fn start_server(addr: IpAddr) -> Result<(OwnServer, u16), String> {
 /// Runs the comparison and writes the report; returns the report directory.
 pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     let (server_addr, local) = (args.server, args.local);
+    // The report's directory is checked before anything runs, not after a minute of tests.
+    writable_dir(&args.out)?;
     let sizes = args.sizes.clone().unwrap_or_else(|| {
         if args.quick { vec![64, 4096, 65_536] } else { vec![64, 1024, 16_384, 262_144, 4 << 20] }
     });
@@ -224,6 +226,15 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     report::write(&args.out, &rows, &setup, &crossovers, &notes)?;
     print!("{}", report::summary(&rows, &setup, &crossovers));
     Ok(args.out.clone())
+}
+
+/// Creates `dir` if need be and checks that a file can be written in it.
+fn writable_dir(dir: &std::path::Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("--out {}: {e}", dir.display()))?;
+    let probe = dir.join(format!(".uroce-write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| format!("--out {}: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -149,6 +149,36 @@ pub(crate) fn find(name: &str) -> Option<&'static TestDef> {
     TESTS.iter().find(|t| t.name == name)
 }
 
+/// The test called `name`, or an error that names the closest test (a typo is at most two
+/// edits away) and where the list is.
+pub(crate) fn find_or_suggest(name: &str) -> Result<&'static TestDef, String> {
+    find(name).ok_or_else(|| {
+        let closest = TESTS.iter().map(|t| (edits(name, t.name), t.name)).min();
+        match closest {
+            Some((d, near)) if d <= 2 => {
+                format!("unknown test '{name}': did you mean '{near}'? ('uroce list' shows them)")
+            }
+            _ => format!("unknown test '{name}' ('uroce list' shows them)"),
+        }
+    })
+}
+
+/// Levenshtein distance: the insertions, deletions and substitutions that turn `a` into `b`.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
+}
+
 /// How a test runs: what the client asks and the server follows.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Params {
@@ -211,7 +241,10 @@ impl Params {
     /// Checks the parameters against the test; the error names the problem.
     pub(crate) fn check(&self, test: &TestDef) -> Result<(), String> {
         if self.size == 0 || self.size > MAX_SIZE {
-            return Err(format!("size {} is outside 1..=2^31", self.size));
+            return Err(format!(
+                "size {}: a message is 1 byte to 2 GiB (2^31 bytes, IBA's limit)",
+                self.size
+            ));
         }
         let datagram = matches!(test.transport, Some(Ud)) || test.op == Op::Udp;
         // A UD datagram is one packet: at most the path MTU (with the port's, the largest any
@@ -247,12 +280,12 @@ impl Params {
         }
         if self.post_list == 0 || self.post_list > self.depth {
             return Err(format!(
-                "--post-list {} is outside 1..=--depth ({})",
+                "--post-list {} must be between 1 and --depth ({})",
                 self.post_list, self.depth
             ));
         }
         if self.qps == 0 || self.qps > 64 {
-            return Err(format!("--qps {} is outside 1..=64", self.qps));
+            return Err(format!("--qps {} must be between 1 and 64", self.qps));
         }
         let stream = matches!(test.pattern, Pattern::Stream | Pattern::BiStream);
         if self.qps > 1 && !(stream && test.transport.is_some()) {
@@ -265,7 +298,7 @@ impl Params {
             ));
         }
         if self.depth == 0 || self.depth > 4096 {
-            return Err(format!("--depth {} is outside 1..=4096", self.depth));
+            return Err(format!("--depth {} must be between 1 and 4096", self.depth));
         }
         Ok(())
     }
@@ -609,7 +642,7 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         .filter(|b| b >> shift == n)
         .ok_or(format!("size `{s}` is too large"))?;
     if bytes == 0 || bytes > MAX_SIZE as u64 {
-        return Err(format!("size {s} is outside 1..=2^31"));
+        return Err(format!("size {s}: a message is 1 byte to 2 GiB (2^31 bytes, IBA's limit)"));
     }
     usize::try_from(bytes).map_err(|_| format!("size `{s}` is too large"))
 }
@@ -687,5 +720,9 @@ mod tests {
                 .is_err()
         );
         assert_eq!(TESTS.iter().filter(|t| find(t.name) == Some(t)).count(), 20, "names unique");
+        let typo = find_or_suggest("rc_lta").unwrap_err();
+        assert!(typo.contains("did you mean 'rc_lat'?"), "{typo}");
+        assert!(!find_or_suggest("bandwidth").unwrap_err().contains("did you mean"));
+        assert_eq!(edits("kitten", "sitting"), 3);
     }
 }
