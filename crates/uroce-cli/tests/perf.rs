@@ -113,6 +113,25 @@ fn every_test_runs_once_against_a_server() {
         let latency = name.ends_with("_lat");
         assert_eq!(!line.contains("\"latency\":null"), latency, "{line}");
         assert!(!line.contains("\"bytes\":0,"), "{line}: nothing moved");
+        // A share of the machine's CPUs, counted over the time each side ran the test: never
+        // more cores than there are (a 300-message run once showed 224 on two).
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for side in ["client_cpu", "server_cpu"] {
+            let cores = v[side]["cores"].as_f64().unwrap();
+            assert!(cores <= num_cpus() as f64 * 1.05, "{name}: {side} {cores} cores: {line}");
+        }
+        // Streams count what arrived: the messages per second and the loss add up to what
+        // was sent (UDP's loss is the kernel's socket buffer), and an RDMA stream keeps
+        // enough receives posted that loopback loses next to none.
+        if name.ends_with("_bw") {
+            let arrived = v["msg_per_s"].as_f64().unwrap() * v["seconds"].as_f64().unwrap();
+            let lost = v["lost"].as_f64().unwrap();
+            let (sent, ratio) = (300.0, (arrived + lost) / 300.0);
+            assert!((0.99..=1.01).contains(&ratio), "{name}: {arrived} + {lost} of {sent}: {line}");
+            if !name.starts_with("udp") {
+                assert!(lost < 30.0, "{name}: {lost} of 300 lost on loopback: {line}");
+            }
+        }
     }
     // Each option's effect, as the client measured it where the option acts ("applied"),
     // against the same tests without it: an option parsed and then ignored fails here.

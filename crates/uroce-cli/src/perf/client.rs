@@ -118,13 +118,19 @@ fn one(
     let e = |e: std::io::Error| e.to_string();
     ctl.send(&format!("run {} {}", test.name, p.to_words())).map_err(e)?;
     let ready = reply(ctl, "ready")?;
-    let sys0 = system_busy();
-    let cpu0 = Cpu::now();
+    // This side's CPU and the system's are counted from `go`, as the server counts its own:
+    // setting up is not the test.
+    let mut started = None;
+    let mut go = |ctl: &mut Control| {
+        reply(ctl, "go")?;
+        started = Some((system_busy(), Cpu::now(), super::now()));
+        Ok::<(), String>(())
+    };
     let measured: Measured = match (test.transport, ctx) {
         (None, _) => {
             let port: u16 = ready.parse().map_err(|_| format!("bad port `{ready}`"))?;
             ctl.send("peer -").map_err(e)?;
-            reply(ctl, "go")?;
+            go(ctl)?;
             let to = SocketAddr::new(server, port);
             super::on_cpu(p.pin.map(|c| c.0), || with_cpus(sockets::client(to, test, p)))?
         }
@@ -133,7 +139,7 @@ fn one(
             let (mut side, mine) = Side::new(ctx, test, p)?;
             side.connect(&peers)?;
             ctl.send(&format!("peer {}", endpoints_hex(&mine))).map_err(e)?;
-            reply(ctl, "go")?;
+            go(ctl)?;
             let mut m =
                 super::on_cpu(p.pin.map(|c| c.0), || with_cpus(rdma::client(&mut side, test, p)))?;
             m.applied.qps = Some(side.qps_used());
@@ -142,7 +148,9 @@ fn one(
         }
         (Some(_), None) => return Err("no RDMA device".into()),
     };
+    let (sys0, cpu0, t0) = started.ok_or("the test never started")?;
     let client_cpu = Cpu::now().since(cpu0);
+    let client_seconds = t0.elapsed().as_secs_f64();
     // Datagrams still in flight arrive before the server counts them.
     let lossy = test.pattern == Pattern::Stream
         && (test.op == Op::Udp
@@ -162,19 +170,22 @@ fn one(
             .ok_or_else(|| format!("the server's report lacks {k}"))
     };
     let server_cpu = Cpu { user: field("user")?, sys: field("sys")? };
+    let server_seconds = field("secs")?;
     let mut m = measured;
+    let mut arrived = m.msgs;
     if lossy && m.total_posted > 0 {
         // What arrived, scaled to the measured share of what was sent (the server counted the
-        // warm-up too).
-        let arrived = field("bytes")?;
+        // warm-up too); what did not is lost.
         #[expect(
             clippy::cast_precision_loss,
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss,
             reason = "a share of a count"
         )]
-        let share = (arrived * m.msgs as f64 / m.total_posted as f64) as u64;
-        m.bytes = share.min(m.bytes);
+        let share = |total: f64| (total * m.msgs as f64 / m.total_posted as f64).round() as u64;
+        m.bytes = share(field("bytes")?).min(m.bytes);
+        arrived = share(field("msgs")?).min(m.msgs);
+        m.lost = m.msgs - arrived;
     }
     Ok(Outcome {
         test: test.name,
@@ -184,8 +195,11 @@ fn one(
         bytes: m.bytes,
         latency: Latency::of(&mut m.samples),
         lost: m.lost,
+        arrived,
         client_cpu,
+        client_seconds,
         server_cpu,
+        server_seconds,
         system_cpu,
         applied: m.applied,
     })

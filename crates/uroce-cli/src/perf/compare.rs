@@ -6,13 +6,12 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
 
 use uroce::{Access, Context, Options};
 
 use super::client::{self, Plan};
 use super::report;
-use super::{Outcome, Params, find};
+use super::{Outcome, Params, find, now};
 
 /// What `uroce compare` was asked for.
 pub(crate) struct CompareArgs {
@@ -85,11 +84,6 @@ pub(crate) struct Crossover {
     pub(crate) rdma_us: f64,
     /// `None`: never (TCP is as fast per message).
     pub(crate) messages: Option<u64>,
-}
-
-fn now() -> Instant {
-    #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
-    Instant::now()
 }
 
 /// A server process of this binary, killed on drop (nothing is left running).

@@ -5,7 +5,7 @@
 //! client: run <test> <params>          server: ready <port or endpoint hex> | error <why>
 //! client: peer <endpoint hex>          (RDMA tests: the client's QP)
 //! server: go                           both run the test
-//! client: stop                         server: done user=<s> sys=<s> msgs=<n> bytes=<n>
+//! client: stop                         server: done user=<s> sys=<s> secs=<s> msgs=<n> bytes=<n>
 //! ```
 
 use std::io::{self, BufRead, BufReader, Write};

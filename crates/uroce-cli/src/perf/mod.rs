@@ -14,6 +14,7 @@ mod sockets;
 
 use core::fmt;
 use core::time::Duration;
+use std::time::Instant;
 
 /// The control protocol's version; both sides must speak the same one.
 pub(crate) const PROTOCOL_VERSION: u32 = 1;
@@ -142,6 +143,12 @@ pub(crate) fn on_cpu<R: Send>(
             .join()
             .map_err(|_| "the test thread panicked".to_string())?
     })
+}
+
+/// The clock a benchmark reads.
+pub(crate) fn now() -> Instant {
+    #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
+    Instant::now()
 }
 
 /// The test called `name`.
@@ -494,10 +501,17 @@ pub(crate) struct Outcome {
     /// Payload bytes moved (that arrived, for UDP/UC/UD streams).
     pub(crate) bytes: u64,
     pub(crate) latency: Option<Latency>,
-    /// UC/UD ping-pong rounds lost (not in `iters` nor in the latency).
+    /// UC/UD ping-pong rounds lost (not in `iters` nor in the latency), or the messages of a
+    /// UC/UD/UDP stream that did not arrive.
     pub(crate) lost: u64,
+    /// Messages that arrived: `iters` but for the lost ones of an unreliable stream.
+    pub(crate) arrived: u64,
+    /// The client's CPU and the time it ran the test (from its start, warm-up included).
     pub(crate) client_cpu: Cpu,
+    pub(crate) client_seconds: f64,
+    /// The server's CPU, and the time it served the test (from its start to `stop`).
     pub(crate) server_cpu: Cpu,
+    pub(crate) server_seconds: f64,
     /// System-wide busy CPU over the run, in core-seconds, if `/proc/stat` was readable and
     /// the run long enough for its 10 ms ticks to mean something (half a second).
     pub(crate) system_cpu: Option<f64>,
@@ -518,10 +532,21 @@ impl Outcome {
         b / self.seconds / f64::from(1 << 20)
     }
 
+    /// Messages per second that arrived (as the bandwidth counts bytes that arrived).
     pub(crate) fn msg_rate(&self) -> f64 {
         #[expect(clippy::cast_precision_loss, reason = "a rate")]
-        let n = self.iters as f64;
+        let n = self.arrived as f64;
         n / self.seconds
+    }
+
+    /// The client's busy cores over the time it ran the test.
+    pub(crate) fn client_cores(&self) -> f64 {
+        self.client_cpu.total() / self.client_seconds
+    }
+
+    /// The server's busy cores over the time it served.
+    pub(crate) fn server_cores(&self) -> f64 {
+        self.server_cpu.total() / self.server_seconds
     }
 
     /// Both sides' CPU per GB moved, in seconds.
@@ -577,10 +602,10 @@ impl Outcome {
             n(self.msg_rate(), 1),
             n(self.client_cpu.user, 4),
             n(self.client_cpu.sys, 4),
-            n(self.client_cpu.total() / self.seconds, 4),
+            n(self.client_cores(), 4),
             n(self.server_cpu.user, 4),
             n(self.server_cpu.sys, 4),
-            n(self.server_cpu.total() / self.seconds, 4),
+            n(self.server_cores(), 4),
             n(self.cpu_per_gb(), 4),
             n(self.cpu_per_msg_us(), 3),
             self.applied.to_json(),
@@ -607,11 +632,15 @@ impl fmt::Display for Outcome {
             self.gbits(),
             self.mib_s(),
             self.msg_rate(),
-            self.client_cpu.total() / self.seconds * 100.0,
-            self.server_cpu.total() / self.seconds * 100.0,
+            self.client_cores() * 100.0,
+            self.server_cores() * 100.0,
             sys,
             self.cpu_per_gb(),
-        )
+        )?;
+        if self.lost > 0 {
+            write!(f, "  lost {}", self.lost)?;
+        }
+        Ok(())
     }
 }
 
@@ -661,8 +690,11 @@ mod tests {
             bytes: 0,
             latency: None,
             lost: 5,
+            arrived: 0,
             client_cpu: Cpu { user: 0.1, sys: 0.0 },
+            client_seconds: 1.0,
             server_cpu: Cpu::default(),
+            server_seconds: 1.0,
             system_cpu: Some(0.5),
             applied: Applied { cpus: vec![0, 1], ..Applied::default() },
         };

@@ -11,7 +11,7 @@ use uroce::{
     WorkCompletion,
 };
 
-use super::{Op, Params, Pattern, TestDef};
+use super::{Op, Params, Pattern, TestDef, now};
 
 /// Q_Key of the UD tests.
 const QKEY: QKey = QKey(0x5045_5246);
@@ -66,12 +66,26 @@ impl Side {
         let pd = ctx.alloc_pd();
         let depth = p.depth.max(1);
         let n = p.qps.max(1) as usize;
-        let cq = ctx.create_cq((depth as usize * 4 + 64) * n).map_err(e)?;
+        let slot = if qp_type == QpType::Ud { p.size + GRH } else { p.size };
+        // Enough receives for a window in flight, within 256 MiB. UC and UD have no RNR NAK:
+        // a message that finds no receive posted is lost, so an unreliable stream keeps a deep
+        // queue (up to 4,096 receives or 16 MiB, as deep as perftest's), not the sender's
+        // window.
+        let unreliable_stream =
+            qp_type != QpType::Rc && matches!(test.pattern, Pattern::Stream | Pattern::BiStream);
+        let wanted = if unreliable_stream {
+            ((16 << 20) / slot.max(1)).clamp(depth as usize * 2, 4096)
+        } else {
+            depth as usize * 2
+        };
+        let slots = wanted.min((256 << 20) / slot.max(1)).max(2);
+        let recv_depth = u32::try_from(slots).unwrap_or(u32::MAX).saturating_add(8);
+        let cq = ctx.create_cq((depth as usize * 2 + slots + 64) * n).map_err(e)?;
         let mut qps = Vec::with_capacity(n);
         for _ in 0..n {
             let mut qp = pd
                 .qp(qp_type, &cq)
-                .depth(depth * 2 + 8, depth * 2 + 8)
+                .depth(depth * 2 + 8, recv_depth)
                 .qkey(QKEY)
                 .max_inline(p.inline.max(256));
             // Without --mtu, the builder's default: the port's active MTU (connecting takes
@@ -89,9 +103,6 @@ impl Side {
         // Atomics target an 8-byte word; everything else a message-sized buffer.
         let buf = pd.register(p.size.max(8), Access::LOCAL_WRITE).map_err(e)?;
         let target = pd.register(p.size.max(8), all).map_err(e)?;
-        let slot = if qp_type == QpType::Ud { p.size + GRH } else { p.size };
-        // Enough receives for a window in flight, within 256 MiB.
-        let slots = (depth as usize * 2).min((256 << 20) / slot.max(1)).max(2);
         let recv = pd.register(slot * slots * n, Access::LOCAL_WRITE).map_err(e)?;
         let endpoints = qps.iter().map(|q| q.endpoint().with_region(target.remote())).collect();
         let side = Self {
@@ -269,11 +280,6 @@ impl Clock {
             None => n >= self.iters,
         }
     }
-}
-
-fn now() -> Instant {
-    #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
-    Instant::now()
 }
 
 /// The client's loop. Warm-up iterations come first and are not measured.

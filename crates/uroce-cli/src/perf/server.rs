@@ -91,12 +91,18 @@ fn run(
 ) -> Result<(), String> {
     let e = |e: std::io::Error| e.to_string();
     let stop = AtomicBool::new(false);
-    let cpu0 = Cpu::now();
+    // This side's CPU and time are counted from `go`: setting up (registering and zeroing
+    // buffers, creating QPs) is not the test.
+    let mut started = None;
+    let mut go = |ctl: &mut Control| {
+        started = Some((Cpu::now(), super::now()));
+        ctl.send("go").map_err(e)
+    };
     let (msgs, bytes) = if test.transport.is_none() {
         let listener = Listener::bind(addr, test).map_err(e)?;
         ctl.send(&format!("ready {}", listener.port().map_err(e)?)).map_err(e)?;
         expect_peer(ctl)?;
-        ctl.send("go").map_err(e)?;
+        go(ctl)?;
         let cpu = p.pin.map(|c| c.1);
         serve_until_stop(ctl, &stop, || {
             super::on_cpu(cpu, || sockets::server(listener, test, p, &stop))
@@ -106,15 +112,20 @@ fn run(
         ctl.send(&format!("ready {}", endpoints_hex(&mine))).map_err(e)?;
         let peers = expect_peer(ctl)?.ok_or("the client sent no endpoint")?;
         side.connect(&peers)?;
-        ctl.send("go").map_err(e)?;
+        go(ctl)?;
         let cpu = p.pin.map(|c| c.1);
         serve_until_stop(ctl, &stop, || {
             super::on_cpu(cpu, || rdma::server(&mut side, test, p, &stop))
         })?
     };
+    let (cpu0, t0) = started.ok_or("the test never started")?;
     let cpu = Cpu::now().since(cpu0);
-    ctl.send(&format!("done user={:.6} sys={:.6} msgs={msgs} bytes={bytes}", cpu.user, cpu.sys))
-        .map_err(e)
+    let secs = t0.elapsed().as_secs_f64();
+    let done = format!(
+        "done user={:.6} sys={:.6} secs={secs:.6} msgs={msgs} bytes={bytes}",
+        cpu.user, cpu.sys
+    );
+    ctl.send(&done).map_err(e)
 }
 
 /// `peer -` (sockets) or `peer <endpoint hex>,…` (RDMA: one per QP).

@@ -4,10 +4,9 @@ use core::time::Duration;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
 
 use super::rdma::Measured;
-use super::{Op, Params, Pattern, TestDef};
+use super::{Op, Params, Pattern, TestDef, now};
 
 /// Calls on a non-blocking socket that found nothing to do: what busy-polling spins on, and
 /// what shows `--busy-poll` took effect.
@@ -38,11 +37,6 @@ impl Listener {
             Self::Udp(s) => s.local_addr()?.port(),
         })
     }
-}
-
-fn now() -> Instant {
-    #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
-    Instant::now()
 }
 
 fn err(e: std::io::Error) -> String {
