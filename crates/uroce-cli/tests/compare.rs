@@ -71,6 +71,14 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
         assert!(json.contains(&format!("\"test\":\"{test}\"")), "{test} missing");
     }
     assert!(json.contains("\"crossover\":[{"), "crossovers computed");
+    // A strict parser takes it, and it has the README's schema.
+    let doc: serde_json::Value = serde_json::from_str(&json).expect("results.json is JSON");
+    assert_eq!(doc["version"], 1);
+    for r in doc["results"].as_array().unwrap() {
+        for key in ["series", "peer", "test", "size", "seconds", "lost", "gbit_s", "client_cpu"] {
+            assert!(r.get(key).is_some(), "{key} missing in {r}");
+        }
+    }
     assert!(json.contains("\"rdma_cm_connect_us\":"), "the RDMA CM connection's setup");
     assert!(md.contains("connected through the RDMA connection manager"), "{md}");
     // Its server is gone: the server's RDMA address can be opened again.

@@ -474,19 +474,79 @@ pub(crate) struct Applied {
 }
 
 impl Applied {
-    fn to_json(&self) -> String {
-        let opt = |v: Option<String>| v.unwrap_or_else(|| "null".to_string());
-        let cpus: Vec<String> = self.cpus.iter().map(ToString::to_string).collect();
-        format!(
-            "{{\"qps\":{},\"inline_posts\":{},\"post_burst\":{},\"would_block\":{},\
-             \"sockbuf\":{},\"cpus\":[{}]}}",
-            opt(self.qps.map(|q| q.to_string())),
-            self.inline_posts,
-            opt(self.post_burst.map(|(a, b)| format!("[{a},{b}]"))),
-            self.would_block,
-            opt(self.sockbuf.map(|(snd, rcv)| format!("[{snd},{rcv}]"))),
-            cpus.join(",")
-        )
+    fn view(&self) -> AppliedJson<'_> {
+        AppliedJson {
+            qps: self.qps,
+            inline_posts: self.inline_posts,
+            post_burst: self.post_burst.map(|(a, b)| [a, b]),
+            would_block: self.would_block,
+            sockbuf: self.sockbuf.map(|(snd, rcv)| [snd, rcv]),
+            cpus: &self.cpus,
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct AppliedJson<'a> {
+    qps: Option<usize>,
+    inline_posts: u64,
+    post_burst: Option<[u64; 2]>,
+    would_block: u64,
+    sockbuf: Option<[usize; 2]>,
+    cpus: &'a [usize],
+}
+
+/// One result in `results.json` and `--json`, in this order (`series` and `peer` in
+/// `results.json` only).
+#[derive(serde::Serialize)]
+pub(crate) struct OutcomeJson<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    series: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peer: Option<bool>,
+    test: &'static str,
+    size: usize,
+    iterations: u64,
+    seconds: serde_json::Value,
+    bytes: u64,
+    latency: Option<LatencyJson>,
+    lost: u64,
+    gbit_s: serde_json::Value,
+    mib_s: serde_json::Value,
+    msg_per_s: serde_json::Value,
+    client_cpu: CpuJson,
+    server_cpu: CpuJson,
+    system_cores: Option<serde_json::Value>,
+    cpu_s_per_gb: serde_json::Value,
+    cpu_us_per_msg: serde_json::Value,
+    applied: AppliedJson<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct LatencyJson {
+    min_us: serde_json::Value,
+    p50_us: serde_json::Value,
+    p99_us: serde_json::Value,
+    p999_us: serde_json::Value,
+    max_us: serde_json::Value,
+    mean_us: serde_json::Value,
+}
+
+#[derive(serde::Serialize)]
+struct CpuJson {
+    user_s: serde_json::Value,
+    sys_s: serde_json::Value,
+    cores: serde_json::Value,
+}
+
+/// A figure for JSON, rounded to `digits` decimals; `null` where it is not finite (JSON has
+/// no infinity or NaN: a run that moved no bytes has no CPU per GB).
+pub(crate) fn figure(v: f64, digits: i32) -> serde_json::Value {
+    let scale = 10f64.powi(digits);
+    if v.is_finite() {
+        serde_json::json!((v * scale).round() / scale)
+    } else {
+        serde_json::Value::Null
     }
 }
 
@@ -563,53 +623,46 @@ impl Outcome {
         (self.client_cpu.total() + self.server_cpu.total()) / n * 1e6
     }
 
-    /// One JSON object, stable keys.
-    pub(crate) fn to_json(&self) -> String {
-        // JSON has no infinity or NaN (a run that moved no bytes has no CPU per GB): null.
-        let n = |v: f64, prec: usize| {
-            if v.is_finite() { format!("{v:.prec$}") } else { "null".to_string() }
+    /// The result as JSON (schema in the README); `series`: the report's series it belongs
+    /// to and whether it is a peer's.
+    pub(crate) fn view<'a>(&'a self, series: Option<(&'a str, bool)>) -> OutcomeJson<'a> {
+        let cpu = |c: &Cpu, cores: f64| CpuJson {
+            user_s: figure(c.user, 4),
+            sys_s: figure(c.sys, 4),
+            cores: figure(cores, 4),
         };
-        let lat = self.latency.map_or_else(
-            || "null".to_string(),
-            |l| {
-                format!(
-                    "{{\"min_us\":{},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},\"mean_us\":{}}}",
-                    n(l.min, 3),
-                    n(l.p50, 3),
-                    n(l.p99, 3),
-                    n(l.p999, 3),
-                    n(l.max, 3),
-                    n(l.mean, 3)
-                )
-            },
-        );
-        let sys = self.system_cpu.map_or_else(|| "null".to_string(), |s| n(s / self.seconds, 4));
-        format!(
-            "{{\"test\":\"{}\",\"size\":{},\"iterations\":{},\"seconds\":{},\"bytes\":{},\
-             \"latency\":{lat},\"lost\":{},\"gbit_s\":{},\"mib_s\":{},\"msg_per_s\":{},\
-             \"client_cpu\":{{\"user_s\":{},\"sys_s\":{},\"cores\":{}}},\
-             \"server_cpu\":{{\"user_s\":{},\"sys_s\":{},\"cores\":{}}},\
-             \"system_cores\":{sys},\"cpu_s_per_gb\":{},\"cpu_us_per_msg\":{},\
-             \"applied\":{}}}",
-            self.test,
-            self.size,
-            self.iters,
-            n(self.seconds, 6),
-            self.bytes,
-            self.lost,
-            n(self.gbits(), 4),
-            n(self.mib_s(), 2),
-            n(self.msg_rate(), 1),
-            n(self.client_cpu.user, 4),
-            n(self.client_cpu.sys, 4),
-            n(self.client_cores(), 4),
-            n(self.server_cpu.user, 4),
-            n(self.server_cpu.sys, 4),
-            n(self.server_cores(), 4),
-            n(self.cpu_per_gb(), 4),
-            n(self.cpu_per_msg_us(), 3),
-            self.applied.to_json(),
-        )
+        OutcomeJson {
+            series: series.map(|s| s.0),
+            peer: series.map(|s| s.1),
+            test: self.test,
+            size: self.size,
+            iterations: self.iters,
+            seconds: figure(self.seconds, 6),
+            bytes: self.bytes,
+            latency: self.latency.map(|l| LatencyJson {
+                min_us: figure(l.min, 3),
+                p50_us: figure(l.p50, 3),
+                p99_us: figure(l.p99, 3),
+                p999_us: figure(l.p999, 3),
+                max_us: figure(l.max, 3),
+                mean_us: figure(l.mean, 3),
+            }),
+            lost: self.lost,
+            gbit_s: figure(self.gbits(), 4),
+            mib_s: figure(self.mib_s(), 2),
+            msg_per_s: figure(self.msg_rate(), 1),
+            client_cpu: cpu(&self.client_cpu, self.client_cores()),
+            server_cpu: cpu(&self.server_cpu, self.server_cores()),
+            system_cores: self.system_cpu.map(|s| figure(s / self.seconds, 4)),
+            cpu_s_per_gb: figure(self.cpu_per_gb(), 4),
+            cpu_us_per_msg: figure(self.cpu_per_msg_us(), 3),
+            applied: self.applied.view(),
+        }
+    }
+
+    /// The result as one line of JSON.
+    pub(crate) fn to_json(&self) -> String {
+        serde_json::to_string(&self.view(None)).unwrap_or_default()
     }
 }
 

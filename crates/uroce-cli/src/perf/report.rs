@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::compare::{Crossover, Row, Setup};
-use super::human_size;
+use super::{figure, human_size};
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -29,46 +29,70 @@ pub(crate) fn write(
     put("index.html", html(rows, setup, cross, notes))
 }
 
+/// `results.json` (schema version 1, in the README), written with serde_json: strings escaped
+/// as JSON, figures that are not finite as `null`.
+#[derive(serde::Serialize)]
+struct ResultsJson<'a> {
+    version: u32,
+    results: Vec<super::OutcomeJson<'a>>,
+    setup: SetupJson,
+    crossover: Vec<CrossoverJson<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct SetupJson {
+    tcp_connect_us: serde_json::Value,
+    qp_create_connect_us: serde_json::Value,
+    rdma_cm_connect_us: serde_json::Value,
+    registration: Vec<RegistrationJson>,
+}
+
+#[derive(serde::Serialize)]
+struct RegistrationJson {
+    bytes: usize,
+    register_us: serde_json::Value,
+    register_locked_us: serde_json::Value,
+}
+
+#[derive(serde::Serialize)]
+struct CrossoverJson<'a> {
+    tcp: &'a str,
+    size: usize,
+    tcp_p50_us: serde_json::Value,
+    rdma_p50_us: serde_json::Value,
+    messages: Option<u64>,
+}
+
 fn json(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
-    let mut s = String::from("{\"version\":1,\"results\":[");
-    for (i, r) in rows.iter().enumerate() {
-        let body = r.outcome.to_json();
-        let _ = write!(
-            s,
-            "{}{{\"series\":\"{}\",\"peer\":{},{}",
-            if i > 0 { "," } else { "" },
-            esc(r.label),
-            r.peer,
-            &body[1..]
-        );
-    }
-    let _ = write!(
-        s,
-        "],\"setup\":{{\"tcp_connect_us\":{:.2},\"qp_create_connect_us\":{:.2},\"rdma_cm_connect_us\":{:.2},\"registration\":[",
-        setup.tcp_connect_us, setup.qp_connect_us, setup.cm_connect_us
-    );
-    for (i, (len, us, locked)) in setup.registration.iter().enumerate() {
-        let _ = write!(
-            s,
-            "{}{{\"bytes\":{len},\"register_us\":{us:.2},\"register_locked_us\":{locked:.2}}}",
-            if i > 0 { "," } else { "" }
-        );
-    }
-    s.push_str("]},\"crossover\":[");
-    for (i, c) in cross.iter().enumerate() {
-        let n = c.messages.map_or_else(|| "null".to_string(), |n| n.to_string());
-        let _ = write!(
-            s,
-            "{}{{\"tcp\":\"{}\",\"size\":{},\"tcp_p50_us\":{:.3},\"rdma_p50_us\":{:.3},\"messages\":{n}}}",
-            if i > 0 { "," } else { "" },
-            esc(c.tcp),
-            c.size,
-            c.tcp_us,
-            c.rdma_us
-        );
-    }
-    s.push_str("]}\n");
-    s
+    let doc = ResultsJson {
+        version: 1,
+        results: rows.iter().map(|r| r.outcome.view(Some((r.label, r.peer)))).collect(),
+        setup: SetupJson {
+            tcp_connect_us: figure(setup.tcp_connect_us, 2),
+            qp_create_connect_us: figure(setup.qp_connect_us, 2),
+            rdma_cm_connect_us: figure(setup.cm_connect_us, 2),
+            registration: setup
+                .registration
+                .iter()
+                .map(|&(bytes, us, locked)| RegistrationJson {
+                    bytes,
+                    register_us: figure(us, 2),
+                    register_locked_us: figure(locked, 2),
+                })
+                .collect(),
+        },
+        crossover: cross
+            .iter()
+            .map(|c| CrossoverJson {
+                tcp: c.tcp,
+                size: c.size,
+                tcp_p50_us: figure(c.tcp_us, 3),
+                rdma_p50_us: figure(c.rdma_us, 3),
+                messages: c.messages,
+            })
+            .collect(),
+    };
+    serde_json::to_string(&doc).map(|s| s + "\n").unwrap_or_default()
 }
 
 fn markdown(rows: &[Row], setup: &Setup, cross: &[Crossover], notes: &[String]) -> String {
