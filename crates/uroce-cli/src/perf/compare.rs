@@ -172,6 +172,7 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         runs.extend(ok.into_iter().map(|size| (s, test, params.clone(), size)));
     }
     let total = runs.len();
+    let mut failed = Vec::new();
     // A progress line rewritten in place, only where a person watches (a log would fill with
     // carriage returns).
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -196,9 +197,23 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
                 params: params.clone(),
                 json: true,
             };
-            let mut out = client::run(&plan, &mut std::io::sink())?;
-            if let Some(outcome) = out.pop() {
-                rows.push(Row { label: s.label, peer: false, outcome });
+            // One measurement that fails is reported and the matrix goes on: the report holds
+            // the rest, and names what is missing.
+            match client::run(&plan, &mut std::io::sink()) {
+                Ok(mut out) => {
+                    if let Some(outcome) = out.pop() {
+                        rows.push(Row { label: s.label, peer: false, outcome });
+                    }
+                }
+                Err(e) => {
+                    let what =
+                        format!("{} ({}) at {}: {e}", s.test, s.label, super::human_size(size));
+                    if progress {
+                        eprintln!();
+                    }
+                    eprintln!("uroce compare: failed: {what}");
+                    failed.push(format!("Not measured: {what}"));
+                }
             }
         }
     }
@@ -208,17 +223,24 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     eprintln!("measuring setup costs…");
     let setup = setup_costs(server_addr, local, args.quick)?;
     let crossovers = crossovers(&rows, &setup);
-    let mut notes = Vec::new();
+    let mut notes = failed.clone();
     if args.with_peers {
         eprintln!("running sockperf, qperf and iperf3 where installed…");
         let (peer_rows, peer_notes) = super::peers::run(&sizes, secs.as_secs_f64());
         rows.extend(peer_rows);
-        notes = peer_notes;
+        notes.extend(peer_notes);
     }
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     report::write(&args.out, &rows, &setup, &crossovers, &notes)?;
     print!("{}", report::summary(&rows, &setup, &crossovers));
+    if !failed.is_empty() {
+        eprintln!(
+            "uroce compare: {} of {total} measurements failed; the report has the others and \
+             names these",
+            failed.len()
+        );
+    }
     Ok(args.out.clone())
 }
 

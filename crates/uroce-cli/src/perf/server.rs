@@ -32,15 +32,25 @@ pub(crate) fn serve(addr: IpAddr, port: u16) -> Result<(), String> {
             }
         };
         let peer = stream.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
-        match handle(&ctx, addr, stream) {
-            Ok(()) => eprintln!("uroce server: client {peer} done"),
-            Err(e) => eprintln!("uroce server: client {peer}: {e}"),
+        let mut device = None;
+        let outcome = handle(&ctx, addr, stream, &mut device);
+        // The client's RDMA device, once an RDMA test named it, beside its control address.
+        let who = device.map_or_else(|| peer.clone(), |d| format!("{peer} (RDMA device {d})"));
+        match outcome {
+            Ok(()) => eprintln!("uroce server: client {who} done"),
+            Err(e) => eprintln!("uroce server: client {who}: {e}"),
         }
     }
     Ok(())
 }
 
-fn handle(ctx: &Context, addr: IpAddr, stream: TcpStream) -> Result<(), String> {
+/// Serves one client's tests; `device` learns the address of the client's RDMA device.
+fn handle(
+    ctx: &Context,
+    addr: IpAddr,
+    stream: TcpStream,
+    device: &mut Option<IpAddr>,
+) -> Result<(), String> {
     let mut ctl = Control::new(stream).map_err(|e| e.to_string())?;
     let hello = ctl.recv().map_err(|e| e.to_string())?;
     let version = hello.strip_prefix("uroce-perf ").and_then(|v| v.parse::<u32>().ok());
@@ -73,7 +83,7 @@ fn handle(ctx: &Context, addr: IpAddr, stream: TcpStream) -> Result<(), String> 
                 continue;
             }
         };
-        if let Err(e) = run(ctx, addr, &mut ctl, test, &p) {
+        if let Err(e) = run(ctx, addr, &mut ctl, test, &p, device) {
             let _ = ctl.send(&format!("error {e}"));
             return Err(format!("{}: {e}", test.name));
         }
@@ -88,6 +98,7 @@ fn run(
     ctl: &mut Control,
     test: &TestDef,
     p: &Params,
+    device: &mut Option<IpAddr>,
 ) -> Result<(), String> {
     let e = |e: std::io::Error| e.to_string();
     let stop = AtomicBool::new(false);
@@ -111,6 +122,7 @@ fn run(
         let (mut side, mine) = Side::new(ctx, test, p)?;
         ctl.send(&format!("ready {}", endpoints_hex(&mine))).map_err(e)?;
         let peers = expect_peer(ctl)?.ok_or("the client sent no endpoint")?;
+        *device = peers.first().map(|e| e.gid).or(*device);
         side.connect(&peers)?;
         go(ctl)?;
         let cpu = p.pin.map(|c| c.1);
