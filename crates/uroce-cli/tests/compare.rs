@@ -41,10 +41,18 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
     assert!(!out.stderr.contains(&b'\r'), "{}", String::from_utf8_lossy(&out.stderr));
     // The summary states the crossovers from the data.
     assert!(stdout.contains("setup: TCP connect"), "{stdout}");
-    assert!(stdout.contains("RDMA CM connect (RC QP, REQ/REP/RTU)"), "{stdout}");
-    assert!(stdout.contains("latency p50"), "{stdout}");
+    assert!(stdout.contains("an RC QP through the RDMA CM (REQ/REP/RTU)"), "{stdout}");
+    // Who wins, and which way the ratio points.
+    assert!(stdout.contains("latency p50: ") && stdout.contains("× lower"), "{stdout}");
+    assert!(stdout.contains("bandwidth: ") && stdout.contains("× higher"), "{stdout}");
     let html = std::fs::read_to_string(dir.join("index.html")).unwrap();
     well_formed(&html).unwrap();
+    // The summary comes first, the tables are tables, and the page says what it measured on.
+    let summary = html.find("<h2>Summary</h2>").expect("a summary");
+    assert!(summary < html.find("<svg").unwrap(), "the summary before the plots");
+    assert!(html.contains("<th>winner</th>") && html.contains("<th>messages</th>"), "tables");
+    assert!(!html.contains("<pre>"), "no markdown in a <pre>");
+    assert!(html.contains("Measured on ") && html.contains("cores"), "the machine");
     let plots: Vec<&str> = html.split("<svg").skip(1).collect();
     assert_eq!(plots.len(), 5, "latency p50 and p99, bandwidth, CPU per GB, registration");
     for p in &plots {
@@ -74,6 +82,9 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
     // A strict parser takes it, and it has the README's schema.
     let doc: serde_json::Value = serde_json::from_str(&json).expect("results.json is JSON");
     assert_eq!(doc["version"], 1);
+    for key in ["host", "cpu", "cores", "kernel", "uroce", "date", "settings"] {
+        assert!(doc["machine"].get(key).is_some(), "machine.{key} missing: {}", doc["machine"]);
+    }
     for r in doc["results"].as_array().unwrap() {
         for key in ["series", "peer", "test", "size", "seconds", "lost", "gbit_s", "client_cpu"] {
             assert!(r.get(key).is_some(), "{key} missing in {r}");

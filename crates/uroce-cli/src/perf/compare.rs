@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use uroce::{Access, Context, Options};
 
 use super::client::{self, Plan};
+use super::machine::Machine;
 use super::report;
 use super::{Outcome, Params, find, now};
 
@@ -134,6 +135,15 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     });
     let secs =
         args.duration.unwrap_or(Duration::from_secs_f64(if args.quick { 0.15 } else { 0.8 }));
+    let machine = Machine::now(format!(
+        "{} matrix, {:.2} s per point, sizes {}, devices {} and {}{}",
+        if args.quick { "quick" } else { "full" },
+        secs.as_secs_f64(),
+        sizes.iter().map(|&n| super::human_size(n)).collect::<Vec<_>>().join(" "),
+        local,
+        server_addr,
+        if args.with_peers { ", with peers" } else { "" }
+    ));
     let (_server, port) = start_server(server_addr)?;
     let mut rows = Vec::new();
     let series: Vec<&Series> = SERIES
@@ -232,7 +242,7 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     }
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    report::write(&args.out, &rows, &setup, &crossovers, &notes)?;
+    report::write(&args.out, &machine, &rows, &setup, &crossovers, &notes)?;
     print!("{}", report::summary(&rows, &setup, &crossovers));
     if !failed.is_empty() {
         eprintln!(

@@ -6,6 +6,7 @@
 pub(crate) mod client;
 pub(crate) mod compare;
 mod control;
+mod machine;
 mod peers;
 mod rdma;
 mod report;

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::compare::{Crossover, Row, Setup};
+use super::machine::Machine;
 use super::{figure, human_size};
 
 fn esc(s: &str) -> String {
@@ -15,6 +16,7 @@ fn esc(s: &str) -> String {
 /// Writes the three files into `dir`.
 pub(crate) fn write(
     dir: &Path,
+    machine: &Machine,
     rows: &[Row],
     setup: &Setup,
     cross: &[Crossover],
@@ -24,9 +26,9 @@ pub(crate) fn write(
         std::fs::write(dir.join(name), text)
             .map_err(|e| format!("cannot write {}: {e}", dir.join(name).display()))
     };
-    put("results.json", json(rows, setup, cross))?;
-    put("report.md", markdown(rows, setup, cross, notes))?;
-    put("index.html", html(rows, setup, cross, notes))
+    put("results.json", json(machine, rows, setup, cross))?;
+    put("report.md", markdown(machine, rows, setup, cross, notes))?;
+    put("index.html", html(machine, rows, setup, cross, notes))
 }
 
 /// `results.json` (schema version 1, in the README), written with serde_json: strings escaped
@@ -34,6 +36,7 @@ pub(crate) fn write(
 #[derive(serde::Serialize)]
 struct ResultsJson<'a> {
     version: u32,
+    machine: &'a Machine,
     results: Vec<super::OutcomeJson<'a>>,
     setup: SetupJson,
     crossover: Vec<CrossoverJson<'a>>,
@@ -63,9 +66,10 @@ struct CrossoverJson<'a> {
     messages: Option<u64>,
 }
 
-fn json(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
+fn json(machine: &Machine, rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
     let doc = ResultsJson {
         version: 1,
+        machine,
         results: rows.iter().map(|r| r.outcome.view(Some((r.label, r.peer)))).collect(),
         setup: SetupJson {
             tcp_connect_us: figure(setup.tcp_connect_us, 2),
@@ -95,8 +99,35 @@ fn json(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
     serde_json::to_string(&doc).map(|s| s + "\n").unwrap_or_default()
 }
 
-fn markdown(rows: &[Row], setup: &Setup, cross: &[Crossover], notes: &[String]) -> String {
-    let mut s = String::from("# uroce compare: RDMA versus TCP on this machine\n\n## Results\n\n");
+fn markdown(
+    machine: &Machine,
+    rows: &[Row],
+    setup: &Setup,
+    cross: &[Crossover],
+    notes: &[String],
+) -> String {
+    let mut s = String::from("# uroce compare: RDMA versus TCP on this machine\n\n");
+    let _ = writeln!(s, "Measured on {}.\n\n## Summary\n", machine.describe());
+    for line in summary_lines(rows, setup, cross) {
+        let _ = writeln!(s, "- {line}");
+    }
+    s.push_str(
+        "\n| size | metric | RDMA (best path) | TCP (best) | winner |\n|---:|---|---|---|---|\n",
+    );
+    for v in verdicts(rows) {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} {} | {} {} | {} |",
+            human_size(v.size),
+            v.metric.name(),
+            v.rdma.0,
+            v.metric.show(v.rdma.1),
+            v.tcp.0,
+            v.metric.show(v.tcp.1),
+            v.winner()
+        );
+    }
+    s.push_str("\n## Results\n\n");
     s.push_str("| series | test | size | p50 µs | p99 µs | Gbit/s | msg/s | CPU s/GB |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
         let o = &r.outcome;
@@ -155,43 +186,118 @@ fn markdown(rows: &[Row], setup: &Setup, cross: &[Crossover], notes: &[String]) 
     s
 }
 
-/// One line plot: x on a log scale (sizes), y linear from zero.
+/// The decimal exponent of `v` (floor or ceiling of its log10), for axis arithmetic.
+#[expect(clippy::cast_possible_truncation, reason = "exponents of plotted figures are small")]
+fn exponent(v: f64, up: bool) -> i32 {
+    let e = v.log10();
+    (if up { e.ceil() } else { e.floor() }) as i32
+}
+
+/// Tick values for an axis from `lo` to `hi`: 1, 2 and 5 times powers of ten on a log axis
+/// (fewer when the span is wide), or about five round steps from zero on a linear one.
+fn ticks(lo: f64, hi: f64, log: bool) -> Vec<f64> {
+    if log {
+        let (a, b) = (exponent(lo, false), exponent(hi, true));
+        let mantissas: &[f64] = if b - a > 4 { &[1.0] } else { &[1.0, 2.0, 5.0] };
+        (a..=b)
+            .flat_map(|e| mantissas.iter().map(move |m| m * 10f64.powi(e)))
+            .filter(|v| (lo..=hi).contains(v))
+            .collect()
+    } else {
+        let raw = hi / 5.0;
+        let mag = 10f64.powi(exponent(raw, false));
+        let step = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(mag);
+        (0..=5).map(|k| step * f64::from(k)).filter(|v| *v <= hi).collect()
+    }
+}
+
+/// A tick label a person reads at a glance: 0.05, 2, 150, 12k, 3M.
+fn tick_label(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e6 {
+        format!("{}M", trim(v / 1e6))
+    } else if a >= 1e4 {
+        format!("{}k", trim(v / 1e3))
+    } else {
+        trim(v)
+    }
+}
+
+/// `v` with at most three significant figures, no trailing zeros.
+fn trim(v: f64) -> String {
+    let digits = if v.abs() >= 100.0 || v == 0.0 {
+        0
+    } else {
+        usize::try_from((2 - exponent(v.abs(), false)).clamp(0, 6)).unwrap_or(0)
+    };
+    let s = format!("{v:.digits$}");
+    if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s }
+}
+
+/// One line plot: x on a log scale (sizes); y on a log scale when the values span more than
+/// two decades (microseconds beside milliseconds), else linear from zero. The legend lies
+/// below the plot, each label whole.
+#[expect(clippy::cast_precision_loss, reason = "plot coordinates")]
 fn svg(title: &str, y_label: &str, series: &BTreeMap<String, Vec<(f64, f64)>>) -> String {
-    const W: f64 = 640.0;
-    const H: f64 = 360.0;
+    const W: f64 = 760.0;
+    const PLOT_H: f64 = 320.0;
     const L: f64 = 70.0;
-    const R: f64 = 190.0;
+    const R: f64 = 20.0;
     const T: f64 = 30.0;
     const B: f64 = 40.0;
+    const LEGEND_ROW: f64 = 16.0;
     let points: Vec<(f64, f64)> = series.values().flatten().copied().collect();
     let xmin = points.iter().map(|p| p.0).fold(f64::INFINITY, f64::min).max(1.0);
     let xmax = points.iter().map(|p| p.0).fold(0.0, f64::max).max(xmin * 2.0);
-    let ymax = points.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-9) * 1.1;
+    let positive = || points.iter().map(|p| p.1).filter(|v| *v > 0.0 && v.is_finite());
+    let ymin_pos = positive().fold(f64::INFINITY, f64::min);
+    let ymax = positive().fold(0.0, f64::max).max(1e-9);
+    let log = ymin_pos.is_finite() && ymax / ymin_pos > 100.0;
+    let (ylo, yhi) = if log {
+        (10f64.powf(ymin_pos.log10().floor()), 10f64.powf(ymax.log10().ceil()))
+    } else {
+        let t = ticks(0.0, ymax * 1.1, false);
+        (0.0, t.last().copied().filter(|top| *top >= ymax).unwrap_or(ymax * 1.1))
+    };
+    let columns = 2;
+    let legend_rows = series.len().div_ceil(columns);
+    let h = PLOT_H + LEGEND_ROW * legend_rows as f64 + 10.0;
     let x =
         |v: f64| L + (v.max(xmin).log2() - xmin.log2()) / (xmax.log2() - xmin.log2()) * (W - L - R);
-    let y = |v: f64| H - B - v / ymax * (H - T - B);
+    let y = |v: f64| {
+        let f = if log {
+            (v.max(ylo).log10() - ylo.log10()) / (yhi.log10() - ylo.log10())
+        } else {
+            v / yhi
+        };
+        PLOT_H - B - f * (PLOT_H - T - B)
+    };
+    let scale = if log { ", log scale" } else { "" };
     let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\">\
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{h}\" viewBox=\"0 0 {W} {h}\">\
          <text x=\"{L}\" y=\"18\" font-size=\"14\" font-weight=\"bold\">{}</text>\
          <line x1=\"{L}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\
          <line x1=\"{L}\" y1=\"{T}\" x2=\"{L}\" y2=\"{}\" stroke=\"black\"/>\
-         <text x=\"12\" y=\"{}\" font-size=\"11\" transform=\"rotate(-90 12 {})\">{}</text>",
+         <text x=\"12\" y=\"{}\" font-size=\"11\" transform=\"rotate(-90 12 {})\" text-anchor=\"middle\">{}{scale}</text>",
         esc(title),
-        H - B,
+        PLOT_H - B,
         W - R,
-        H - B,
-        H - B,
-        H / 2.0,
-        H / 2.0,
+        PLOT_H - B,
+        PLOT_H - B,
+        PLOT_H / 2.0,
+        PLOT_H / 2.0,
         esc(y_label)
     );
-    for k in 0..=4 {
-        let v = ymax / 4.0 * f64::from(k);
+    for v in ticks(ylo.max(if log { 1e-12 } else { 0.0 }), yhi, log) {
         let _ = write!(
             s,
-            "<text x=\"{}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\">{v:.3}</text>",
+            "<line x1=\"{L}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#eee\"/>\
+             <text x=\"{}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\">{}</text>",
+            W - R,
             L - 4.0,
-            y(v) + 3.0
+            y(v) + 3.0,
+            tick_label(v),
+            y = y(v),
         );
     }
     let mut xs: Vec<f64> = points.iter().map(|p| p.0).collect();
@@ -204,11 +310,19 @@ fn svg(title: &str, y_label: &str, series: &BTreeMap<String, Vec<(f64, f64)>>) -
             s,
             "<text x=\"{:.1}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\">{label}</text>",
             x(v),
-            H - B + 14.0
+            PLOT_H - B + 14.0
         );
     }
-    const COLORS: [&str; 8] =
-        ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+    let _ = write!(
+        s,
+        "<text x=\"{:.1}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">message size (bytes)</text>",
+        (L + W - R) / 2.0,
+        PLOT_H - B + 30.0
+    );
+    const COLORS: [&str; 10] = [
+        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+        "#7f7f7f", "#bcbd22",
+    ];
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let path: Vec<String> =
@@ -221,19 +335,29 @@ fn svg(title: &str, y_label: &str, series: &BTreeMap<String, Vec<(f64, f64)>>) -
         for &(a, b) in pts {
             let _ = write!(
                 s,
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>",
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"><title>{}: {} at {}</title></circle>",
                 x(a),
-                y(b)
+                y(b),
+                esc(name),
+                tick_label(b),
+                {
+                    #[expect(
+                        clippy::cast_possible_truncation,
+                        clippy::cast_sign_loss,
+                        reason = "a size"
+                    )]
+                    let size = a as usize;
+                    human_size(size)
+                }
             );
         }
-        #[expect(clippy::cast_precision_loss, reason = "a legend row")]
-        let ly = T + 14.0 * i as f64;
+        let (col, row) = (i % columns, i / columns);
+        let lx = L + (W - L - R) / columns as f64 * col as f64;
+        let ly = PLOT_H + LEGEND_ROW * row as f64;
         let _ = write!(
             s,
-            "<rect x=\"{}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text x=\"{}\" y=\"{:.1}\" font-size=\"10\">{}</text>",
-            W - R + 10.0,
-            ly,
-            W - R + 24.0,
+            "<rect x=\"{lx:.1}\" y=\"{ly:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">{}</text>",
+            lx + 14.0,
             ly + 9.0,
             esc(name)
         );
@@ -258,7 +382,33 @@ fn by_label(
     m
 }
 
-fn html(rows: &[Row], setup: &Setup, cross: &[Crossover], notes: &[String]) -> String {
+/// A table of `head` and `rows`, each cell escaped; numbers align right.
+fn table(head: &[&str], rows: &[Vec<String>]) -> String {
+    let mut s = String::from("<table><tr>");
+    for h in head {
+        let _ = write!(s, "<th>{}</th>", esc(h));
+    }
+    s.push_str("</tr>");
+    for r in rows {
+        s.push_str("<tr>");
+        for c in r {
+            let numeric = c.chars().next().is_some_and(|ch| ch.is_ascii_digit() || ch == '-');
+            let class = if numeric { "" } else { " class=\"t\"" };
+            let _ = write!(s, "<td{class}>{}</td>", esc(c));
+        }
+        s.push_str("</tr>");
+    }
+    s.push_str("</table>");
+    s
+}
+
+fn html(
+    machine: &Machine,
+    rows: &[Row],
+    setup: &Setup,
+    cross: &[Crossover],
+    notes: &[String],
+) -> String {
     let p50 = by_label(rows, "_lat", |r| r.outcome.latency.map(|l| l.p50));
     // Peers report one latency figure: they are in the p50 plot only.
     let p99 = by_label(rows, "_lat", |r| r.outcome.latency.filter(|_| !r.peer).map(|l| l.p99));
@@ -271,109 +421,272 @@ fn html(rows: &[Row], setup: &Setup, cross: &[Crossover], notes: &[String]) -> S
         reg.entry("register".into()).or_default().push((l, us));
         reg.entry("register, mlock".into()).or_default().push((l, locked));
     }
-    let md = markdown(rows, setup, cross, notes);
     let mut s = String::from(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>uroce compare</title>\
-         <style>body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:collapse}\
-         td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>\
+         <style>body{font-family:sans-serif;max-width:1000px;margin:auto;padding:0 1em}\
+         table{border-collapse:collapse;margin:0.5em 0}\
+         td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#f4f4f4}\
+         td.t{text-align:left}.meta{color:#555}</style></head><body>\
          <h1>uroce compare: RDMA versus TCP on this machine</h1>",
     );
+    let _ = write!(
+        s,
+        "<p class=\"meta\">Measured on {}.</p><h2>Summary</h2><ul>",
+        esc(&machine.describe())
+    );
+    for line in summary_lines(rows, setup, cross) {
+        let _ = write!(s, "<li>{}</li>", esc(&line));
+    }
+    s.push_str("</ul>");
+    let verdict_rows: Vec<Vec<String>> = verdicts(rows)
+        .iter()
+        .map(|v| {
+            vec![
+                human_size(v.size),
+                v.metric.name().into(),
+                format!("{} {}", v.rdma.0, v.metric.show(v.rdma.1)),
+                format!("{} {}", v.tcp.0, v.metric.show(v.tcp.1)),
+                v.winner(),
+            ]
+        })
+        .collect();
+    s.push_str(&table(
+        &["size", "metric", "RDMA (best path)", "TCP (best)", "winner"],
+        &verdict_rows,
+    ));
+    s.push_str("<h2>Crossover</h2><p>Messages of each size after which RDMA's total time (an RDMA CM connection, a registration of the message size, then half round trips) drops below TCP's (connect, then half round trips), from the p50 latencies.</p>");
+    let cross_rows: Vec<Vec<String>> = cross
+        .iter()
+        .map(|c| {
+            vec![
+                c.tcp.to_string(),
+                human_size(c.size),
+                format!("{:.1}", c.tcp_us),
+                format!("{:.1}", c.rdma_us),
+                c.messages.map_or_else(|| "never".to_string(), |n| n.to_string()),
+            ]
+        })
+        .collect();
+    s.push_str(&table(
+        &["against", "size", "TCP p50 µs", "RDMA RC p50 µs", "messages"],
+        &cross_rows,
+    ));
     for (title, unit, data) in [
-        (
-            "Latency p50 versus message size",
-            "microseconds (half round trip; READ: round trip)",
-            &p50,
-        ),
-        ("Latency p99 versus message size", "microseconds", &p99),
+        ("Latency p50 versus message size", "µs (half round trip; READ: round trip)", &p50),
+        ("Latency p99 versus message size", "µs", &p99),
         ("Bandwidth versus message size", "Gbit/s", &bw),
         ("CPU per GB moved versus message size (both sides)", "CPU seconds per GB", &cpu),
-        ("Memory registration versus region size", "microseconds", &reg),
+        ("Memory registration versus region size", "µs", &reg),
     ] {
         let _ = write!(s, "<h2>{}</h2>{}", esc(title), svg(title, unit, data));
     }
-    s.push_str("<h2>Tables</h2><pre>");
-    s.push_str(&esc(&md));
-    s.push_str("</pre></body></html>\n");
+    s.push_str("<h2>Results</h2>");
+    let result_rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let o = &r.outcome;
+            let (p50, p99) = o.latency.map_or(("-".into(), "-".into()), |l| {
+                (format!("{:.1}", l.p50), format!("{:.1}", l.p99))
+            });
+            let (rate, cpu) = if r.peer {
+                ("-".to_string(), "-".to_string())
+            } else {
+                (format!("{:.0}", o.msg_rate()), format!("{:.2}", o.cpu_per_gb()))
+            };
+            let gbits = if r.peer && o.latency.is_some() {
+                "-".into()
+            } else {
+                format!("{:.2}", o.gbits())
+            };
+            vec![r.label.into(), o.test.into(), human_size(o.size), p50, p99, gbits, rate, cpu]
+        })
+        .collect();
+    s.push_str(&table(
+        &["series", "test", "size", "p50 µs", "p99 µs", "Gbit/s", "msg/s", "CPU s/GB"],
+        &result_rows,
+    ));
+    let _ = write!(
+        s,
+        "<h2>Setup cost</h2><p>TCP connect (connect + accept): {:.1} µs. An RC QP created and connected \
+         through the RDMA connection manager (REQ, REP, RTU): {:.1} µs. An RC QP created and moved \
+         through Init, RTR and RTS with the peer's endpoint known (exchanged out of band, not counted): \
+         {:.1} µs.</p>",
+        setup.tcp_connect_us, setup.cm_connect_us, setup.qp_connect_us
+    );
+    let reg_rows: Vec<Vec<String>> = setup
+        .registration
+        .iter()
+        .map(|(len, us, locked)| vec![human_size(*len), format!("{us:.1}"), format!("{locked:.1}")])
+        .collect();
+    s.push_str(&table(&["region", "register + deregister µs", "locked (mlock) µs"], &reg_rows));
+    if !notes.is_empty() {
+        s.push_str("<h2>Notes</h2><ul>");
+        for n in notes {
+            let _ = write!(s, "<li>{}</li>", esc(n));
+        }
+        s.push_str("</ul>");
+    }
+    s.push_str("</body></html>\n");
     s
+}
+
+/// What a verdict compares.
+#[derive(Clone, Copy)]
+enum Metric {
+    /// p50 latency, µs: lower wins.
+    Latency,
+    /// Bandwidth, Gbit/s: higher wins.
+    Bandwidth,
+}
+
+impl Metric {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Latency => "latency p50",
+            Self::Bandwidth => "bandwidth",
+        }
+    }
+
+    fn show(self, v: f64) -> String {
+        match self {
+            Self::Latency => format!("{v:.1} µs"),
+            Self::Bandwidth => format!("{v:.2} Gbit/s"),
+        }
+    }
+}
+
+/// The best RDMA path against the best TCP setting, at one size, on one metric.
+struct Verdict {
+    size: usize,
+    metric: Metric,
+    rdma: (&'static str, f64),
+    tcp: (&'static str, f64),
+}
+
+impl Verdict {
+    /// Who wins and by how much, the ratio always at least 1: "RDMA RC SEND, 3.57× lower".
+    fn winner(&self) -> String {
+        let (r, t) = (self.rdma.1, self.tcp.1);
+        let (rdma_wins, ratio) = match self.metric {
+            Metric::Latency => (r <= t, if r <= t { t / r } else { r / t }),
+            Metric::Bandwidth => (r >= t, if r >= t { r / t } else { t / r }),
+        };
+        let who = if rdma_wins { self.rdma.0 } else { self.tcp.0 };
+        let way = match self.metric {
+            Metric::Latency => "lower",
+            Metric::Bandwidth => "higher",
+        };
+        format!("{who}, {ratio:.2}× {way}")
+    }
+}
+
+/// At each size TCP latency was measured: the best RDMA path against the best TCP setting for
+/// latency (ping-pongs; READ's round trip is not comparable) and for bandwidth (streams that
+/// moved something).
+fn verdicts(rows: &[Row]) -> Vec<Verdict> {
+    // The row of the given side whose figure `key` is best (lowest when `lower`).
+    let best =
+        |suffix: &str, size: usize, rdma: bool, lower: bool, key: &dyn Fn(&Row) -> Option<f64>| {
+            rows.iter()
+                .filter(|r| {
+                    r.outcome.test.ends_with(suffix)
+                        && r.outcome.size == size
+                        && r.outcome.test.starts_with("tcp") != rdma
+                        && !r.outcome.test.starts_with("udp")
+                        && !r.outcome.test.contains("read_lat")
+                })
+                .filter_map(|r| key(r).filter(|v| v.is_finite() && *v > 0.0).map(|v| (r.label, v)))
+                .min_by(|a, b| if lower { a.1.total_cmp(&b.1) } else { b.1.total_cmp(&a.1) })
+        };
+    let mut sizes: Vec<usize> =
+        rows.iter().filter(|r| r.outcome.test == "tcp_lat").map(|r| r.outcome.size).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut out = Vec::new();
+    for size in sizes {
+        let lat = |r: &Row| r.outcome.latency.map(|l| l.p50);
+        if let (Some(rdma), Some(tcp)) =
+            (best("_lat", size, true, true, &lat), best("_lat", size, false, true, &lat))
+        {
+            out.push(Verdict { size, metric: Metric::Latency, rdma, tcp });
+        }
+        let gb = |r: &Row| Some(r.outcome.gbits());
+        if let (Some(rdma), Some(tcp)) =
+            (best("_bw", size, true, false, &gb), best("_bw", size, false, false, &gb))
+        {
+            out.push(Verdict { size, metric: Metric::Bandwidth, rdma, tcp });
+        }
+    }
+    out
+}
+
+/// The lines that matter, in words: who wins where and by how much, what setting up costs,
+/// and when RDMA's set-up pays for itself.
+fn summary_lines(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> Vec<String> {
+    let mut lines: Vec<String> = verdicts(rows)
+        .iter()
+        .map(|v| {
+            format!(
+                "{:>6} {}: {} ({} {} against {} {})",
+                human_size(v.size),
+                v.metric.name(),
+                v.winner(),
+                v.rdma.0,
+                v.metric.show(v.rdma.1),
+                v.tcp.0,
+                v.metric.show(v.tcp.1)
+            )
+        })
+        .collect();
+    lines.push(format!(
+        "setup: TCP connect {:.1} µs; an RC QP through the RDMA CM (REQ/REP/RTU) {:.1} µs; an RC \
+         QP created and connected with the peer's endpoint known {:.1} µs",
+        setup.tcp_connect_us, setup.cm_connect_us, setup.qp_connect_us
+    ));
+    for c in cross {
+        lines.push(match c.messages {
+            Some(n) => format!(
+                "{:>6} against {}: RDMA RC's total time drops below TCP's after {n} messages",
+                human_size(c.size),
+                c.tcp
+            ),
+            None => format!(
+                "{:>6} against {}: RDMA RC is not faster per message; TCP stays cheaper",
+                human_size(c.size),
+                c.tcp
+            ),
+        });
+    }
+    lines
 }
 
 /// The lines that matter, for the terminal.
 pub(crate) fn summary(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> String {
-    let mut s = String::new();
-    // Ping-pong latencies (half round trips) compare with each other; READ's is a round trip.
-    let best = |suffix: &str, size: usize, rdma: bool, key: &dyn Fn(&Row) -> f64| {
-        rows.iter()
-            .filter(|r| {
-                r.outcome.test.ends_with(suffix)
-                    && r.outcome.size == size
-                    && r.outcome.test.starts_with("tcp") != rdma
-                    && !r.outcome.test.contains("read_lat")
-            })
-            .max_by(|a, b| key(a).total_cmp(&key(b)))
-    };
-    let sizes: Vec<usize> = {
-        let mut v: Vec<usize> =
-            rows.iter().filter(|r| r.outcome.test == "tcp_lat").map(|r| r.outcome.size).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
-    for &size in &sizes {
-        let lat = |r: &Row| -r.outcome.latency.map_or(f64::INFINITY, |l| l.p50);
-        if let (Some(t), Some(r)) =
-            (best("_lat", size, false, &lat), best("_lat", size, true, &lat))
-        {
-            let (tp, rp) = (-lat(t), -lat(r));
-            let _ = writeln!(
-                s,
-                "{:>6}: latency p50 {} {:.1} µs vs {} {:.1} µs ({:.2}x)",
-                human_size(size),
-                r.label,
-                rp,
-                t.label,
-                tp,
-                tp / rp
-            );
-        }
-        let gb = |r: &Row| r.outcome.gbits();
-        if let (Some(t), Some(r)) = (best("_bw", size, false, &gb), best("_bw", size, true, &gb)) {
-            let _ = writeln!(
-                s,
-                "{:>6}: bandwidth {} {:.2} Gbit/s vs {} {:.2} Gbit/s ({:.2}x)",
-                human_size(size),
-                r.label,
-                gb(r),
-                t.label,
-                gb(t),
-                gb(r) / gb(t)
-            );
-        }
+    summary_lines(rows, setup, cross).iter().map(|l| format!("{l}\n")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axes_read_at_a_glance() {
+        let decades = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
+        assert_eq!(ticks(1.0, 1000.0, true), decades);
+        assert_eq!(ticks(0.0, 8798.893, false), [0.0, 2000.0, 4000.0, 6000.0, 8000.0]);
+        assert_eq!(tick_label(8798.893), "8799");
+        assert_eq!(tick_label(12_000.0), "12k");
+        assert_eq!(tick_label(0.05), "0.05");
+        assert_eq!(tick_label(2_500_000.0), "2.5M");
     }
-    let _ = writeln!(
-        s,
-        "setup: TCP connect {:.1} µs, RDMA CM connect (RC QP, REQ/REP/RTU) {:.1} µs, RC QP create + \
-         connect out of band {:.1} µs",
-        setup.tcp_connect_us, setup.cm_connect_us, setup.qp_connect_us
-    );
-    for c in cross {
-        match c.messages {
-            Some(n) => {
-                let _ = writeln!(
-                    s,
-                    "{:>6}: vs {}: RDMA RC's total time drops below TCP's after {n} messages",
-                    human_size(c.size),
-                    c.tcp
-                );
-            }
-            None => {
-                let _ = writeln!(
-                    s,
-                    "{:>6}: vs {}: RDMA RC is not faster per message; TCP stays cheaper",
-                    human_size(c.size),
-                    c.tcp
-                );
-            }
-        }
+
+    #[test]
+    fn a_verdict_says_who_wins_and_which_way() {
+        let lat =
+            Verdict { size: 64, metric: Metric::Latency, rdma: ("RDMA", 2.0), tcp: ("TCP", 8.0) };
+        assert_eq!(lat.winner(), "RDMA, 4.00× lower");
+        let bw =
+            Verdict { size: 64, metric: Metric::Bandwidth, rdma: ("RDMA", 1.0), tcp: ("TCP", 3.0) };
+        assert_eq!(bw.winner(), "TCP, 3.00× higher");
     }
-    s
 }
