@@ -5,6 +5,7 @@
 use core::net::{IpAddr, SocketAddr};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use uroce_wire::aeth::{CreditCode, Syndrome};
 use uroce_wire::icrc::{IdRecovery, PseudoCache, PseudoHeader};
 use uroce_wire::{Psn, Qpn, RKey, ROCE_V2_PORT};
 
@@ -14,7 +15,7 @@ use crate::ctx::{Ah, Ctx, flush_wc};
 use crate::errors::within;
 use crate::memory::MemoryAccess;
 use crate::mr::{MemoryRegion, MrTable};
-use crate::qp::{ModifyError, PostError, Qp, QpAttr, QpInitAttr, RecvWqe, SendWqe};
+use crate::qp::{ModifyError, PostError, Qp, QpAttr, QpInitAttr, RecvWqe, Response, SendWqe};
 use crate::rng::Rng;
 use crate::srq::Srq;
 use crate::time::Instant;
@@ -24,6 +25,10 @@ use crate::types::{
     RecvWr, SendWr, SrqHandle, WcOpcode, WorkCompletion, WrOpcode,
 };
 use crate::watch::QpWatch;
+
+/// Extra copies of an RC responder's last ACK sent as its QP is destroyed ([`Device::farewell`]):
+/// with independent loss p, the peer misses all of them with probability p^3.
+const FAREWELL_COPIES: usize = 2;
 use crate::{completer, requester, responder};
 
 pub use crate::attr::*;
@@ -59,6 +64,8 @@ pub struct Device<M> {
     /// The XRC domains allocated and not deallocated.
     pub(crate) xrcds: BTreeSet<u32>,
     pub(crate) next_xrcd: u32,
+    /// Packets of QPs destroyed since the last `poll_transmit`: their farewell ACKs.
+    farewell: VecDeque<(Vec<u8>, Transmit)>,
 }
 
 impl<M: MemoryAccess> Device<M> {
@@ -106,6 +113,7 @@ impl<M: MemoryAccess> Device<M> {
             next_srq: 1,
             xrcds: BTreeSet::new(),
             next_xrcd: 1,
+            farewell: VecDeque::new(),
         }
     }
 
@@ -601,7 +609,35 @@ impl<M: MemoryAccess> Device<M> {
         });
         let Some(mut qp) = self.qps.remove(&qpn.get()) else { return false };
         self.watch.forget(&mut qp);
+        self.farewell(&mut qp);
         true
+    }
+
+    /// The last acknowledgement of an RC responder, sent [`FAREWELL_COPIES`] more times as its
+    /// QP goes. A program that received its peer's last message destroys its QP and exits at
+    /// once (`ibv_rc_pingpong` does): if the ACK of that message is lost, nobody is left to
+    /// answer the peer's retries, and its SEND, delivered, ends in RETRY_EXC_ERR. TCP keeps
+    /// TIME_WAIT for its last ACK; this sends it again while it still can. Duplicate ACKs are
+    /// harmless to a requester (IBA 9.7.6.1: an ACK for PSNs already acknowledged changes
+    /// nothing).
+    fn farewell(&mut self, qp: &mut Qp) {
+        let acked = qp.resp.msn.get() > 0;
+        let receiving = matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
+        if qp.init.qp_type != QpType::Rc || !acked || !receiving {
+            return;
+        }
+        let last = Response::Ack {
+            psn: qp.resp.epsn.sub(1),
+            syndrome: Syndrome::Ack(CreditCode::for_available(0)),
+            msn: qp.resp.msn,
+        };
+        // What the responder still had to send goes first, then the copies.
+        qp.resp.out.retain(|r| matches!(r, Response::Ack { .. }));
+        qp.resp.out.extend([last; FAREWELL_COPIES]);
+        let mut buf = Vec::new();
+        while let Some(tx) = responder::poll(qp, &mut self.ctx, &mut buf) {
+            self.farewell.push_back((core::mem::take(&mut buf), tx));
+        }
     }
 
     /// Records in the watch what QP `qpn` has running and outstanding, after an input that
@@ -814,6 +850,10 @@ impl<M: MemoryAccess> Device<M> {
     /// goes; `None` when nothing is ready. Call until `None` after every input.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
         self.ctx.advance_clock(now);
+        if let Some((bytes, tx)) = self.farewell.pop_front() {
+            *buf = bytes;
+            return Some(tx);
+        }
         let local = self.ctx.config.addr;
         if let Some(tx) =
             self.gsi.poll_transmit(local, self.ctx.defer_icrc, buf, &mut self.ctx.counters)

@@ -2151,3 +2151,29 @@ fn a_rendezvous_too_large_for_the_tag_leaves_its_headers_there_for_software() {
     assert!(!t.p.log().iter().any(|l| l.2 == Opcode::RC_RDMA_READ_REQUEST));
     assert_eq!(t.add(7, 0x2_1000, 100), 0);
 }
+
+#[test]
+fn a_responder_destroyed_after_its_last_ack_was_lost_still_lets_the_sender_complete() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.post_recv(B, 1, 0, 64);
+    // The ACK of the SEND is lost (the first ACK B sends).
+    let mut acks = 0;
+    p.set_filter(Box::new(move |from, packet| {
+        if from == B && packet.bth.opcode == Opcode::RC_ACKNOWLEDGE {
+            acks += 1;
+            return acks > 1;
+        }
+        true
+    }));
+    p.post_send(A, SendWr::new(7, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    // B takes the message, and at once destroys its QP (as a program that exits does).
+    p.run(Duration::from_micros(20));
+    assert_eq!(statuses(&p.cq(B)), [(1, WcStatus::SUCCESS)]);
+    let qp_b = p.hosts[B].qp;
+    assert!(p.net[B].dev.destroy_qp(qp_b));
+    p.run(Duration::from_millis(500));
+    // The farewell copies of the ACK reached A: its SEND completed, no retry ran out.
+    assert_eq!(statuses(&p.cq(A)), [(7, WcStatus::SUCCESS)]);
+    let farewells = p.log().iter().filter(|l| l.1 == B && l.2 == Opcode::RC_ACKNOWLEDGE).count();
+    assert_eq!(farewells, 3, "the lost ACK and its two farewell copies");
+}
