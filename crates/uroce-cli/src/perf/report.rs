@@ -130,28 +130,7 @@ fn markdown(
     s.push_str("\n## Results\n\n");
     s.push_str("| series | test | size | p50 µs | p99 µs | Gbit/s | msg/s | CPU s/GB |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
-        let o = &r.outcome;
-        let (p50, p99) = o.latency.map_or(("-".into(), "-".into()), |l| {
-            (format!("{:.1}", l.p50), format!("{:.1}", l.p99))
-        });
-        // Peers report latency or bandwidth only.
-        let (rate, cpu) = if r.peer {
-            ("-".to_string(), "-".to_string())
-        } else {
-            (format!("{:.0}", o.msg_rate()), format!("{:.2}", o.cpu_per_gb()))
-        };
-        let gbits = if r.peer && o.latency.is_some() {
-            "-".to_string()
-        } else {
-            format!("{:.2}", o.gbits())
-        };
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {p50} | {p99} | {gbits} | {rate} | {cpu} |",
-            r.label,
-            o.test,
-            human_size(o.size),
-        );
+        let _ = writeln!(s, "| {} |", result_cells(r).join(" | "));
     }
     let _ = write!(
         s,
@@ -382,6 +361,23 @@ fn by_label(
     m
 }
 
+/// A result's cells in the Results table: series, test, size, p50 µs, p99 µs, Gbit/s, msg/s
+/// and CPU s/GB. Peers report latency or bandwidth only, and no CPU.
+fn result_cells(r: &Row) -> Vec<String> {
+    let o = &r.outcome;
+    let (p50, p99) = o
+        .latency
+        .map_or(("-".into(), "-".into()), |l| (format!("{:.1}", l.p50), format!("{:.1}", l.p99)));
+    let (rate, cpu) = if r.peer {
+        ("-".to_string(), "-".to_string())
+    } else {
+        (format!("{:.0}", o.msg_rate()), format!("{:.2}", o.cpu_per_gb()))
+    };
+    let gbits =
+        if r.peer && o.latency.is_some() { "-".into() } else { format!("{:.2}", o.gbits()) };
+    vec![r.label.into(), o.test.into(), human_size(o.size), p50, p99, gbits, rate, cpu]
+}
+
 /// A table of `head` and `rows`, each cell escaped; numbers align right.
 fn table(head: &[&str], rows: &[Vec<String>]) -> String {
     let mut s = String::from("<table><tr>");
@@ -481,26 +477,7 @@ fn html(
         let _ = write!(s, "<h2>{}</h2>{}", esc(title), svg(title, unit, data));
     }
     s.push_str("<h2>Results</h2>");
-    let result_rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            let o = &r.outcome;
-            let (p50, p99) = o.latency.map_or(("-".into(), "-".into()), |l| {
-                (format!("{:.1}", l.p50), format!("{:.1}", l.p99))
-            });
-            let (rate, cpu) = if r.peer {
-                ("-".to_string(), "-".to_string())
-            } else {
-                (format!("{:.0}", o.msg_rate()), format!("{:.2}", o.cpu_per_gb()))
-            };
-            let gbits = if r.peer && o.latency.is_some() {
-                "-".into()
-            } else {
-                format!("{:.2}", o.gbits())
-            };
-            vec![r.label.into(), o.test.into(), human_size(o.size), p50, p99, gbits, rate, cpu]
-        })
-        .collect();
+    let result_rows: Vec<Vec<String>> = rows.iter().map(result_cells).collect();
     s.push_str(&table(
         &["series", "test", "size", "p50 µs", "p99 µs", "Gbit/s", "msg/s", "CPU s/GB"],
         &result_rows,
