@@ -379,7 +379,7 @@ fn fatal_raising<M: MemoryAccess>(
     completer::enter_error(qp, ctx);
 }
 
-fn recv_wc(
+pub(crate) fn recv_wc(
     qp: &Qp,
     wr_id: u64,
     status: WcStatus,
@@ -601,14 +601,7 @@ fn send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, packet: &PacketRepr<'_>)
         {
             let flags = TmFlags::MATCH;
             let tm = Some(TmInfo { tag: tag.tag, app_ctx: tag.app_ctx, flags });
-            let wc = tm::tm_wc(
-                wqe.wr.wr_id,
-                WcStatus::SUCCESS,
-                WcOpcode::TmRecv,
-                0,
-                (qp.qpn, qp.dest_qpn),
-                tm,
-            );
+            let wc = tm::tm_recv_wc(qp, wqe.wr.wr_id, WcStatus::SUCCESS, 0, tm);
             ctx.complete(cq, wc);
         }
         qp.resp.current = Some(InMessage::Send { wqe, written, delivery });

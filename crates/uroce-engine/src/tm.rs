@@ -331,29 +331,33 @@ impl TagMatching {
     }
 }
 
-/// The completion of a tag operation or of a receive at a TM-SRQ (`qps`: the local QP and
-/// its peer; none for an operation).
-pub(crate) fn tm_wc(
+/// The completion of a receive at a TM-SRQ: a receive completion of `qp` carrying `tm`.
+pub(crate) fn tm_recv_wc(
+    qp: &Qp,
     wr_id: u64,
     status: WcStatus,
-    opcode: WcOpcode,
     byte_len: u32,
-    (qp_num, src_qp): (Qpn, Qpn),
     tm: Option<TmInfo>,
 ) -> WorkCompletion {
+    let wc = crate::responder::recv_wc(qp, wr_id, status, WcOpcode::TmRecv, byte_len, None);
+    WorkCompletion { tm, ..wc }
+}
+
+/// The completion of a tag operation: it belongs to no QP, and carries the SRQ's sync flags.
+fn tag_op_wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, tm: TmInfo) -> WorkCompletion {
     WorkCompletion {
         wr_id,
         status,
         opcode,
-        byte_len,
+        byte_len: 0,
         imm: None,
-        qp_num,
-        src_qp,
+        qp_num: Qpn::QP0,
+        src_qp: Qpn::QP0,
         grh: false,
         ipv4: false,
         invalidated_rkey: None,
         timestamp: crate::Instant::ZERO,
-        tm,
+        tm: Some(tm),
     }
 }
 
@@ -400,33 +404,13 @@ pub(crate) fn start_rendezvous<M: MemoryAccess>(
             Err(ScatterError::Protection) => WcStatus::LOC_PROT_ERR,
         };
         let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
-        ctx.complete(
-            cq,
-            tm_wc(
-                request.recv_wr_id,
-                status,
-                WcOpcode::TmRecv,
-                len,
-                (qp.qpn, qp.dest_qpn),
-                matched,
-            ),
-        );
+        ctx.complete(cq, tm_recv_wc(qp, request.recv_wr_id, status, len, matched));
         if let Some(tm) = tag_matching(ctx, request.srq) {
             tm.release(request.handle);
         }
         return;
     }
-    ctx.complete(
-        cq,
-        tm_wc(
-            request.recv_wr_id,
-            WcStatus::SUCCESS,
-            WcOpcode::TmRecv,
-            0,
-            (qp.qpn, qp.dest_qpn),
-            matched,
-        ),
-    );
+    ctx.complete(cq, tm_recv_wc(qp, request.recv_wr_id, WcStatus::SUCCESS, 0, matched));
     let sg_list = first_bytes(&wqe.wr.sg_list, request.len);
     let wr = SendWr {
         flags: SendFlags::NONE,
@@ -484,10 +468,7 @@ pub(crate) fn device_op_ended<M>(qp: &mut Qp, ctx: &mut Ctx<M>, op: DeviceOp, st
     // The tag was reported with the match; this completion names its buffer by wr_id only
     // (a ConnectX's second completion carries no TMH: rdma-core's test_tm_rndv expects tag 0).
     let tm = Some(TmInfo { tag: 0, app_ctx: 0, flags });
-    ctx.complete(
-        cq,
-        tm_wc(request.recv_wr_id, status, WcOpcode::TmRecv, len, (qp.qpn, qp.dest_qpn), tm),
-    );
+    ctx.complete(cq, tm_recv_wc(qp, request.recv_wr_id, status, len, tm));
     if status != WcStatus::SUCCESS {
         return;
     }
@@ -575,7 +556,7 @@ impl<M: MemoryAccess> Device<M> {
         if op.signaled || status != WcStatus::SUCCESS {
             let info = TmInfo { tag: 0, app_ctx: 0, flags: tm.sync_flags() };
             let cq = tm.cq;
-            let wc = tm_wc(op.wr_id, status, opcode, 0, (Qpn::QP0, Qpn::QP0), Some(info));
+            let wc = tag_op_wc(op.wr_id, status, opcode, info);
             self.ctx.complete(cq, wc);
         }
         Ok(handle)
