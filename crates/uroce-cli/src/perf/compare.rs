@@ -233,7 +233,8 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     eprintln!("measuring setup costs…");
     let setup = setup_costs(server_addr, local, args.quick)?;
     let crossovers = crossovers(&rows, &setup);
-    let mut notes = failed.clone();
+    let failures = failed.len();
+    let mut notes = failed;
     if args.with_peers {
         eprintln!("running sockperf, qperf and iperf3 where installed…");
         let (peer_rows, peer_notes) = super::peers::run(&sizes, secs.as_secs_f64());
@@ -244,11 +245,10 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     report::write(&args.out, &machine, &rows, &setup, &crossovers, &notes)?;
     print!("{}", report::summary(&rows, &setup, &crossovers));
-    if !failed.is_empty() {
+    if failures > 0 {
         eprintln!(
-            "uroce compare: {} of {total} measurements failed; the report has the others and \
-             names these",
-            failed.len()
+            "uroce compare: {failures} of {total} measurements failed; the report has the \
+             others and names these"
         );
     }
     Ok(args.out.clone())
