@@ -11,8 +11,9 @@
 //! its segments and verifies each.
 //!
 //! Loopback (IPv4 and IPv6) in one namespace, and a veth pair between two (1500-byte MTU, RDMA
-//! MTU 1024 as the client chooses it from the ports by default: 60 segments per send). Needs root, `ip` and `dumpcap`/`tshark`; without them it
-//! says why it skips, and under `CI=true` fails.
+//! MTU 1024 as the client chooses it from the ports by default: 60 segments per send). Needs
+//! root, `ip` and `dumpcap`/`tshark`; without them it says why it skips, and under `CI=true`
+//! fails.
 
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 #![allow(clippy::disallowed_methods, reason = "the capture must see the last packets land")]

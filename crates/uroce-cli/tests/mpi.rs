@@ -1,10 +1,10 @@
 //! MPI on uroce through `uroce exec`, over UCX: Open MPI 4.1 (`pml ucx`, `osc ucx`) and MPICH
-//! 4.0 (`ch4:ucx`), Debian's; and Open MPI over libfabric (`mtl ofi` on `verbs;ofi_rxm`). A C program doing ping-pong, allreduce, alltoall and one-sided
-//! `MPI_Put`/`MPI_Get`, every result checked (`tests/c/mpi_check.c`), four ranks with two
-//! sharing each device — on one host, and on two network namespaces joined by a veth pair on
-//! which nftables drops 1 % of the RoCEv2 packets (the launcher reaches each namespace as a
-//! host through an rsh agent that is `ip netns exec`, and its daemons talk to it over a
-//! bridge of their own).
+//! 4.0 (`ch4:ucx`), Debian's; and Open MPI over libfabric (`mtl ofi` on `verbs;ofi_rxm`). A C
+//! program doing ping-pong, allreduce, alltoall and one-sided `MPI_Put`/`MPI_Get`, every
+//! result checked (`tests/c/mpi_check.c`), four ranks with two sharing each device — on one
+//! host, and on two network namespaces joined by a veth pair on which nftables drops 1 % of
+//! the RoCEv2 packets (the launcher reaches each namespace as a host through an rsh agent
+//! that is `ip netns exec`, and its daemons talk to it over a bridge of their own).
 //!
 //! Needs `openmpi-bin`, `libopenmpi-dev`, `mpich`, `libmpich-dev` and, for the namespaces,
 //! root, `ip` and `nft`; without them each test says why it skips, and under `CI=true` fails.

@@ -279,8 +279,8 @@ impl<M: MemoryAccess> Device<M> {
 
     /// Whether a work request not yet completed names `lkey` in its scatter/gather list: a
     /// send WQE (not inline), a receive WQE of a QP or an SRQ, a TM-SRQ's posted tag, or the
-    /// receive a message in progress is landing in. A runtime defers deregistering such a region, so the memory an
-    /// outstanding work request uses stays alive until its completion.
+    /// receive a message in progress is landing in. A runtime defers deregistering such a
+    /// region, so the memory an outstanding work request uses stays alive until its completion.
     pub fn lkey_in_use(&self, lkey: LKey) -> bool {
         let names = |sges: &[crate::types::Sge]| sges.iter().any(|s| s.lkey == lkey);
         let recv_uses = |w: &RecvWqe| names(&w.wr.sg_list);
