@@ -40,7 +40,7 @@
 //!
 //! Unsafe code is the C ABI's: raw pointers from the caller, each use with its `SAFETY:` note.
 
-mod abi;
+use uroce_verbs_abi as abi;
 mod compat;
 mod rdmacm;
 mod strings;

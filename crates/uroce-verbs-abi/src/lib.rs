@@ -1,412 +1,410 @@
 //! The objects and constants of `<infiniband/verbs.h>` (rdma-core 44) as Rust declares them:
-//! `#[repr(C)]` mirrors of every structure this library hands out or reads. A unit test
-//! compiles a C program against the installed header and checks every size and offset.
+//! `#[repr(C)]` mirrors of every structure the drop-in `libibverbs.so.1` (`uroce-verbs`) hands
+//! out or reads, and that `uroce`'s benchmark uses when it drives a system's libibverbs. A unit
+//! test compiles a C program against the installed header and checks every size and offset.
+//!
+//! Each item mirrors the header's declaration of the same name; `verbs.h` and the rdma-core
+//! man pages are its documentation.
+#![allow(missing_docs, reason = "mirrors of verbs.h, documented there")]
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 
 /// `pthread_mutex_t` on x86-64 glibc; all zeroes is `PTHREAD_MUTEX_INITIALIZER`.
-pub(crate) type PthreadMutex = [u64; 5];
+pub type PthreadMutex = [u64; 5];
 /// `pthread_cond_t` on x86-64 glibc; all zeroes is `PTHREAD_COND_INITIALIZER`.
-pub(crate) type PthreadCond = [u64; 6];
+pub type PthreadCond = [u64; 6];
 
 /// A function-pointer slot this library leaves empty (NULL): the caller falls back, or fails
 /// with `EOPNOTSUPP`, as it does for a provider without that verb.
-pub(crate) type Unset = Option<unsafe extern "C" fn()>;
+pub type Unset = Option<unsafe extern "C" fn()>;
 
 /// `IBV_SYSFS_NAME_MAX`.
-pub(crate) const SYSFS_NAME_MAX: usize = 64;
+pub const SYSFS_NAME_MAX: usize = 64;
 /// `IBV_SYSFS_PATH_MAX`.
-pub(crate) const SYSFS_PATH_MAX: usize = 256;
+pub const SYSFS_PATH_MAX: usize = 256;
 
 /// `struct ibv_device`.
 #[repr(C)]
-pub(crate) struct IbvDevice {
-    pub(crate) ops: [Unset; 2],
-    pub(crate) node_type: c_int,
-    pub(crate) transport_type: c_int,
-    pub(crate) name: [c_char; SYSFS_NAME_MAX],
-    pub(crate) dev_name: [c_char; SYSFS_NAME_MAX],
-    pub(crate) dev_path: [c_char; SYSFS_PATH_MAX],
-    pub(crate) ibdev_path: [c_char; SYSFS_PATH_MAX],
+pub struct IbvDevice {
+    pub ops: [Unset; 2],
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    pub name: [c_char; SYSFS_NAME_MAX],
+    pub dev_name: [c_char; SYSFS_NAME_MAX],
+    pub dev_path: [c_char; SYSFS_PATH_MAX],
+    pub ibdev_path: [c_char; SYSFS_PATH_MAX],
 }
 
-pub(crate) type PollCqFn = unsafe extern "C" fn(*mut IbvCq, c_int, *mut IbvWc) -> c_int;
-pub(crate) type ReqNotifyFn = unsafe extern "C" fn(*mut IbvCq, c_int) -> c_int;
-pub(crate) type PostSendFn =
+pub type PollCqFn = unsafe extern "C" fn(*mut IbvCq, c_int, *mut IbvWc) -> c_int;
+pub type ReqNotifyFn = unsafe extern "C" fn(*mut IbvCq, c_int) -> c_int;
+pub type PostSendFn =
     unsafe extern "C" fn(*mut IbvQp, *mut IbvSendWr, *mut *mut IbvSendWr) -> c_int;
-pub(crate) type PostRecvFn =
+pub type PostRecvFn =
     unsafe extern "C" fn(*mut IbvQp, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
-pub(crate) type PostSrqRecvFn =
+pub type PostSrqRecvFn =
     unsafe extern "C" fn(*mut IbvSrq, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
-pub(crate) type QueryPortFn =
-    unsafe extern "C" fn(*mut IbvContext, u8, *mut IbvPortAttr, usize) -> c_int;
+pub type QueryPortFn = unsafe extern "C" fn(*mut IbvContext, u8, *mut IbvPortAttr, usize) -> c_int;
 
 /// `struct ibv_context_ops`: the verbs the header's inline functions call through.
 #[repr(C)]
-pub(crate) struct IbvContextOps {
-    pub(crate) compat_query_device: Unset,
-    pub(crate) compat_query_port: Unset,
-    pub(crate) compat_1: [Unset; 5],
-    pub(crate) alloc_mw: Option<unsafe extern "C" fn(*mut IbvPd, c_int) -> *mut IbvMw>,
-    pub(crate) bind_mw:
-        Option<unsafe extern "C" fn(*mut IbvQp, *mut IbvMw, *mut IbvMwBind) -> c_int>,
-    pub(crate) dealloc_mw: Option<unsafe extern "C" fn(*mut IbvMw) -> c_int>,
-    pub(crate) compat_create_cq: Unset,
-    pub(crate) poll_cq: Option<PollCqFn>,
-    pub(crate) req_notify_cq: Option<ReqNotifyFn>,
-    pub(crate) compat_2: [Unset; 7],
-    pub(crate) post_srq_recv: Option<PostSrqRecvFn>,
-    pub(crate) compat_3: [Unset; 4],
-    pub(crate) post_send: Option<PostSendFn>,
-    pub(crate) post_recv: Option<PostRecvFn>,
-    pub(crate) compat_4: [Unset; 5],
+pub struct IbvContextOps {
+    pub compat_query_device: Unset,
+    pub compat_query_port: Unset,
+    pub compat_1: [Unset; 5],
+    pub alloc_mw: Option<unsafe extern "C" fn(*mut IbvPd, c_int) -> *mut IbvMw>,
+    pub bind_mw: Option<unsafe extern "C" fn(*mut IbvQp, *mut IbvMw, *mut IbvMwBind) -> c_int>,
+    pub dealloc_mw: Option<unsafe extern "C" fn(*mut IbvMw) -> c_int>,
+    pub compat_create_cq: Unset,
+    pub poll_cq: Option<PollCqFn>,
+    pub req_notify_cq: Option<ReqNotifyFn>,
+    pub compat_2: [Unset; 7],
+    pub post_srq_recv: Option<PostSrqRecvFn>,
+    pub compat_3: [Unset; 4],
+    pub post_send: Option<PostSendFn>,
+    pub post_recv: Option<PostRecvFn>,
+    pub compat_4: [Unset; 5],
 }
 
 /// `struct ibv_context`.
 #[repr(C)]
-pub(crate) struct IbvContext {
-    pub(crate) device: *mut IbvDevice,
-    pub(crate) ops: IbvContextOps,
-    pub(crate) cmd_fd: c_int,
-    pub(crate) async_fd: c_int,
-    pub(crate) num_comp_vectors: c_int,
-    pub(crate) mutex: PthreadMutex,
-    pub(crate) abi_compat: *mut c_void,
+pub struct IbvContext {
+    pub device: *mut IbvDevice,
+    pub ops: IbvContextOps,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: PthreadMutex,
+    pub abi_compat: *mut c_void,
 }
 
 /// `__VERBS_ABI_IS_EXTENDED`: `abi_compat` says a `verbs_context` precedes the context.
-pub(crate) const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
+pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 
 /// `struct verbs_context`: the extended verbs, in the memory right before `ibv_context` (which
 /// is its last member). `query_port`, `query_device_ex` and `create_qp_ex` are set; the inline
 /// wrappers of the others see NULL and fall back to the legacy verb or fail with `EOPNOTSUPP`.
 #[repr(C)]
-pub(crate) struct VerbsContext {
-    pub(crate) query_port: Option<QueryPortFn>,
-    pub(crate) advise_mr: Option<AdviseMrFn>,
+pub struct VerbsContext {
+    pub query_port: Option<QueryPortFn>,
+    pub advise_mr: Option<AdviseMrFn>,
     /// `alloc_null_mr` and the counters.
-    pub(crate) unset_before_reg_dm_mr: [Unset; 5],
-    pub(crate) reg_dm_mr:
+    pub unset_before_reg_dm_mr: [Unset; 5],
+    pub reg_dm_mr:
         Option<unsafe extern "C" fn(*mut IbvPd, *mut IbvDm, u64, usize, c_uint) -> *mut IbvMr>,
-    pub(crate) alloc_dm:
-        Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvAllocDmAttr) -> *mut IbvDm>,
-    pub(crate) free_dm: Option<unsafe extern "C" fn(*mut IbvDm) -> c_int>,
+    pub alloc_dm: Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvAllocDmAttr) -> *mut IbvDm>,
+    pub free_dm: Option<unsafe extern "C" fn(*mut IbvDm) -> c_int>,
     /// The flow actions and `modify_qp_rate_limit`.
-    pub(crate) unset_before_alloc_parent_domain: [Unset; 4],
-    pub(crate) alloc_parent_domain:
+    pub unset_before_alloc_parent_domain: [Unset; 4],
+    pub alloc_parent_domain:
         Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvParentDomainInitAttr) -> *mut IbvPd>,
-    pub(crate) dealloc_td: Option<unsafe extern "C" fn(*mut IbvTd) -> c_int>,
-    pub(crate) alloc_td:
-        Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvTdInitAttr) -> *mut IbvTd>,
-    pub(crate) modify_cq: Unset,
-    pub(crate) post_srq_ops: Option<PostSrqOpsFn>,
+    pub dealloc_td: Option<unsafe extern "C" fn(*mut IbvTd) -> c_int>,
+    pub alloc_td: Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvTdInitAttr) -> *mut IbvTd>,
+    pub modify_cq: Unset,
+    pub post_srq_ops: Option<PostSrqOpsFn>,
     /// `destroy_rwq_ind_table` … `create_wq`.
-    pub(crate) unset_before_query_rt_values: [Unset; 5],
-    pub(crate) query_rt_values: Option<QueryRtValuesFn>,
-    pub(crate) create_cq_ex: Option<CreateCqExFn>,
-    pub(crate) priv_: Unset,
-    pub(crate) query_device_ex: Option<QueryDeviceExFn>,
+    pub unset_before_query_rt_values: [Unset; 5],
+    pub query_rt_values: Option<QueryRtValuesFn>,
+    pub create_cq_ex: Option<CreateCqExFn>,
+    pub priv_: Unset,
+    pub query_device_ex: Option<QueryDeviceExFn>,
     /// `ibv_destroy_flow`, `ABI_placeholder2`, `ibv_create_flow`, `ABI_placeholder1`.
-    pub(crate) unset_before_open_qp: [Unset; 4],
-    pub(crate) open_qp:
-        Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvQpOpenAttr) -> *mut IbvQp>,
-    pub(crate) create_qp_ex: Option<CreateQpExFn>,
-    pub(crate) get_srq_num: Option<unsafe extern "C" fn(*mut IbvSrq, *mut u32) -> c_int>,
-    pub(crate) create_srq_ex:
+    pub unset_before_open_qp: [Unset; 4],
+    pub open_qp: Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvQpOpenAttr) -> *mut IbvQp>,
+    pub create_qp_ex: Option<CreateQpExFn>,
+    pub get_srq_num: Option<unsafe extern "C" fn(*mut IbvSrq, *mut u32) -> c_int>,
+    pub create_srq_ex:
         Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvSrqInitAttrEx) -> *mut IbvSrq>,
-    pub(crate) open_xrcd:
+    pub open_xrcd:
         Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvXrcdInitAttr) -> *mut IbvXrcd>,
-    pub(crate) close_xrcd: Option<unsafe extern "C" fn(*mut IbvXrcd) -> c_int>,
-    pub(crate) abi_placeholder3: Unset,
-    pub(crate) sz: usize,
-    pub(crate) context: IbvContext,
+    pub close_xrcd: Option<unsafe extern "C" fn(*mut IbvXrcd) -> c_int>,
+    pub abi_placeholder3: Unset,
+    pub sz: usize,
+    pub context: IbvContext,
 }
 
 /// `union ibv_gid`: 16 bytes, aligned as its `global` view (two `__be64`).
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvGid {
-    pub(crate) raw: [u8; 16],
+pub struct IbvGid {
+    pub raw: [u8; 16],
 }
 
 /// `struct ibv_gid_entry`.
 #[repr(C)]
-pub(crate) struct IbvGidEntry {
-    pub(crate) gid: IbvGid,
-    pub(crate) gid_index: u32,
-    pub(crate) port_num: u32,
-    pub(crate) gid_type: u32,
-    pub(crate) ndev_ifindex: u32,
+pub struct IbvGidEntry {
+    pub gid: IbvGid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
 }
 
 /// `struct ibv_device_attr`.
 #[repr(C)]
-pub(crate) struct IbvDeviceAttr {
-    pub(crate) fw_ver: [c_char; 64],
-    pub(crate) node_guid: u64,
-    pub(crate) sys_image_guid: u64,
-    pub(crate) max_mr_size: u64,
-    pub(crate) page_size_cap: u64,
-    pub(crate) vendor_id: u32,
-    pub(crate) vendor_part_id: u32,
-    pub(crate) hw_ver: u32,
-    pub(crate) max_qp: c_int,
-    pub(crate) max_qp_wr: c_int,
-    pub(crate) device_cap_flags: c_uint,
-    pub(crate) max_sge: c_int,
-    pub(crate) max_sge_rd: c_int,
-    pub(crate) max_cq: c_int,
-    pub(crate) max_cqe: c_int,
-    pub(crate) max_mr: c_int,
-    pub(crate) max_pd: c_int,
-    pub(crate) max_qp_rd_atom: c_int,
-    pub(crate) max_ee_rd_atom: c_int,
-    pub(crate) max_res_rd_atom: c_int,
-    pub(crate) max_qp_init_rd_atom: c_int,
-    pub(crate) max_ee_init_rd_atom: c_int,
-    pub(crate) atomic_cap: c_int,
-    pub(crate) max_ee: c_int,
-    pub(crate) max_rdd: c_int,
-    pub(crate) max_mw: c_int,
-    pub(crate) max_raw_ipv6_qp: c_int,
-    pub(crate) max_raw_ethy_qp: c_int,
-    pub(crate) max_mcast_grp: c_int,
-    pub(crate) max_mcast_qp_attach: c_int,
-    pub(crate) max_total_mcast_qp_attach: c_int,
-    pub(crate) max_ah: c_int,
-    pub(crate) max_fmr: c_int,
-    pub(crate) max_map_per_fmr: c_int,
-    pub(crate) max_srq: c_int,
-    pub(crate) max_srq_wr: c_int,
-    pub(crate) max_srq_sge: c_int,
-    pub(crate) max_pkeys: u16,
-    pub(crate) local_ca_ack_delay: u8,
-    pub(crate) phys_port_cnt: u8,
+pub struct IbvDeviceAttr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: c_uint,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: c_int,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
 }
 
 /// `struct ibv_odp_caps`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub(crate) struct IbvOdpCaps {
-    pub(crate) general_caps: u64,
-    pub(crate) per_transport_caps: IbvOdpTransportCaps,
+pub struct IbvOdpCaps {
+    pub general_caps: u64,
+    pub per_transport_caps: IbvOdpTransportCaps,
 }
 
 /// `ibv_odp_caps.per_transport_caps`: `enum ibv_odp_transport_cap_bits` per transport.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub(crate) struct IbvOdpTransportCaps {
-    pub(crate) rc_odp_caps: u32,
-    pub(crate) uc_odp_caps: u32,
-    pub(crate) ud_odp_caps: u32,
+pub struct IbvOdpTransportCaps {
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
 }
 
 /// `struct ibv_tso_caps`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub(crate) struct IbvTsoCaps {
-    pub(crate) max_tso: u32,
-    pub(crate) supported_qpts: u32,
+pub struct IbvTsoCaps {
+    pub max_tso: u32,
+    pub supported_qpts: u32,
 }
 
 /// `struct ibv_rss_caps`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub(crate) struct IbvRssCaps {
-    pub(crate) supported_qpts: u32,
-    pub(crate) max_rwq_indirection_tables: u32,
-    pub(crate) max_rwq_indirection_table_size: u32,
-    pub(crate) rx_hash_fields_mask: u64,
-    pub(crate) rx_hash_function: u8,
+pub struct IbvRssCaps {
+    pub supported_qpts: u32,
+    pub max_rwq_indirection_tables: u32,
+    pub max_rwq_indirection_table_size: u32,
+    pub rx_hash_fields_mask: u64,
+    pub rx_hash_function: u8,
 }
 
 /// `struct ibv_packet_pacing_caps`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub(crate) struct IbvPacketPacingCaps {
-    pub(crate) qp_rate_limit_min: u32,
-    pub(crate) qp_rate_limit_max: u32,
-    pub(crate) supported_qpts: u32,
+pub struct IbvPacketPacingCaps {
+    pub qp_rate_limit_min: u32,
+    pub qp_rate_limit_max: u32,
+    pub supported_qpts: u32,
 }
 
 /// `struct ibv_tm_caps`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub(crate) struct IbvTmCaps {
-    pub(crate) max_rndv_hdr_size: u32,
-    pub(crate) max_num_tags: u32,
-    pub(crate) flags: u32,
-    pub(crate) max_ops: u32,
-    pub(crate) max_sge: u32,
+pub struct IbvTmCaps {
+    pub max_rndv_hdr_size: u32,
+    pub max_num_tags: u32,
+    pub flags: u32,
+    pub max_ops: u32,
+    pub max_sge: u32,
 }
 
 /// `struct ibv_cq_moderation_caps`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub(crate) struct IbvCqModerationCaps {
-    pub(crate) max_cq_count: u16,
-    pub(crate) max_cq_period: u16,
+pub struct IbvCqModerationCaps {
+    pub max_cq_count: u16,
+    pub max_cq_period: u16,
 }
 
 /// `struct ibv_pci_atomic_caps`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub(crate) struct IbvPciAtomicCaps {
-    pub(crate) fetch_add: u16,
-    pub(crate) swap: u16,
-    pub(crate) compare_swap: u16,
+pub struct IbvPciAtomicCaps {
+    pub fetch_add: u16,
+    pub swap: u16,
+    pub compare_swap: u16,
 }
 
 /// `struct ibv_device_attr_ex`.
 #[repr(C)]
-pub(crate) struct IbvDeviceAttrEx {
-    pub(crate) orig_attr: IbvDeviceAttr,
-    pub(crate) comp_mask: u32,
-    pub(crate) odp_caps: IbvOdpCaps,
-    pub(crate) completion_timestamp_mask: u64,
-    pub(crate) hca_core_clock: u64,
-    pub(crate) device_cap_flags_ex: u64,
-    pub(crate) tso_caps: IbvTsoCaps,
-    pub(crate) rss_caps: IbvRssCaps,
-    pub(crate) max_wq_type_rq: u32,
-    pub(crate) packet_pacing_caps: IbvPacketPacingCaps,
-    pub(crate) raw_packet_caps: u32,
-    pub(crate) tm_caps: IbvTmCaps,
-    pub(crate) cq_mod_caps: IbvCqModerationCaps,
-    pub(crate) max_dm_size: u64,
-    pub(crate) pci_atomic_caps: IbvPciAtomicCaps,
-    pub(crate) xrc_odp_caps: u32,
-    pub(crate) phys_port_cnt_ex: u32,
+pub struct IbvDeviceAttrEx {
+    pub orig_attr: IbvDeviceAttr,
+    pub comp_mask: u32,
+    pub odp_caps: IbvOdpCaps,
+    pub completion_timestamp_mask: u64,
+    pub hca_core_clock: u64,
+    pub device_cap_flags_ex: u64,
+    pub tso_caps: IbvTsoCaps,
+    pub rss_caps: IbvRssCaps,
+    pub max_wq_type_rq: u32,
+    pub packet_pacing_caps: IbvPacketPacingCaps,
+    pub raw_packet_caps: u32,
+    pub tm_caps: IbvTmCaps,
+    pub cq_mod_caps: IbvCqModerationCaps,
+    pub max_dm_size: u64,
+    pub pci_atomic_caps: IbvPciAtomicCaps,
+    pub xrc_odp_caps: u32,
+    pub phys_port_cnt_ex: u32,
 }
 
 /// `struct ibv_cq_ex`: a `struct ibv_cq` and, after it, the current completion of a poll in
 /// progress and the functions that poll and read it.
 #[repr(C)]
-pub(crate) struct IbvCqEx {
-    pub(crate) cq: IbvCq,
-    pub(crate) comp_mask: u32,
-    pub(crate) status: c_int,
-    pub(crate) wr_id: u64,
-    pub(crate) start_poll: Option<StartPollFn>,
-    pub(crate) next_poll: CqExRead<c_int>,
-    pub(crate) end_poll: Option<EndPollFn>,
-    pub(crate) read_opcode: CqExRead<c_int>,
-    pub(crate) read_vendor_err: CqExRead<u32>,
-    pub(crate) read_byte_len: CqExRead<u32>,
-    pub(crate) read_imm_data: CqExRead<u32>,
-    pub(crate) read_qp_num: CqExRead<u32>,
-    pub(crate) read_src_qp: CqExRead<u32>,
-    pub(crate) read_wc_flags: CqExRead<c_uint>,
-    pub(crate) read_slid: CqExRead<u32>,
-    pub(crate) read_sl: CqExRead<u8>,
-    pub(crate) read_dlid_path_bits: CqExRead<u8>,
-    pub(crate) read_completion_ts: CqExRead<u64>,
-    pub(crate) read_cvlan: CqExRead<u16>,
-    pub(crate) read_flow_tag: CqExRead<u32>,
-    pub(crate) read_tm_info: Option<unsafe extern "C" fn(*mut Self, *mut IbvWcTmInfo)>,
-    pub(crate) read_completion_wallclock_ns: CqExRead<u64>,
+pub struct IbvCqEx {
+    pub cq: IbvCq,
+    pub comp_mask: u32,
+    pub status: c_int,
+    pub wr_id: u64,
+    pub start_poll: Option<StartPollFn>,
+    pub next_poll: CqExRead<c_int>,
+    pub end_poll: Option<EndPollFn>,
+    pub read_opcode: CqExRead<c_int>,
+    pub read_vendor_err: CqExRead<u32>,
+    pub read_byte_len: CqExRead<u32>,
+    pub read_imm_data: CqExRead<u32>,
+    pub read_qp_num: CqExRead<u32>,
+    pub read_src_qp: CqExRead<u32>,
+    pub read_wc_flags: CqExRead<c_uint>,
+    pub read_slid: CqExRead<u32>,
+    pub read_sl: CqExRead<u8>,
+    pub read_dlid_path_bits: CqExRead<u8>,
+    pub read_completion_ts: CqExRead<u64>,
+    pub read_cvlan: CqExRead<u16>,
+    pub read_flow_tag: CqExRead<u32>,
+    pub read_tm_info: Option<unsafe extern "C" fn(*mut Self, *mut IbvWcTmInfo)>,
+    pub read_completion_wallclock_ns: CqExRead<u64>,
 }
 
 /// `struct ibv_wc_tm_info`.
 #[repr(C)]
-pub(crate) struct IbvWcTmInfo {
-    pub(crate) tag: u64,
-    pub(crate) priv_: u32,
+pub struct IbvWcTmInfo {
+    pub tag: u64,
+    pub priv_: u32,
 }
 
 /// `verbs_context.post_srq_ops` (`ibv_post_srq_ops(3)`).
-pub(crate) type PostSrqOpsFn =
+pub type PostSrqOpsFn =
     unsafe extern "C" fn(*mut IbvSrq, *mut IbvOpsWr, *mut *mut IbvOpsWr) -> c_int;
 
 /// `struct ibv_ops_wr`: a tag operation on a TM-SRQ.
 #[repr(C)]
-pub(crate) struct IbvOpsWr {
-    pub(crate) wr_id: u64,
-    pub(crate) next: *mut Self,
-    pub(crate) opcode: c_int,
-    pub(crate) flags: c_int,
-    pub(crate) tm: IbvOpsWrTm,
+pub struct IbvOpsWr {
+    pub wr_id: u64,
+    pub next: *mut Self,
+    pub opcode: c_int,
+    pub flags: c_int,
+    pub tm: IbvOpsWrTm,
 }
 
 /// `ibv_ops_wr.tm`.
 #[repr(C)]
-pub(crate) struct IbvOpsWrTm {
-    pub(crate) unexpected_cnt: u32,
-    pub(crate) handle: u32,
-    pub(crate) add: IbvOpsWrAdd,
+pub struct IbvOpsWrTm {
+    pub unexpected_cnt: u32,
+    pub handle: u32,
+    pub add: IbvOpsWrAdd,
 }
 
 /// `ibv_ops_wr.tm.add`.
 #[repr(C)]
-pub(crate) struct IbvOpsWrAdd {
-    pub(crate) recv_wr_id: u64,
-    pub(crate) sg_list: *mut IbvSge,
-    pub(crate) num_sge: c_int,
-    pub(crate) tag: u64,
-    pub(crate) mask: u64,
+pub struct IbvOpsWrAdd {
+    pub recv_wr_id: u64,
+    pub sg_list: *mut IbvSge,
+    pub num_sge: c_int,
+    pub tag: u64,
+    pub mask: u64,
 }
 
 /// `struct ibv_tm_cap`: a TM-SRQ's sizes.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvTmCap {
-    pub(crate) max_num_tags: u32,
-    pub(crate) max_ops: u32,
+pub struct IbvTmCap {
+    pub max_num_tags: u32,
+    pub max_ops: u32,
 }
 
 /// `ibv_cq_ex.start_poll`.
-pub(crate) type StartPollFn = unsafe extern "C" fn(*mut IbvCqEx, *mut IbvPollCqAttr) -> c_int;
+pub type StartPollFn = unsafe extern "C" fn(*mut IbvCqEx, *mut IbvPollCqAttr) -> c_int;
 /// `ibv_cq_ex.end_poll`.
-pub(crate) type EndPollFn = unsafe extern "C" fn(*mut IbvCqEx);
+pub type EndPollFn = unsafe extern "C" fn(*mut IbvCqEx);
 /// `ibv_cq_ex.next_poll` and the `read_*` functions.
-pub(crate) type CqExRead<R> = Option<unsafe extern "C" fn(*mut IbvCqEx) -> R>;
+pub type CqExRead<R> = Option<unsafe extern "C" fn(*mut IbvCqEx) -> R>;
 
 /// `struct ibv_poll_cq_attr`.
 #[repr(C)]
-pub(crate) struct IbvPollCqAttr {
-    pub(crate) comp_mask: u32,
+pub struct IbvPollCqAttr {
+    pub comp_mask: u32,
 }
 
 /// `struct ibv_cq_init_attr_ex`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvCqInitAttrEx {
-    pub(crate) cqe: u32,
-    pub(crate) cq_context: *mut c_void,
-    pub(crate) channel: *mut IbvCompChannel,
-    pub(crate) comp_vector: u32,
-    pub(crate) wc_flags: u64,
-    pub(crate) comp_mask: u32,
-    pub(crate) flags: u32,
-    pub(crate) parent_domain: *mut IbvPd,
+pub struct IbvCqInitAttrEx {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut IbvCompChannel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut IbvPd,
 }
 
 /// `verbs_context.create_cq_ex`.
-pub(crate) type CreateCqExFn =
-    unsafe extern "C" fn(*mut IbvContext, *mut IbvCqInitAttrEx) -> *mut IbvCqEx;
+pub type CreateCqExFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvCqInitAttrEx) -> *mut IbvCqEx;
 
 /// `struct ibv_values_ex`.
 #[repr(C)]
-pub(crate) struct IbvValuesEx {
-    pub(crate) comp_mask: u32,
-    pub(crate) raw_clock: libc::timespec,
+pub struct IbvValuesEx {
+    pub comp_mask: u32,
+    pub raw_clock: libc::timespec,
 }
 
 /// `verbs_context.advise_mr`.
-pub(crate) type AdviseMrFn =
-    unsafe extern "C" fn(*mut IbvPd, c_int, u32, *mut IbvSge, u32) -> c_int;
+pub type AdviseMrFn = unsafe extern "C" fn(*mut IbvPd, c_int, u32, *mut IbvSge, u32) -> c_int;
 
 /// `verbs_context.query_rt_values`.
-pub(crate) type QueryRtValuesFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvValuesEx) -> c_int;
+pub type QueryRtValuesFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvValuesEx) -> c_int;
 
 /// `struct ibv_query_device_ex_input`.
 #[repr(C)]
-pub(crate) struct IbvQueryDeviceExInput {
-    pub(crate) comp_mask: u32,
+pub struct IbvQueryDeviceExInput {
+    pub comp_mask: u32,
 }
 
 /// `verbs_context.query_device_ex`.
-pub(crate) type QueryDeviceExFn = unsafe extern "C" fn(
+pub type QueryDeviceExFn = unsafe extern "C" fn(
     *mut IbvContext,
     *const IbvQueryDeviceExInput,
     *mut IbvDeviceAttrEx,
@@ -417,724 +415,721 @@ pub(crate) type QueryDeviceExFn = unsafe extern "C" fn(
 /// [`COMPAT_PORT_ATTR_SIZE`] bytes (`struct _compat_ibv_port_attr`, without
 /// `port_cap_flags2`).
 #[repr(C)]
-pub(crate) struct IbvPortAttr {
-    pub(crate) state: c_int,
-    pub(crate) max_mtu: c_int,
-    pub(crate) active_mtu: c_int,
-    pub(crate) gid_tbl_len: c_int,
-    pub(crate) port_cap_flags: u32,
-    pub(crate) max_msg_sz: u32,
-    pub(crate) bad_pkey_cntr: u32,
-    pub(crate) qkey_viol_cntr: u32,
-    pub(crate) pkey_tbl_len: u16,
-    pub(crate) lid: u16,
-    pub(crate) sm_lid: u16,
-    pub(crate) lmc: u8,
-    pub(crate) max_vl_num: u8,
-    pub(crate) sm_sl: u8,
-    pub(crate) subnet_timeout: u8,
-    pub(crate) init_type_reply: u8,
-    pub(crate) active_width: u8,
-    pub(crate) active_speed: u8,
-    pub(crate) phys_state: u8,
-    pub(crate) link_layer: u8,
-    pub(crate) flags: u8,
-    pub(crate) port_cap_flags2: u16,
+pub struct IbvPortAttr {
+    pub state: c_int,
+    pub max_mtu: c_int,
+    pub active_mtu: c_int,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
 }
 
 /// Bytes of `struct _compat_ibv_port_attr`: `ibv_port_attr` up to and including `flags`.
-pub(crate) const COMPAT_PORT_ATTR_SIZE: usize = core::mem::offset_of!(IbvPortAttr, flags) + 1;
+pub const COMPAT_PORT_ATTR_SIZE: usize = core::mem::offset_of!(IbvPortAttr, flags) + 1;
 
 /// `struct ibv_pd`.
 #[repr(C)]
-pub(crate) struct IbvPd {
-    pub(crate) context: *mut IbvContext,
-    pub(crate) handle: u32,
+pub struct IbvPd {
+    pub context: *mut IbvContext,
+    pub handle: u32,
 }
 
 /// `struct ibv_mr`.
 #[repr(C)]
-pub(crate) struct IbvMr {
-    pub(crate) context: *mut IbvContext,
-    pub(crate) pd: *mut IbvPd,
-    pub(crate) addr: *mut c_void,
-    pub(crate) length: usize,
-    pub(crate) handle: u32,
-    pub(crate) lkey: u32,
-    pub(crate) rkey: u32,
+pub struct IbvMr {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
 }
 
 /// `struct ibv_comp_channel`.
 #[repr(C)]
-pub(crate) struct IbvCompChannel {
-    pub(crate) context: *mut IbvContext,
-    pub(crate) fd: c_int,
-    pub(crate) refcnt: c_int,
+pub struct IbvCompChannel {
+    pub context: *mut IbvContext,
+    pub fd: c_int,
+    pub refcnt: c_int,
 }
 
 /// `struct ibv_cq`.
 #[repr(C)]
-pub(crate) struct IbvCq {
-    pub(crate) context: *mut IbvContext,
-    pub(crate) channel: *mut IbvCompChannel,
-    pub(crate) cq_context: *mut c_void,
-    pub(crate) handle: u32,
-    pub(crate) cqe: c_int,
-    pub(crate) mutex: PthreadMutex,
-    pub(crate) cond: PthreadCond,
-    pub(crate) comp_events_completed: u32,
-    pub(crate) async_events_completed: u32,
+pub struct IbvCq {
+    pub context: *mut IbvContext,
+    pub channel: *mut IbvCompChannel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: PthreadMutex,
+    pub cond: PthreadCond,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
 }
 
 /// `struct ibv_srq`.
 #[repr(C)]
-pub(crate) struct IbvSrq {
-    pub(crate) context: *mut IbvContext,
-    pub(crate) srq_context: *mut c_void,
-    pub(crate) pd: *mut IbvPd,
-    pub(crate) handle: u32,
-    pub(crate) mutex: PthreadMutex,
-    pub(crate) cond: PthreadCond,
-    pub(crate) events_completed: u32,
+pub struct IbvSrq {
+    pub context: *mut IbvContext,
+    pub srq_context: *mut c_void,
+    pub pd: *mut IbvPd,
+    pub handle: u32,
+    pub mutex: PthreadMutex,
+    pub cond: PthreadCond,
+    pub events_completed: u32,
 }
 
 /// `struct ibv_qp`.
 #[repr(C)]
-pub(crate) struct IbvQp {
-    pub(crate) context: *mut IbvContext,
-    pub(crate) qp_context: *mut c_void,
-    pub(crate) pd: *mut IbvPd,
-    pub(crate) send_cq: *mut IbvCq,
-    pub(crate) recv_cq: *mut IbvCq,
-    pub(crate) srq: *mut IbvSrq,
-    pub(crate) handle: u32,
-    pub(crate) qp_num: u32,
-    pub(crate) state: c_int,
-    pub(crate) qp_type: c_int,
-    pub(crate) mutex: PthreadMutex,
-    pub(crate) cond: PthreadCond,
-    pub(crate) events_completed: u32,
+pub struct IbvQp {
+    pub context: *mut IbvContext,
+    pub qp_context: *mut c_void,
+    pub pd: *mut IbvPd,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut IbvSrq,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: c_int,
+    pub qp_type: c_int,
+    pub mutex: PthreadMutex,
+    pub cond: PthreadCond,
+    pub events_completed: u32,
 }
 
 /// `struct ibv_qp_ex`: a `struct ibv_qp`, the `wr_id` and `wr_flags` the next work-request
 /// builder takes, and the `ibv_wr_*` functions (`ibv_wr_post(3)`).
 #[repr(C)]
 #[expect(clippy::use_self, reason = "the callbacks' C signatures, as verbs.h spells them")]
-pub(crate) struct IbvQpEx {
-    pub(crate) qp_base: IbvQp,
-    pub(crate) comp_mask: u64,
-    pub(crate) wr_id: u64,
-    pub(crate) wr_flags: c_uint,
-    pub(crate) wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u64, u64)>,
-    pub(crate) wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u64)>,
-    pub(crate) wr_bind_mw:
+pub struct IbvQpEx {
+    pub qp_base: IbvQp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: c_uint,
+    pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u64)>,
+    pub wr_bind_mw:
         Option<unsafe extern "C" fn(*mut IbvQpEx, *mut IbvMw, u32, *const IbvMwBindInfo)>,
-    pub(crate) wr_local_inv: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
-    pub(crate) wr_rdma_read: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64)>,
-    pub(crate) wr_rdma_write: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64)>,
-    pub(crate) wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u32)>,
-    pub(crate) wr_send: Option<unsafe extern "C" fn(*mut IbvQpEx)>,
-    pub(crate) wr_send_imm: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
-    pub(crate) wr_send_inv: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
-    pub(crate) wr_send_tso: Option<unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, u16, u16)>,
-    pub(crate) wr_set_ud_addr: Option<unsafe extern "C" fn(*mut IbvQpEx, *mut IbvAh, u32, u32)>,
-    pub(crate) wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
-    pub(crate) wr_set_inline_data: Option<unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, usize)>,
-    pub(crate) wr_set_inline_data_list:
+    pub wr_local_inv: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
+    pub wr_rdma_read: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64)>,
+    pub wr_rdma_write: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64)>,
+    pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u32)>,
+    pub wr_send: Option<unsafe extern "C" fn(*mut IbvQpEx)>,
+    pub wr_send_imm: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
+    pub wr_send_inv: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
+    pub wr_send_tso: Option<unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, u16, u16)>,
+    pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut IbvQpEx, *mut IbvAh, u32, u32)>,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut IbvQpEx, u32)>,
+    pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, usize)>,
+    pub wr_set_inline_data_list:
         Option<unsafe extern "C" fn(*mut IbvQpEx, usize, *const IbvDataBuf)>,
-    pub(crate) wr_set_sge: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u32)>,
-    pub(crate) wr_set_sge_list: Option<unsafe extern "C" fn(*mut IbvQpEx, usize, *const IbvSge)>,
-    pub(crate) wr_start: Option<unsafe extern "C" fn(*mut IbvQpEx)>,
-    pub(crate) wr_complete: Option<unsafe extern "C" fn(*mut IbvQpEx) -> c_int>,
-    pub(crate) wr_abort: Option<unsafe extern "C" fn(*mut IbvQpEx)>,
-    pub(crate) wr_atomic_write: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, *const c_void)>,
+    pub wr_set_sge: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u32)>,
+    pub wr_set_sge_list: Option<unsafe extern "C" fn(*mut IbvQpEx, usize, *const IbvSge)>,
+    pub wr_start: Option<unsafe extern "C" fn(*mut IbvQpEx)>,
+    pub wr_complete: Option<unsafe extern "C" fn(*mut IbvQpEx) -> c_int>,
+    pub wr_abort: Option<unsafe extern "C" fn(*mut IbvQpEx)>,
+    pub wr_atomic_write: Option<unsafe extern "C" fn(*mut IbvQpEx, u32, u64, *const c_void)>,
 }
 
 /// `struct ibv_data_buf`.
 #[repr(C)]
-pub(crate) struct IbvDataBuf {
-    pub(crate) addr: *mut c_void,
-    pub(crate) length: usize,
+pub struct IbvDataBuf {
+    pub addr: *mut c_void,
+    pub length: usize,
 }
 
 /// `struct ibv_dm`: device memory.
 #[repr(C)]
 #[expect(clippy::use_self, reason = "the callbacks' C signatures, as verbs.h spells them")]
-pub(crate) struct IbvDm {
-    pub(crate) context: *mut IbvContext,
-    pub(crate) memcpy_to_dm:
-        Option<unsafe extern "C" fn(*mut IbvDm, u64, *const c_void, usize) -> c_int>,
-    pub(crate) memcpy_from_dm:
-        Option<unsafe extern "C" fn(*mut c_void, *mut IbvDm, u64, usize) -> c_int>,
-    pub(crate) comp_mask: u32,
-    pub(crate) handle: u32,
+pub struct IbvDm {
+    pub context: *mut IbvContext,
+    pub memcpy_to_dm: Option<unsafe extern "C" fn(*mut IbvDm, u64, *const c_void, usize) -> c_int>,
+    pub memcpy_from_dm: Option<unsafe extern "C" fn(*mut c_void, *mut IbvDm, u64, usize) -> c_int>,
+    pub comp_mask: u32,
+    pub handle: u32,
 }
 
 /// `struct ibv_alloc_dm_attr`.
 #[repr(C)]
-pub(crate) struct IbvAllocDmAttr {
-    pub(crate) length: usize,
-    pub(crate) log_align_req: u32,
-    pub(crate) comp_mask: u32,
+pub struct IbvAllocDmAttr {
+    pub length: usize,
+    pub log_align_req: u32,
+    pub comp_mask: u32,
 }
 
 /// `struct ibv_td`: a thread domain.
 #[repr(C)]
-pub(crate) struct IbvTd {
-    pub(crate) context: *mut IbvContext,
+pub struct IbvTd {
+    pub context: *mut IbvContext,
 }
 
 /// `struct ibv_td_init_attr`.
 #[repr(C)]
-pub(crate) struct IbvTdInitAttr {
-    pub(crate) comp_mask: u32,
+pub struct IbvTdInitAttr {
+    pub comp_mask: u32,
 }
 
 /// `ibv_parent_domain_init_attr.alloc`.
-pub(crate) type PdAllocFn =
+pub type PdAllocFn =
     unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, usize, u64) -> *mut c_void;
 /// `ibv_parent_domain_init_attr.free`.
-pub(crate) type PdFreeFn = unsafe extern "C" fn(*mut IbvPd, *mut c_void, *mut c_void, u64);
+pub type PdFreeFn = unsafe extern "C" fn(*mut IbvPd, *mut c_void, *mut c_void, u64);
 
 /// `struct ibv_parent_domain_init_attr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvParentDomainInitAttr {
-    pub(crate) pd: *mut IbvPd,
-    pub(crate) td: *mut IbvTd,
-    pub(crate) comp_mask: u32,
-    pub(crate) alloc: Option<PdAllocFn>,
-    pub(crate) free: Option<PdFreeFn>,
-    pub(crate) pd_context: *mut c_void,
+pub struct IbvParentDomainInitAttr {
+    pub pd: *mut IbvPd,
+    pub td: *mut IbvTd,
+    pub comp_mask: u32,
+    pub alloc: Option<PdAllocFn>,
+    pub free: Option<PdFreeFn>,
+    pub pd_context: *mut c_void,
 }
 
 /// `struct ibv_ah`.
 #[repr(C)]
-pub(crate) struct IbvAh {
-    pub(crate) context: *mut IbvContext,
-    pub(crate) pd: *mut IbvPd,
-    pub(crate) handle: u32,
+pub struct IbvAh {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub handle: u32,
 }
 
 /// `struct ibv_qp_cap`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvQpCap {
-    pub(crate) max_send_wr: u32,
-    pub(crate) max_recv_wr: u32,
-    pub(crate) max_send_sge: u32,
-    pub(crate) max_recv_sge: u32,
-    pub(crate) max_inline_data: u32,
+pub struct IbvQpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
 }
 
 /// `struct ibv_qp_init_attr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvQpInitAttr {
-    pub(crate) qp_context: *mut c_void,
-    pub(crate) send_cq: *mut IbvCq,
-    pub(crate) recv_cq: *mut IbvCq,
-    pub(crate) srq: *mut IbvSrq,
-    pub(crate) cap: IbvQpCap,
-    pub(crate) qp_type: c_int,
-    pub(crate) sq_sig_all: c_int,
+pub struct IbvQpInitAttr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut IbvSrq,
+    pub cap: IbvQpCap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
 }
 
 /// `struct ibv_rx_hash_conf`.
 #[repr(C)]
-pub(crate) struct IbvRxHashConf {
-    pub(crate) rx_hash_function: u8,
-    pub(crate) rx_hash_key_len: u8,
-    pub(crate) rx_hash_key: *mut u8,
-    pub(crate) rx_hash_fields_mask: u64,
+pub struct IbvRxHashConf {
+    pub rx_hash_function: u8,
+    pub rx_hash_key_len: u8,
+    pub rx_hash_key: *mut u8,
+    pub rx_hash_fields_mask: u64,
 }
 
 /// `struct ibv_qp_init_attr_ex`: `struct ibv_qp_init_attr` and the extended fields after it.
 #[repr(C)]
-pub(crate) struct IbvQpInitAttrEx {
-    pub(crate) qp_context: *mut c_void,
-    pub(crate) send_cq: *mut IbvCq,
-    pub(crate) recv_cq: *mut IbvCq,
-    pub(crate) srq: *mut IbvSrq,
-    pub(crate) cap: IbvQpCap,
-    pub(crate) qp_type: c_int,
-    pub(crate) sq_sig_all: c_int,
-    pub(crate) comp_mask: u32,
-    pub(crate) pd: *mut IbvPd,
-    pub(crate) xrcd: *mut IbvXrcd,
-    pub(crate) create_flags: u32,
-    pub(crate) max_tso_header: u16,
-    pub(crate) rwq_ind_tbl: *mut c_void,
-    pub(crate) rx_hash_conf: IbvRxHashConf,
-    pub(crate) source_qpn: u32,
-    pub(crate) send_ops_flags: u64,
+pub struct IbvQpInitAttrEx {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut IbvSrq,
+    pub cap: IbvQpCap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut IbvPd,
+    pub xrcd: *mut IbvXrcd,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    pub rx_hash_conf: IbvRxHashConf,
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
 }
 
 /// `verbs_context.create_qp_ex`.
-pub(crate) type CreateQpExFn =
-    unsafe extern "C" fn(*mut IbvContext, *mut IbvQpInitAttrEx) -> *mut IbvQp;
+pub type CreateQpExFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvQpInitAttrEx) -> *mut IbvQp;
 
 /// `struct ibv_global_route`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvGlobalRoute {
-    pub(crate) dgid: IbvGid,
-    pub(crate) flow_label: u32,
-    pub(crate) sgid_index: u8,
-    pub(crate) hop_limit: u8,
-    pub(crate) traffic_class: u8,
+pub struct IbvGlobalRoute {
+    pub dgid: IbvGid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
 }
 
 /// `struct ibv_ah_attr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvAhAttr {
-    pub(crate) grh: IbvGlobalRoute,
-    pub(crate) dlid: u16,
-    pub(crate) sl: u8,
-    pub(crate) src_path_bits: u8,
-    pub(crate) static_rate: u8,
-    pub(crate) is_global: u8,
-    pub(crate) port_num: u8,
+pub struct IbvAhAttr {
+    pub grh: IbvGlobalRoute,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
 }
 
 /// `struct ibv_qp_attr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvQpAttr {
-    pub(crate) qp_state: c_int,
-    pub(crate) cur_qp_state: c_int,
-    pub(crate) path_mtu: c_int,
-    pub(crate) path_mig_state: c_int,
-    pub(crate) qkey: u32,
-    pub(crate) rq_psn: u32,
-    pub(crate) sq_psn: u32,
-    pub(crate) dest_qp_num: u32,
-    pub(crate) qp_access_flags: c_uint,
-    pub(crate) cap: IbvQpCap,
-    pub(crate) ah_attr: IbvAhAttr,
-    pub(crate) alt_ah_attr: IbvAhAttr,
-    pub(crate) pkey_index: u16,
-    pub(crate) alt_pkey_index: u16,
-    pub(crate) en_sqd_async_notify: u8,
-    pub(crate) sq_draining: u8,
-    pub(crate) max_rd_atomic: u8,
-    pub(crate) max_dest_rd_atomic: u8,
-    pub(crate) min_rnr_timer: u8,
-    pub(crate) port_num: u8,
-    pub(crate) timeout: u8,
-    pub(crate) retry_cnt: u8,
-    pub(crate) rnr_retry: u8,
-    pub(crate) alt_port_num: u8,
-    pub(crate) alt_timeout: u8,
-    pub(crate) rate_limit: u32,
+pub struct IbvQpAttr {
+    pub qp_state: c_int,
+    pub cur_qp_state: c_int,
+    pub path_mtu: c_int,
+    pub path_mig_state: c_int,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_uint,
+    pub cap: IbvQpCap,
+    pub ah_attr: IbvAhAttr,
+    pub alt_ah_attr: IbvAhAttr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
 }
 
 /// `struct ibv_srq_attr`.
 #[repr(C)]
-pub(crate) struct IbvSrqAttr {
-    pub(crate) max_wr: u32,
-    pub(crate) max_sge: u32,
-    pub(crate) srq_limit: u32,
+pub struct IbvSrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
 }
 
 /// `struct ibv_srq_init_attr`.
 #[repr(C)]
-pub(crate) struct IbvSrqInitAttr {
-    pub(crate) srq_context: *mut c_void,
-    pub(crate) attr: IbvSrqAttr,
+pub struct IbvSrqInitAttr {
+    pub srq_context: *mut c_void,
+    pub attr: IbvSrqAttr,
 }
 
 /// `struct ibv_srq_init_attr_ex`.
 #[repr(C)]
-pub(crate) struct IbvSrqInitAttrEx {
-    pub(crate) srq_context: *mut c_void,
-    pub(crate) attr: IbvSrqAttr,
-    pub(crate) comp_mask: u32,
-    pub(crate) srq_type: c_int,
-    pub(crate) pd: *mut IbvPd,
-    pub(crate) xrcd: *mut IbvXrcd,
-    pub(crate) cq: *mut IbvCq,
-    pub(crate) tm_cap: IbvTmCap,
+pub struct IbvSrqInitAttrEx {
+    pub srq_context: *mut c_void,
+    pub attr: IbvSrqAttr,
+    pub comp_mask: u32,
+    pub srq_type: c_int,
+    pub pd: *mut IbvPd,
+    pub xrcd: *mut IbvXrcd,
+    pub cq: *mut IbvCq,
+    pub tm_cap: IbvTmCap,
 }
 
 /// `struct ibv_xrcd`.
 #[repr(C)]
-pub(crate) struct IbvXrcd {
-    pub(crate) context: *mut IbvContext,
+pub struct IbvXrcd {
+    pub context: *mut IbvContext,
 }
 
 /// `struct ibv_xrcd_init_attr`.
 #[repr(C)]
-pub(crate) struct IbvXrcdInitAttr {
-    pub(crate) comp_mask: u32,
-    pub(crate) fd: c_int,
-    pub(crate) oflags: c_int,
+pub struct IbvXrcdInitAttr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
 }
 
 /// `struct ibv_qp_open_attr`.
 #[repr(C)]
-pub(crate) struct IbvQpOpenAttr {
-    pub(crate) comp_mask: u32,
-    pub(crate) qp_num: u32,
-    pub(crate) xrcd: *mut IbvXrcd,
-    pub(crate) qp_context: *mut c_void,
-    pub(crate) qp_type: c_int,
+pub struct IbvQpOpenAttr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut IbvXrcd,
+    pub qp_context: *mut c_void,
+    pub qp_type: c_int,
 }
 
 /// `struct ibv_async_event`: `element` is the union of the CQ, QP, SRQ or WQ pointer and the
 /// port number.
 #[repr(C)]
-pub(crate) struct IbvAsyncEvent {
-    pub(crate) element: *mut c_void,
-    pub(crate) event_type: c_int,
+pub struct IbvAsyncEvent {
+    pub element: *mut c_void,
+    pub event_type: c_int,
 }
 
 /// `struct ibv_sge`.
 #[repr(C)]
-pub(crate) struct IbvSge {
-    pub(crate) addr: u64,
-    pub(crate) length: u32,
-    pub(crate) lkey: u32,
+pub struct IbvSge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
 }
 
 /// `struct ibv_recv_wr`.
 #[repr(C)]
-pub(crate) struct IbvRecvWr {
-    pub(crate) wr_id: u64,
-    pub(crate) next: *mut Self,
-    pub(crate) sg_list: *mut IbvSge,
-    pub(crate) num_sge: c_int,
+pub struct IbvRecvWr {
+    pub wr_id: u64,
+    pub next: *mut Self,
+    pub sg_list: *mut IbvSge,
+    pub num_sge: c_int,
 }
 
 /// `wr.rdma` of `struct ibv_send_wr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct WrRdma {
-    pub(crate) remote_addr: u64,
-    pub(crate) rkey: u32,
+pub struct WrRdma {
+    pub remote_addr: u64,
+    pub rkey: u32,
 }
 
 /// `wr.atomic` of `struct ibv_send_wr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct WrAtomic {
-    pub(crate) remote_addr: u64,
-    pub(crate) compare_add: u64,
-    pub(crate) swap: u64,
-    pub(crate) rkey: u32,
+pub struct WrAtomic {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
 }
 
 /// `wr.ud` of `struct ibv_send_wr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct WrUd {
-    pub(crate) ah: *mut IbvAh,
-    pub(crate) remote_qpn: u32,
-    pub(crate) remote_qkey: u32,
+pub struct WrUd {
+    pub ah: *mut IbvAh,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
 }
 
 /// The `wr` union of `struct ibv_send_wr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) union WrUnion {
-    pub(crate) rdma: WrRdma,
-    pub(crate) atomic: WrAtomic,
-    pub(crate) ud: WrUd,
+pub union WrUnion {
+    pub rdma: WrRdma,
+    pub atomic: WrAtomic,
+    pub ud: WrUd,
 }
 
 /// `struct ibv_send_wr`. `imm_data` is big-endian (`__be32`); the trailing unions (XRC's
 /// `remote_srqn`, memory-window binding and TSO) are opaque here.
 #[repr(C)]
-pub(crate) struct IbvSendWr {
-    pub(crate) wr_id: u64,
-    pub(crate) next: *mut Self,
-    pub(crate) sg_list: *mut IbvSge,
-    pub(crate) num_sge: c_int,
-    pub(crate) opcode: c_int,
-    pub(crate) send_flags: c_uint,
-    pub(crate) imm_data: u32,
-    pub(crate) wr: WrUnion,
-    pub(crate) qp_type: u32,
+pub struct IbvSendWr {
+    pub wr_id: u64,
+    pub next: *mut Self,
+    pub sg_list: *mut IbvSge,
+    pub num_sge: c_int,
+    pub opcode: c_int,
+    pub send_flags: c_uint,
+    pub imm_data: u32,
+    pub wr: WrUnion,
+    pub qp_type: u32,
     /// The `bind_mw` member of the union it shares with `tso`.
-    pub(crate) bind_mw: IbvSendWrBindMw,
+    pub bind_mw: IbvSendWrBindMw,
 }
 
 /// `ibv_send_wr.bind_mw`: a type 2 bind request (`IBV_WR_BIND_MW`).
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvSendWrBindMw {
-    pub(crate) mw: *mut IbvMw,
-    pub(crate) rkey: u32,
-    pub(crate) bind_info: IbvMwBindInfo,
+pub struct IbvSendWrBindMw {
+    pub mw: *mut IbvMw,
+    pub rkey: u32,
+    pub bind_info: IbvMwBindInfo,
 }
 
 /// `struct ibv_mw`.
 #[repr(C)]
-pub(crate) struct IbvMw {
-    pub(crate) context: *mut IbvContext,
-    pub(crate) pd: *mut IbvPd,
-    pub(crate) rkey: u32,
-    pub(crate) handle: u32,
-    pub(crate) mw_type: c_int,
+pub struct IbvMw {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub rkey: u32,
+    pub handle: u32,
+    pub mw_type: c_int,
 }
 
 /// `struct ibv_mw_bind_info`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct IbvMwBindInfo {
-    pub(crate) mr: *mut IbvMr,
-    pub(crate) addr: u64,
-    pub(crate) length: u64,
-    pub(crate) mw_access_flags: c_uint,
+pub struct IbvMwBindInfo {
+    pub mr: *mut IbvMr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
 }
 
 /// `struct ibv_mw_bind`: a type 1 bind (`ibv_bind_mw(3)`).
 #[repr(C)]
-pub(crate) struct IbvMwBind {
-    pub(crate) wr_id: u64,
-    pub(crate) send_flags: c_uint,
-    pub(crate) bind_info: IbvMwBindInfo,
+pub struct IbvMwBind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: IbvMwBindInfo,
 }
 
 /// `struct ibv_wc`. `imm_data` is big-endian.
 #[repr(C)]
-pub(crate) struct IbvWc {
-    pub(crate) wr_id: u64,
-    pub(crate) status: c_int,
-    pub(crate) opcode: c_int,
-    pub(crate) vendor_err: u32,
-    pub(crate) byte_len: u32,
-    pub(crate) imm_data: u32,
-    pub(crate) qp_num: u32,
-    pub(crate) src_qp: u32,
-    pub(crate) wc_flags: c_uint,
-    pub(crate) pkey_index: u16,
-    pub(crate) slid: u16,
-    pub(crate) sl: u8,
-    pub(crate) dlid_path_bits: u8,
+pub struct IbvWc {
+    pub wr_id: u64,
+    pub status: c_int,
+    pub opcode: c_int,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: c_uint,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
 }
 
 /// `struct ibv_grh`: the 40 bytes at the start of a UD receive buffer.
 #[repr(C)]
-pub(crate) struct IbvGrh {
-    pub(crate) version_tclass_flow: u32,
-    pub(crate) paylen: u16,
-    pub(crate) next_hdr: u8,
-    pub(crate) hop_limit: u8,
-    pub(crate) sgid: IbvGid,
-    pub(crate) dgid: IbvGid,
+pub struct IbvGrh {
+    pub version_tclass_flow: u32,
+    pub paylen: u16,
+    pub next_hdr: u8,
+    pub hop_limit: u8,
+    pub sgid: IbvGid,
+    pub dgid: IbvGid,
 }
 
 /// Constants of the header's enums.
-pub(crate) mod consts {
+pub mod consts {
     use core::ffi::c_int;
 
-    pub(crate) const IBV_NODE_CA: c_int = 1;
-    pub(crate) const IBV_TRANSPORT_IB: c_int = 0;
+    pub const IBV_NODE_CA: c_int = 1;
+    pub const IBV_TRANSPORT_IB: c_int = 0;
 
-    pub(crate) const IBV_QPT_RC: c_int = 2;
-    pub(crate) const IBV_QPT_UC: c_int = 3;
-    pub(crate) const IBV_QPT_UD: c_int = 4;
-    pub(crate) const IBV_QPT_XRC_SEND: c_int = 9;
-    pub(crate) const IBV_QPT_XRC_RECV: c_int = 10;
+    pub const IBV_QPT_RC: c_int = 2;
+    pub const IBV_QPT_UC: c_int = 3;
+    pub const IBV_QPT_UD: c_int = 4;
+    pub const IBV_QPT_XRC_SEND: c_int = 9;
+    pub const IBV_QPT_XRC_RECV: c_int = 10;
 
-    pub(crate) const IBV_SRQT_BASIC: c_int = 0;
-    pub(crate) const IBV_SRQT_XRC: c_int = 1;
-    pub(crate) const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
-    pub(crate) const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
-    pub(crate) const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
-    pub(crate) const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
-    pub(crate) const IBV_SRQT_TM: c_int = 2;
-    pub(crate) const IBV_SRQ_INIT_ATTR_TM: u32 = 1 << 4;
-    pub(crate) const IBV_WR_TAG_ADD: c_int = 0;
-    pub(crate) const IBV_WR_TAG_DEL: c_int = 1;
-    pub(crate) const IBV_WR_TAG_SYNC: c_int = 2;
-    pub(crate) const IBV_OPS_SIGNALED: c_int = 1 << 0;
-    pub(crate) const IBV_OPS_TM_SYNC: c_int = 1 << 1;
-    pub(crate) const IBV_TM_CAP_RC: u32 = 1 << 0;
-    pub(crate) const IBV_XRCD_INIT_ATTR_FD: u32 = 1 << 0;
-    pub(crate) const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
-    pub(crate) const IBV_QP_OPEN_ATTR_NUM: u32 = 1 << 0;
-    pub(crate) const IBV_QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
-    pub(crate) const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
-    pub(crate) const IBV_QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
-    pub(crate) const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
-    pub(crate) const IBV_DEVICE_XRC: u32 = 1 << 20;
+    pub const IBV_SRQT_BASIC: c_int = 0;
+    pub const IBV_SRQT_XRC: c_int = 1;
+    pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
+    pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+    pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+    pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+    pub const IBV_SRQT_TM: c_int = 2;
+    pub const IBV_SRQ_INIT_ATTR_TM: u32 = 1 << 4;
+    pub const IBV_WR_TAG_ADD: c_int = 0;
+    pub const IBV_WR_TAG_DEL: c_int = 1;
+    pub const IBV_WR_TAG_SYNC: c_int = 2;
+    pub const IBV_OPS_SIGNALED: c_int = 1 << 0;
+    pub const IBV_OPS_TM_SYNC: c_int = 1 << 1;
+    pub const IBV_TM_CAP_RC: u32 = 1 << 0;
+    pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1 << 0;
+    pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+    pub const IBV_QP_OPEN_ATTR_NUM: u32 = 1 << 0;
+    pub const IBV_QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
+    pub const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
+    pub const IBV_QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
+    pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
+    pub const IBV_DEVICE_XRC: u32 = 1 << 20;
 
-    pub(crate) const IBV_QPS_RESET: c_int = 0;
-    pub(crate) const IBV_QPS_INIT: c_int = 1;
-    pub(crate) const IBV_QPS_RTR: c_int = 2;
-    pub(crate) const IBV_QPS_RTS: c_int = 3;
-    pub(crate) const IBV_QPS_SQD: c_int = 4;
-    pub(crate) const IBV_QPS_SQE: c_int = 5;
-    pub(crate) const IBV_QPS_ERR: c_int = 6;
+    pub const IBV_QPS_RESET: c_int = 0;
+    pub const IBV_QPS_INIT: c_int = 1;
+    pub const IBV_QPS_RTR: c_int = 2;
+    pub const IBV_QPS_RTS: c_int = 3;
+    pub const IBV_QPS_SQD: c_int = 4;
+    pub const IBV_QPS_SQE: c_int = 5;
+    pub const IBV_QPS_ERR: c_int = 6;
 
-    pub(crate) const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
-    pub(crate) const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
-    pub(crate) const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
-    pub(crate) const IBV_QP_EX_WITH_RDMA_WRITE: u64 = 1 << 0;
-    pub(crate) const IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM: u64 = 1 << 1;
-    pub(crate) const IBV_QP_EX_WITH_SEND: u64 = 1 << 2;
-    pub(crate) const IBV_QP_EX_WITH_SEND_WITH_IMM: u64 = 1 << 3;
-    pub(crate) const IBV_QP_EX_WITH_RDMA_READ: u64 = 1 << 4;
-    pub(crate) const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
-    pub(crate) const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
+    pub const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
+    pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+    pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+    pub const IBV_QP_EX_WITH_RDMA_WRITE: u64 = 1 << 0;
+    pub const IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM: u64 = 1 << 1;
+    pub const IBV_QP_EX_WITH_SEND: u64 = 1 << 2;
+    pub const IBV_QP_EX_WITH_SEND_WITH_IMM: u64 = 1 << 3;
+    pub const IBV_QP_EX_WITH_RDMA_READ: u64 = 1 << 4;
+    pub const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
+    pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
 
-    pub(crate) const IBV_QP_STATE: c_int = 1 << 0;
-    pub(crate) const IBV_QP_CUR_STATE: c_int = 1 << 1;
-    pub(crate) const IBV_QP_EN_SQD_ASYNC_NOTIFY: c_int = 1 << 2;
-    pub(crate) const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
-    pub(crate) const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
-    pub(crate) const IBV_QP_PORT: c_int = 1 << 5;
-    pub(crate) const IBV_QP_QKEY: c_int = 1 << 6;
-    pub(crate) const IBV_QP_AV: c_int = 1 << 7;
-    pub(crate) const IBV_QP_PATH_MTU: c_int = 1 << 8;
-    pub(crate) const IBV_QP_TIMEOUT: c_int = 1 << 9;
-    pub(crate) const IBV_QP_RETRY_CNT: c_int = 1 << 10;
-    pub(crate) const IBV_QP_RNR_RETRY: c_int = 1 << 11;
-    pub(crate) const IBV_QP_RQ_PSN: c_int = 1 << 12;
-    pub(crate) const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
-    pub(crate) const IBV_QP_ALT_PATH: c_int = 1 << 14;
-    pub(crate) const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
-    pub(crate) const IBV_QP_SQ_PSN: c_int = 1 << 16;
-    pub(crate) const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
-    pub(crate) const IBV_QP_PATH_MIG_STATE: c_int = 1 << 18;
-    pub(crate) const IBV_QP_CAP: c_int = 1 << 19;
-    pub(crate) const IBV_QP_DEST_QPN: c_int = 1 << 20;
-    pub(crate) const IBV_QP_RATE_LIMIT: c_int = 1 << 25;
+    pub const IBV_QP_STATE: c_int = 1 << 0;
+    pub const IBV_QP_CUR_STATE: c_int = 1 << 1;
+    pub const IBV_QP_EN_SQD_ASYNC_NOTIFY: c_int = 1 << 2;
+    pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+    pub const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+    pub const IBV_QP_PORT: c_int = 1 << 5;
+    pub const IBV_QP_QKEY: c_int = 1 << 6;
+    pub const IBV_QP_AV: c_int = 1 << 7;
+    pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
+    pub const IBV_QP_TIMEOUT: c_int = 1 << 9;
+    pub const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+    pub const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+    pub const IBV_QP_RQ_PSN: c_int = 1 << 12;
+    pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+    pub const IBV_QP_ALT_PATH: c_int = 1 << 14;
+    pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+    pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
+    pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+    pub const IBV_QP_PATH_MIG_STATE: c_int = 1 << 18;
+    pub const IBV_QP_CAP: c_int = 1 << 19;
+    pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+    pub const IBV_QP_RATE_LIMIT: c_int = 1 << 25;
 
-    pub(crate) const IBV_WR_RDMA_WRITE: c_int = 0;
-    pub(crate) const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
-    pub(crate) const IBV_WR_SEND: c_int = 2;
-    pub(crate) const IBV_WR_SEND_WITH_IMM: c_int = 3;
-    pub(crate) const IBV_WR_RDMA_READ: c_int = 4;
-    pub(crate) const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
-    pub(crate) const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
-    pub(crate) const IBV_WR_LOCAL_INV: c_int = 7;
-    pub(crate) const IBV_WR_BIND_MW: c_int = 8;
-    pub(crate) const IBV_WR_ATOMIC_WRITE: c_int = 15;
-    pub(crate) const IBV_WR_SEND_WITH_INV: c_int = 9;
-    pub(crate) const IBV_MW_TYPE_1: c_int = 1;
-    pub(crate) const IBV_MW_TYPE_2: c_int = 2;
-    pub(crate) const IBV_DEVICE_MEM_WINDOW: u32 = 1 << 17;
-    pub(crate) const IBV_DEVICE_MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
-    pub(crate) const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
-    pub(crate) const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
-    pub(crate) const IBV_QP_EX_WITH_ATOMIC_WRITE: u64 = 1 << 12;
-    pub(crate) const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
+    pub const IBV_WR_RDMA_WRITE: c_int = 0;
+    pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
+    pub const IBV_WR_SEND: c_int = 2;
+    pub const IBV_WR_SEND_WITH_IMM: c_int = 3;
+    pub const IBV_WR_RDMA_READ: c_int = 4;
+    pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
+    pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
+    pub const IBV_WR_LOCAL_INV: c_int = 7;
+    pub const IBV_WR_BIND_MW: c_int = 8;
+    pub const IBV_WR_ATOMIC_WRITE: c_int = 15;
+    pub const IBV_WR_SEND_WITH_INV: c_int = 9;
+    pub const IBV_MW_TYPE_1: c_int = 1;
+    pub const IBV_MW_TYPE_2: c_int = 2;
+    pub const IBV_DEVICE_MEM_WINDOW: u32 = 1 << 17;
+    pub const IBV_DEVICE_MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+    pub const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
+    pub const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
+    pub const IBV_QP_EX_WITH_ATOMIC_WRITE: u64 = 1 << 12;
+    pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
 
-    pub(crate) const IBV_SEND_FENCE: u32 = 1;
-    pub(crate) const IBV_SEND_SIGNALED: u32 = 2;
-    pub(crate) const IBV_SEND_SOLICITED: u32 = 4;
-    pub(crate) const IBV_SEND_INLINE: u32 = 8;
+    pub const IBV_SEND_FENCE: u32 = 1;
+    pub const IBV_SEND_SIGNALED: u32 = 2;
+    pub const IBV_SEND_SOLICITED: u32 = 4;
+    pub const IBV_SEND_INLINE: u32 = 8;
 
-    pub(crate) const IBV_WC_SEND: c_int = 0;
-    pub(crate) const IBV_WC_RDMA_WRITE: c_int = 1;
-    pub(crate) const IBV_WC_RDMA_READ: c_int = 2;
-    pub(crate) const IBV_WC_COMP_SWAP: c_int = 3;
-    pub(crate) const IBV_WC_FETCH_ADD: c_int = 4;
-    pub(crate) const IBV_WC_BIND_MW: c_int = 5;
-    pub(crate) const IBV_WC_LOCAL_INV: c_int = 6;
-    pub(crate) const IBV_WC_ATOMIC_WRITE: c_int = 9;
-    pub(crate) const IBV_WC_RECV: c_int = 128;
-    pub(crate) const IBV_WC_RECV_RDMA_WITH_IMM: c_int = 129;
-    pub(crate) const IBV_WC_TM_ADD: c_int = 130;
-    pub(crate) const IBV_WC_TM_DEL: c_int = 131;
-    pub(crate) const IBV_WC_TM_SYNC: c_int = 132;
-    pub(crate) const IBV_WC_TM_RECV: c_int = 133;
-    pub(crate) const IBV_WC_TM_NO_TAG: c_int = 134;
-    pub(crate) const IBV_WC_TM_SYNC_REQ: u32 = 1 << 4;
-    pub(crate) const IBV_WC_TM_MATCH: u32 = 1 << 5;
-    pub(crate) const IBV_WC_TM_DATA_VALID: u32 = 1 << 6;
-    pub(crate) const IBV_WC_EX_WITH_TM_INFO: u64 = 1 << 10;
-    pub(crate) const IBV_WC_TM_ERR: c_int = 22;
-    pub(crate) const IBV_WC_TM_RNDV_INCOMPLETE: c_int = 23;
-    pub(crate) const IBV_WC_GRH: u32 = 1;
-    pub(crate) const IBV_WC_WITH_IMM: u32 = 2;
-    pub(crate) const IBV_WC_WITH_INV: u32 = 1 << 3;
+    pub const IBV_WC_SEND: c_int = 0;
+    pub const IBV_WC_RDMA_WRITE: c_int = 1;
+    pub const IBV_WC_RDMA_READ: c_int = 2;
+    pub const IBV_WC_COMP_SWAP: c_int = 3;
+    pub const IBV_WC_FETCH_ADD: c_int = 4;
+    pub const IBV_WC_BIND_MW: c_int = 5;
+    pub const IBV_WC_LOCAL_INV: c_int = 6;
+    pub const IBV_WC_ATOMIC_WRITE: c_int = 9;
+    pub const IBV_WC_RECV: c_int = 128;
+    pub const IBV_WC_RECV_RDMA_WITH_IMM: c_int = 129;
+    pub const IBV_WC_TM_ADD: c_int = 130;
+    pub const IBV_WC_TM_DEL: c_int = 131;
+    pub const IBV_WC_TM_SYNC: c_int = 132;
+    pub const IBV_WC_TM_RECV: c_int = 133;
+    pub const IBV_WC_TM_NO_TAG: c_int = 134;
+    pub const IBV_WC_TM_SYNC_REQ: u32 = 1 << 4;
+    pub const IBV_WC_TM_MATCH: u32 = 1 << 5;
+    pub const IBV_WC_TM_DATA_VALID: u32 = 1 << 6;
+    pub const IBV_WC_EX_WITH_TM_INFO: u64 = 1 << 10;
+    pub const IBV_WC_TM_ERR: c_int = 22;
+    pub const IBV_WC_TM_RNDV_INCOMPLETE: c_int = 23;
+    pub const IBV_WC_GRH: u32 = 1;
+    pub const IBV_WC_WITH_IMM: u32 = 2;
+    pub const IBV_WC_WITH_INV: u32 = 1 << 3;
 
-    pub(crate) const IBV_WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
-    pub(crate) const IBV_WC_EX_WITH_IMM: u64 = 1 << 1;
-    pub(crate) const IBV_WC_EX_WITH_QP_NUM: u64 = 1 << 2;
-    pub(crate) const IBV_WC_EX_WITH_SRC_QP: u64 = 1 << 3;
-    pub(crate) const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
-    pub(crate) const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
-    pub(crate) const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
-    pub(crate) const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
-    pub(crate) const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
-    pub(crate) const IBV_WC_STANDARD_FLAGS: u64 = IBV_WC_EX_WITH_BYTE_LEN
+    pub const IBV_WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
+    pub const IBV_WC_EX_WITH_IMM: u64 = 1 << 1;
+    pub const IBV_WC_EX_WITH_QP_NUM: u64 = 1 << 2;
+    pub const IBV_WC_EX_WITH_SRC_QP: u64 = 1 << 3;
+    pub const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
+    pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
+    pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+    pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+    pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
+    pub const IBV_WC_STANDARD_FLAGS: u64 = IBV_WC_EX_WITH_BYTE_LEN
         | IBV_WC_EX_WITH_IMM
         | IBV_WC_EX_WITH_QP_NUM
         | IBV_WC_EX_WITH_SRC_QP
         | IBV_WC_EX_WITH_SLID
         | IBV_WC_EX_WITH_SL
         | IBV_WC_EX_WITH_DLID_PATH_BITS;
-    pub(crate) const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
-    pub(crate) const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
-    pub(crate) const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
-    pub(crate) const IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: u32 = 1 << 1;
-    pub(crate) const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1 << 0;
+    pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+    pub const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
+    pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
+    pub const IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: u32 = 1 << 1;
+    pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1 << 0;
 
-    pub(crate) const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
-    pub(crate) const IBV_ACCESS_REMOTE_WRITE: c_int = 2;
-    pub(crate) const IBV_ACCESS_REMOTE_READ: c_int = 4;
-    pub(crate) const IBV_ACCESS_REMOTE_ATOMIC: c_int = 8;
-    pub(crate) const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;
-    pub(crate) const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
-    pub(crate) const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
-    pub(crate) const IBV_ACCESS_MW_BIND: c_int = 1 << 4;
-    pub(crate) const IBV_ACCESS_ZERO_BASED: c_int = 1 << 5;
-    pub(crate) const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
-    pub(crate) const IBV_ACCESS_HUGETLB: c_int = 1 << 7;
-    pub(crate) const IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS: u32 = 1 << 0;
-    pub(crate) const IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT: u32 = 1 << 1;
-    pub(crate) const IBV_ADVISE_MR_ADVICE_PREFETCH: c_int = 0;
-    pub(crate) const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: c_int = 1;
-    pub(crate) const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: c_int = 2;
-    pub(crate) const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1;
-    pub(crate) const IBV_ODP_SUPPORT: u64 = 1 << 0;
-    pub(crate) const IBV_ODP_SUPPORT_IMPLICIT: u64 = 1 << 1;
-    pub(crate) const IBV_ODP_SUPPORT_SEND: u32 = 1 << 0;
-    pub(crate) const IBV_ODP_SUPPORT_RECV: u32 = 1 << 1;
-    pub(crate) const IBV_ODP_SUPPORT_WRITE: u32 = 1 << 2;
-    pub(crate) const IBV_ODP_SUPPORT_READ: u32 = 1 << 3;
-    pub(crate) const IBV_ODP_SUPPORT_ATOMIC: u32 = 1 << 4;
-    pub(crate) const IBV_ODP_SUPPORT_SRQ_RECV: u32 = 1 << 5;
+    pub const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
+    pub const IBV_ACCESS_REMOTE_WRITE: c_int = 2;
+    pub const IBV_ACCESS_REMOTE_READ: c_int = 4;
+    pub const IBV_ACCESS_REMOTE_ATOMIC: c_int = 8;
+    pub const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;
+    pub const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
+    pub const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
+    pub const IBV_ACCESS_MW_BIND: c_int = 1 << 4;
+    pub const IBV_ACCESS_ZERO_BASED: c_int = 1 << 5;
+    pub const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
+    pub const IBV_ACCESS_HUGETLB: c_int = 1 << 7;
+    pub const IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS: u32 = 1 << 0;
+    pub const IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT: u32 = 1 << 1;
+    pub const IBV_ADVISE_MR_ADVICE_PREFETCH: c_int = 0;
+    pub const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: c_int = 1;
+    pub const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: c_int = 2;
+    pub const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1;
+    pub const IBV_ODP_SUPPORT: u64 = 1 << 0;
+    pub const IBV_ODP_SUPPORT_IMPLICIT: u64 = 1 << 1;
+    pub const IBV_ODP_SUPPORT_SEND: u32 = 1 << 0;
+    pub const IBV_ODP_SUPPORT_RECV: u32 = 1 << 1;
+    pub const IBV_ODP_SUPPORT_WRITE: u32 = 1 << 2;
+    pub const IBV_ODP_SUPPORT_READ: u32 = 1 << 3;
+    pub const IBV_ODP_SUPPORT_ATOMIC: u32 = 1 << 4;
+    pub const IBV_ODP_SUPPORT_SRQ_RECV: u32 = 1 << 5;
     /// `IBV_ACCESS_OPTIONAL_RANGE`: hints a provider may ignore (relaxed ordering among them).
-    pub(crate) const IBV_ACCESS_OPTIONAL_RANGE: c_int = 0x3ff0_0000;
+    pub const IBV_ACCESS_OPTIONAL_RANGE: c_int = 0x3ff0_0000;
 
-    pub(crate) const IBV_SRQ_MAX_WR: c_int = 1;
-    pub(crate) const IBV_SRQ_LIMIT: c_int = 2;
+    pub const IBV_SRQ_MAX_WR: c_int = 1;
+    pub const IBV_SRQ_LIMIT: c_int = 2;
 
-    pub(crate) const IBV_PORT_ACTIVE: c_int = 4;
-    pub(crate) const IBV_MTU_4096: c_int = 5;
-    pub(crate) const IBV_LINK_LAYER_ETHERNET: u8 = 2;
-    pub(crate) const IBV_QPF_GRH_REQUIRED: u8 = 1;
+    pub const IBV_PORT_ACTIVE: c_int = 4;
+    pub const IBV_MTU_4096: c_int = 5;
+    pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+    pub const IBV_QPF_GRH_REQUIRED: u8 = 1;
     /// PortInfo ActiveWidth 1X (IBA 14.2.5.6; not named in the header).
-    pub(crate) const ACTIVE_WIDTH_1X: u8 = 1;
+    pub const ACTIVE_WIDTH_1X: u8 = 1;
     /// PortInfo ActiveSpeed QDR, 10 Gbit/s per lane (IBA 14.2.5.6; not named in the header).
-    pub(crate) const ACTIVE_SPEED_QDR: u8 = 4;
+    pub const ACTIVE_SPEED_QDR: u8 = 4;
     /// Port physical state `LinkUp`.
-    pub(crate) const PHYS_STATE_LINK_UP: u8 = 5;
+    pub const PHYS_STATE_LINK_UP: u8 = 5;
 
-    pub(crate) const IBV_ATOMIC_HCA: c_int = 1;
-    pub(crate) const IBV_DEVICE_RC_RNR_NAK_GEN: u32 = 1 << 12;
-    pub(crate) const IBV_DEVICE_SYS_IMAGE_GUID: u32 = 1 << 11;
+    pub const IBV_ATOMIC_HCA: c_int = 1;
+    pub const IBV_DEVICE_RC_RNR_NAK_GEN: u32 = 1 << 12;
+    pub const IBV_DEVICE_SYS_IMAGE_GUID: u32 = 1 << 11;
 
-    pub(crate) const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+    pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
     /// `IBV_GID_TYPE_SYSFS_ROCE_V2`, what `ibv_query_gid_type` reports.
-    pub(crate) const IBV_GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
+    pub const IBV_GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
 
-    pub(crate) const IBV_EVENT_CQ_ERR: c_int = 0;
-    pub(crate) const IBV_EVENT_QP_FATAL: c_int = 1;
-    pub(crate) const IBV_EVENT_QP_ACCESS_ERR: c_int = 3;
-    pub(crate) const IBV_EVENT_COMM_EST: c_int = 4;
-    pub(crate) const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
-    pub(crate) const IBV_EVENT_QP_LAST_WQE_REACHED: c_int = 16;
+    pub const IBV_EVENT_CQ_ERR: c_int = 0;
+    pub const IBV_EVENT_QP_FATAL: c_int = 1;
+    pub const IBV_EVENT_QP_ACCESS_ERR: c_int = 3;
+    pub const IBV_EVENT_COMM_EST: c_int = 4;
+    pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
+    pub const IBV_EVENT_QP_LAST_WQE_REACHED: c_int = 16;
 
     /// `IBV_FORK_UNNEEDED`: no DMA, so a child's copy-on-write pages cannot be a problem.
-    pub(crate) const IBV_FORK_UNNEEDED: c_int = 2;
+    pub const IBV_FORK_UNNEEDED: c_int = 2;
 }
 
 /// Every size, offset and constant above, checked against the installed header by a C program
