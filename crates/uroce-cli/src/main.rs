@@ -1,5 +1,6 @@
 //! `uroce`: the command-line tool of the uroce user-space RoCEv2 stack.
-#![forbid(unsafe_code)]
+// Unsafe code only in the module that calls a system's libibverbs (`perf::backend::libibverbs`).
+#![deny(unsafe_code)]
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -45,6 +46,13 @@ compare options:
 server options:
   --addr ADDR      this side's address: TCP control and RDMA device (default 127.0.0.3)
   --port P         control port (default 19765)
+
+server and client, the RDMA stack (both sides choose their own):
+  --verbs          run the RDMA tests on a device of the system's libibverbs.so.1 (a hardware
+                   RNIC, rxe, or uroce's drop-in under 'uroce exec') instead of uroce's API;
+                   UROCE_LIBIBVERBS=FILE loads another file
+  --device NAME    with --verbs: the device (default: the first listed)
+  --gid N          with --verbs: the GID index of port 1 (default 0)
 
 client options:
   --local ADDR     this side's RDMA device (default 127.0.0.2)
@@ -282,12 +290,46 @@ fn parse_addr(v: &std::ffi::OsStr, what: &str) -> Result<std::net::IpAddr, lexop
         .map_err(|_| format!("{what}: '{}' is not an IP address", v.to_string_lossy()).into())
 }
 
+/// `--verbs [--device NAME] [--gid N]`: the RDMA tests on a device of the system's
+/// libibverbs instead of uroce's own API.
+#[derive(Default)]
+struct VerbsArgs {
+    verbs: bool,
+    device: Option<String>,
+    gid: Option<u32>,
+}
+
+impl VerbsArgs {
+    /// `--gid N`.
+    fn gid(&mut self, parser: &mut lexopt::Parser) -> Result<(), lexopt::Error> {
+        use lexopt::ValueExt as _;
+        let v: String = parser.value()?.parse()?;
+        self.gid = Some(v.parse().map_err(|_| format!("--gid: '{v}' is not a GID index"))?);
+        Ok(())
+    }
+
+    fn stack(&self) -> Result<perf::Stack, lexopt::Error> {
+        if !self.verbs && (self.device.is_some() || self.gid.is_some()) {
+            return Err("--device and --gid choose a libibverbs device: add --verbs".into());
+        }
+        Ok(if self.verbs {
+            perf::Stack::Verbs { device: self.device.clone(), gid_index: self.gid.unwrap_or(0) }
+        } else {
+            perf::Stack::Uroce
+        })
+    }
+}
+
 fn server(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
     use lexopt::prelude::*;
     let mut addr: std::net::IpAddr = std::net::Ipv4Addr::new(127, 0, 0, 3).into();
     let mut port = perf::DEFAULT_PORT;
+    let mut verbs = VerbsArgs::default();
     while let Some(arg) = parser.next()? {
         match arg {
+            Long("verbs") => verbs.verbs = true,
+            Long("device") => verbs.device = Some(parser.value()?.parse()?),
+            Long("gid") => verbs.gid(parser)?,
             Long("addr") => addr = parse_addr(&parser.value()?, "--addr")?,
             Long("port") => port = parser.value()?.parse()?,
             Short('h') | Long("help") => {
@@ -297,7 +339,7 @@ fn server(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             _ => return Err(arg.unexpected()),
         }
     }
-    perf::server::serve(addr, port)?;
+    perf::server::serve(addr, port, &verbs.stack()?)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -310,8 +352,12 @@ fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
     let mut sizes: Option<Vec<usize>> = None;
     let mut params = perf::Params::default();
     let mut json = false;
+    let mut verbs = VerbsArgs::default();
     while let Some(arg) = parser.next()? {
         match arg {
+            Long("verbs") => verbs.verbs = true,
+            Long("device") => verbs.device = Some(parser.value()?.parse()?),
+            Long("gid") => verbs.gid(parser)?,
             Value(v) if server.is_none() => server = Some(parse_addr(&v, "SERVER")?),
             Value(v) => {
                 let name = v.to_string_lossy().to_string();
@@ -392,6 +438,7 @@ fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
         sizes: sizes.unwrap_or(vec![params.size]),
         params,
         json,
+        stack: verbs.stack()?,
     };
     let stdout = io::stdout();
     perf::client::run(&plan, &mut stdout.lock())?;

@@ -39,11 +39,14 @@ struct Server(Child);
 
 impl Server {
     fn start(addr: &str, port: u16) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_uroce"))
-            .args(["server", "--addr", addr, "--port", &port.to_string()])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uroce"));
+        cmd.args(["server", "--addr", addr, "--port", &port.to_string()]);
+        Self::spawn(cmd)
+    }
+
+    /// Runs `cmd` (a `uroce server`, perhaps under `uroce exec`) until it says it listens.
+    fn spawn(mut cmd: Command) -> Self {
+        let child = cmd.stderr(Stdio::piped()).spawn().unwrap();
         let mut server = Self(child);
         // It says when it listens.
         let mut err = BufReader::new(server.0.stderr.take().unwrap());
@@ -213,6 +216,83 @@ fn fails_with(args: &[&str], needle: &str) {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.lines().next().unwrap().contains(needle), "{args:?}: {err}");
     assert!(out.stdout.is_empty() || String::from_utf8_lossy(&out.stdout).lines().count() <= 1);
+}
+
+/// `uroce` under `uroce exec` on device `addr`: the drop-in libibverbs is what `--verbs`
+/// loads.
+fn under_exec(addr: &str) -> Command {
+    // `cargo test` builds the drop-in beside the test executables.
+    let libs = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_uroce"));
+    c.env("UROCE_LIB_DIR", libs).args(["exec", "--addr", addr, "--", env!("CARGO_BIN_EXE_uroce")]);
+    c
+}
+
+/// The verbs backend (`--verbs`, libibverbs loaded at run time) through uroce's drop-in: every
+/// RDMA test `uroce list` names, polled, and the ping-pongs and a stream with completion
+/// events; then the ways opening a verbs device fails.
+#[test]
+fn the_verbs_backend_runs_every_rdma_test_through_the_drop_in() {
+    let mut server = under_exec("127.0.0.53");
+    server.args(["server", "--addr", "127.0.0.53", "--port", "19805", "--verbs", "--device"]);
+    server.arg("uroce0");
+    let _server = Server::spawn(server);
+    let client = |tests: &[&str], options: &[&str]| -> Vec<serde_json::Value> {
+        let mut c = under_exec("127.0.0.52");
+        c.args(["client", "127.0.0.53", "--port", "19805", "--verbs", "--device", "uroce0"]);
+        let out = c.args(tests).args(options).arg("--json").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let v: Vec<serde_json::Value> =
+            text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(v.len(), tests.len(), "{text}");
+        v
+    };
+    let rdma: Vec<&str> =
+        ALL.iter().copied().filter(|t| !t.starts_with("tcp") && !t.starts_with("udp")).collect();
+    let results = client(&rdma, &["-s", "256", "-n", "300", "--warmup", "20"]);
+    for (v, name) in results.iter().zip(&rdma) {
+        assert_eq!(v["test"], *name);
+        assert_eq!(v["iterations"], 300, "{name}: {v}");
+        assert!(v["bytes"].as_u64().unwrap() > 0, "{name}: nothing moved: {v}");
+        assert_eq!(v["latency"].is_null(), !name.ends_with("_lat"), "{name}: {v}");
+        if name.ends_with("_bw") && !name.starts_with("rc") {
+            assert!(v["lost"].as_u64().unwrap() < 30, "{name}: loopback lost: {v}");
+        }
+    }
+    // Inline SENDs, post lists and three QPs take effect through the library too.
+    let tuned = client(
+        &["rc_bw", "ud_bw"],
+        &["-s", "64", "--inline", "64", "--post-list", "4", "--qps", "3", "-n", "300"],
+    );
+    for v in &tuned {
+        assert!(v["applied"]["inline_posts"].as_u64().unwrap() >= 300, "{v}");
+        assert_eq!(v["applied"]["post_burst"], serde_json::json!([4, 4]), "{v}");
+        assert_eq!(v["applied"]["qps"], 3, "{v}");
+    }
+    // Completion events: the channel's descriptor, `ibv_get_cq_event`, re-arming.
+    for v in client(&["rc_lat", "ud_lat", "rc_rdma_write_bw"], &["-n", "200", "--events"]) {
+        assert_eq!(v["iterations"], 200, "{v}");
+    }
+    // Opening a verbs device that is not there: one line, status 2.
+    let fails = |c: &mut Command, needle: &str| {
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.lines().next().unwrap().contains(needle), "{err}");
+    };
+    let mut c = under_exec("127.0.0.52");
+    c.args(["client", "127.0.0.53", "--port", "19805", "--verbs", "--device", "mlx5_0"]);
+    fails(c.arg("rc_lat"), "no RDMA device 'mlx5_0' (listed: uroce0)");
+    let mut c = under_exec("127.0.0.52");
+    c.args(["client", "127.0.0.53", "--port", "19805", "--verbs", "--gid", "5", "rc_lat"]);
+    fails(&mut c, "uroce0: GID index 5 of port 1 is empty");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_uroce"));
+    c.env("UROCE_LIBIBVERBS", "/nonexistent/libibverbs.so.1");
+    c.args(["client", "127.0.0.53", "--port", "19805", "--verbs", "rc_lat"]);
+    fails(&mut c, "cannot load /nonexistent/libibverbs.so.1");
+    fails_with(&["server", "--device", "uroce0"], "add --verbs");
 }
 
 #[test]

@@ -4,8 +4,7 @@ use core::time::Duration;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 
-use uroce::Context;
-
+use super::backend::{Device, Stack};
 use super::control::{Control, endpoints_from_hex, endpoints_hex};
 use super::rdma::{self, Measured, Side};
 use super::{
@@ -24,6 +23,8 @@ pub(crate) struct Plan {
     pub(crate) sizes: Vec<usize>,
     pub(crate) params: Params,
     pub(crate) json: bool,
+    /// The stack the RDMA tests run on.
+    pub(crate) stack: Stack,
 }
 
 impl Plan {
@@ -46,6 +47,9 @@ impl Plan {
 /// Runs the plan, printing each result (a table row, or a JSON object per line).
 pub(crate) fn run(plan: &Plan, out: &mut dyn Write) -> Result<Vec<Outcome>, String> {
     let runs = plan.runs()?;
+    // The device first: a missing library or device fails before any connection is made.
+    let needs_rdma = runs.iter().any(|(t, _)| t.transport.is_some());
+    let device = if needs_rdma { Some(plan.stack.open(plan.local)?) } else { None };
     let to = SocketAddr::new(plan.server, plan.port);
     let stream = TcpStream::connect_timeout(&to, Duration::from_secs(5))
         .map_err(|e| format!("cannot reach a uroce server at {to}: {e}"))?;
@@ -58,12 +62,6 @@ pub(crate) fn run(plan: &Plan, out: &mut dyn Write) -> Result<Vec<Outcome>, Stri
     if hello != format!("uroce-perf {PROTOCOL_VERSION}") {
         return Err(format!("{to} is not a uroce server speaking protocol {PROTOCOL_VERSION}"));
     }
-    let needs_rdma = runs.iter().any(|(t, _)| t.transport.is_some());
-    let ctx = if needs_rdma {
-        Some(Context::open(plan.local).map_err(|e| format!("cannot open the RDMA device: {e}"))?)
-    } else {
-        None
-    };
     if !plan.json {
         let _ = writeln!(out, "{TABLE_HEADER}");
     }
@@ -75,10 +73,10 @@ pub(crate) fn run(plan: &Plan, out: &mut dyn Write) -> Result<Vec<Outcome>, Stri
         if progress {
             eprint!("\r[{:>3}/{total}] {} {}        ", k + 1, test.name, super::human_size(p.size));
         }
-        let outcome = one(&mut ctl, ctx.as_ref(), plan.server, test, &p).map_err(|e| {
-            let counters =
-                ctx.as_ref().map(|c| format!("\n  this device's counters: {:?}", c.counters()));
-            format!("{} at {} bytes: {e}{}", test.name, p.size, counters.unwrap_or_default())
+        let outcome = one(&mut ctl, device.as_deref(), plan.server, test, &p).map_err(|e| {
+            let context = device.as_ref().and_then(|d| d.failure_context());
+            let context = context.map(|c| format!("\n  {c}")).unwrap_or_default();
+            format!("{} at {} bytes: {e}{context}", test.name, p.size)
         })?;
         if progress {
             eprint!("\r{:<60}\r", "");
@@ -110,7 +108,7 @@ fn with_cpus(measured: Result<Measured, String>) -> Result<Measured, String> {
 /// One test at one size.
 fn one(
     ctl: &mut Control,
-    ctx: Option<&Context>,
+    device: Option<&dyn Device>,
     server: IpAddr,
     test: &'static TestDef,
     p: &Params,
@@ -126,7 +124,7 @@ fn one(
         started = Some((system_busy(), Cpu::now(), super::now()));
         Ok::<(), String>(())
     };
-    let measured: Measured = match (test.transport, ctx) {
+    let measured: Measured = match (test.transport, device) {
         (None, _) => {
             let port: u16 = ready.parse().map_err(|_| format!("bad port `{ready}`"))?;
             ctl.send("peer -").map_err(e)?;
@@ -134,9 +132,9 @@ fn one(
             let to = SocketAddr::new(server, port);
             super::on_cpu(p.pin.map(|c| c.0), || with_cpus(sockets::client(to, test, p)))?
         }
-        (Some(_), Some(ctx)) => {
+        (Some(_), Some(device)) => {
             let peers = endpoints_from_hex(&ready)?;
-            let (mut side, mine) = Side::new(ctx, test, p)?;
+            let (mut side, mine) = Side::new(device, test, p)?;
             side.connect(&peers)?;
             ctl.send(&format!("peer {}", endpoints_hex(&mine))).map_err(e)?;
             go(ctl)?;

@@ -206,6 +206,7 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
                 sizes: vec![size],
                 params: params.clone(),
                 json: true,
+                stack: super::Stack::Uroce,
             };
             // One measurement that fails is reported and the matrix goes on: the report holds
             // the rest, and names what is missing.

@@ -3,6 +3,8 @@
 //!
 //! Test names follow qperf's so its users feel at home; `uroce list` prints them.
 
+mod backend;
+pub(crate) use backend::Stack;
 pub(crate) mod client;
 pub(crate) mod compare;
 mod control;

@@ -6,15 +6,11 @@ use core::time::Duration;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use uroce::{
-    Access, Ah, Context, Cq, Endpoint, Mr, Pd, QKey, Qp, QpType, Qpn, WcOpcode, WcStatus,
-    WorkCompletion,
-};
+use uroce::{Endpoint, QpType, Qpn, RemoteAddr, RemoteMr};
 
+use super::backend::{Completion, Device, Kind, Queues, SidePlan, Work};
 use super::{Op, Params, Pattern, TestDef, now};
 
-/// Q_Key of the UD tests.
-const QKEY: QKey = QKey(0x5045_5246);
 /// The GRH area in front of every UD receive.
 const GRH: usize = 40;
 /// How long a side waits for one completion before it calls the test failed.
@@ -23,47 +19,39 @@ const STALL: Duration = Duration::from_secs(10);
 /// next one starts.
 const LOST: Duration = Duration::from_millis(200);
 
-/// One side's QP and buffers for a test.
+/// One side's QPs and buffers for a test, on whichever backend, and the loops' bookkeeping.
 pub(crate) struct Side {
-    pd: Pd,
     qp_type: QpType,
-    cq: Cq,
-    /// The test's QPs: one, or `--qps` of them for streams (work spread round robin).
-    qps: Vec<Qp>,
-    /// Source of SENDs and WRITEs, landing place of READs and atomic results.
-    buf: Mr,
-    /// The region offered to the peer: target of its WRITEs, source of its READs, home of the
-    /// word its atomics work on; the write-poll test polls its last byte.
-    target: Mr,
+    queues: Box<dyn Queues>,
+    /// QPs of the test: one, or `--qps` of them for streams (work spread round robin).
+    qp_count: usize,
     /// Receive slots: `slots` of `slot` bytes per QP.
-    recv: Mr,
     slot: usize,
     slots: usize,
-    /// UD: the peer's address handle and its QPs.
-    ud: Option<(Ah, Vec<Qpn>)>,
+    /// UD: the peer's QPs.
+    peer_qpns: Vec<Qpn>,
     /// The peer's buffer, for one-sided operations.
-    remote: Option<uroce::RemoteMr>,
+    remote: Option<RemoteMr>,
     events: bool,
     /// SENDs of at most this many bytes go inline.
     inline: usize,
-    /// Completions taken but not yet consumed.
-    pending: Vec<WorkCompletion>,
-    /// Which of `qps` work was posted on (bit k: QP k; at most 64 QPs).
+    /// Completions taken but not yet consumed (in reverse: the next one last).
+    pending: Vec<Completion>,
+    /// Which QPs work was posted on (bit k: QP k; at most 64 QPs).
     used: Cell<u64>,
     /// SENDs posted inline.
     inlined: Cell<u64>,
 }
 
 impl Side {
-    /// Creates this side's QPs and buffers; returns the endpoints to send to the peer.
+    /// Creates this side's QPs and buffers on `device`; returns the endpoints to send to the
+    /// peer.
     pub(crate) fn new(
-        ctx: &Context,
+        device: &dyn Device,
         test: &TestDef,
         p: &Params,
     ) -> Result<(Self, Vec<Endpoint>), String> {
         let qp_type = test.transport.ok_or("not an RDMA test")?;
-        let e = |e: uroce::Error| e.to_string();
-        let pd = ctx.alloc_pd();
         let depth = p.depth.max(1);
         let n = p.qps.max(1) as usize;
         let slot = if qp_type == QpType::Ud { p.size + GRH } else { p.size };
@@ -79,43 +67,27 @@ impl Side {
             depth as usize * 2
         };
         let slots = wanted.min((256 << 20) / slot.max(1)).max(2);
-        let recv_depth = u32::try_from(slots).unwrap_or(u32::MAX).saturating_add(8);
-        let cq = ctx.create_cq((depth as usize * 2 + slots + 64) * n).map_err(e)?;
-        let mut qps = Vec::with_capacity(n);
-        for _ in 0..n {
-            let mut qp = pd
-                .qp(qp_type, &cq)
-                .depth(depth * 2 + 8, recv_depth)
-                .qkey(QKEY)
-                .max_inline(p.inline.max(256));
-            // Without --mtu, the builder's default: the port's active MTU (connecting takes
-            // the smaller of the two ends').
-            if let Some(mtu) = p.mtu {
-                qp = qp.mtu(mtu);
-            }
-            let qp = qp.build().map_err(e)?;
-            qps.push(qp);
-        }
-        let all = Access::LOCAL_WRITE
-            | Access::REMOTE_WRITE
-            | Access::REMOTE_READ
-            | Access::REMOTE_ATOMIC;
-        // Atomics target an 8-byte word; everything else a message-sized buffer.
-        let buf = pd.register(p.size.max(8), Access::LOCAL_WRITE).map_err(e)?;
-        let target = pd.register(p.size.max(8), all).map_err(e)?;
-        let recv = pd.register(slot * slots * n, Access::LOCAL_WRITE).map_err(e)?;
-        let endpoints = qps.iter().map(|q| q.endpoint().with_region(target.remote())).collect();
-        let side = Self {
-            pd,
+        let plan = SidePlan {
             qp_type,
-            cq,
-            qps,
-            buf,
-            target,
-            recv,
+            qps: n,
+            send_depth: depth * 2 + 8,
+            recv_depth: u32::try_from(slots).unwrap_or(u32::MAX).saturating_add(8),
+            cq_depth: (depth as usize * 2 + slots + 64) * n,
+            // Atomics target an 8-byte word; everything else a message-sized buffer.
+            buf_len: p.size.max(8),
+            recv_len: slot * slots * n,
+            max_inline: p.inline.max(256),
+            mtu: p.mtu,
+            events: p.events,
+        };
+        let (queues, endpoints) = device.side(&plan)?;
+        let side = Self {
+            qp_type,
+            queues,
+            qp_count: n,
             slot,
             slots,
-            ud: None,
+            peer_qpns: Vec::new(),
             remote: None,
             events: p.events,
             inline: p.inline as usize,
@@ -128,34 +100,31 @@ impl Side {
 
     /// Connects QP `i` to the peer's endpoint `i` (UD: an address handle to the peer).
     pub(crate) fn connect(&mut self, peers: &[Endpoint]) -> Result<(), String> {
-        if peers.len() != self.qps.len() {
-            return Err(format!("the peer has {} QPs, this side {}", peers.len(), self.qps.len()));
+        if peers.len() != self.qp_count {
+            return Err(format!("the peer has {} QPs, this side {}", peers.len(), self.qp_count));
         }
-        for (qp, peer) in self.qps.iter().zip(peers) {
-            qp.connect(peer).map_err(|e| e.to_string())?;
-        }
+        self.queues.connect(peers)?;
         let first = peers.first().ok_or("no peer endpoint")?;
         self.remote = first.regions.first().copied();
         if self.qp_type == QpType::Ud {
-            let ah = self.pd.create_ah(first.gid).map_err(|e| e.to_string())?;
-            self.ud = Some((ah, peers.iter().map(|p| p.qpn).collect()));
+            self.peer_qpns = peers.iter().map(|p| p.qpn).collect();
         }
         Ok(())
     }
 
-    /// The QP of ping-pongs and round trips.
-    fn qp(&self) -> &Qp {
+    /// Posts `work` on the QP of ping-pongs and round trips.
+    fn post_first(&self, wr_id: u64, work: Work) -> Result<(), String> {
         self.used.set(self.used.get() | 1);
-        &self.qps[0]
+        self.queues.post(0, wr_id, work)
     }
 
-    /// The QP work request `k` of a stream goes on (round robin).
-    fn qp_for(&self, k: u64) -> &Qp {
-        let i = usize::try_from(k % self.qps.len() as u64).unwrap_or(0);
+    /// Posts stream work request `k` on its QP (round robin).
+    fn post_nth(&self, k: u64, work: Work) -> Result<(), String> {
+        let i = usize::try_from(k % self.qp_count as u64).unwrap_or(0);
         self.used.set(
             self.used.get() | u32::try_from(i).ok().and_then(|i| 1u64.checked_shl(i)).unwrap_or(0),
         );
-        &self.qps[i]
+        self.queues.post(i, k, work)
     }
 
     /// How many QPs work was posted on.
@@ -170,55 +139,49 @@ impl Side {
 
     /// Receive slots over all QPs.
     fn recv_slots(&self) -> u64 {
-        (self.slots * self.qps.len()) as u64
+        (self.slots * self.qp_count) as u64
     }
 
     /// Posts the receive of slot `k` (modulo all slots) on the QP that slot belongs to.
     fn post_recv(&self, k: u64) -> Result<(), String> {
         let s = usize::try_from(k % self.recv_slots()).unwrap_or(0);
-        self.qps[s / self.slots]
-            .post_recv(s as u64, &self.recv, s * self.slot..(s + 1) * self.slot)
-            .map_err(|e| e.to_string())
+        self.queues.post_recv(s / self.slots, s as u64, s * self.slot, self.slot)
     }
 
+    /// A SEND of `len` bytes as work request `wr_id` (UD: to the peer's QPs round robin).
     fn send(&self, wr_id: u64, len: usize) -> Result<(), String> {
-        if len <= self.inline {
-            // Inline: the bytes are copied now, as the CPU writes them into the WQE on an RNIC.
-            let data = self.buf.to_vec(0..len).map_err(|e| e.to_string())?;
-            let to = self.ud.as_ref().map(|(ah, qpns)| (ah, peer_qpn(qpns, wr_id), QKEY));
+        let inline = len <= self.inline;
+        if inline {
             self.inlined.set(self.inlined.get() + 1);
-            return self.qp_for(wr_id).send_inline(wr_id, &data, to).map_err(|e| e.to_string());
         }
-        let qp = self.qp_for(wr_id);
-        let r = match &self.ud {
-            Some((ah, qpns)) => {
-                qp.send_to(wr_id, &self.buf, 0..len, ah, peer_qpn(qpns, wr_id), QKEY)
-            }
-            None => qp.send(wr_id, &self.buf, 0..len),
-        };
-        r.map_err(|e| e.to_string())
+        let to = (!self.peer_qpns.is_empty()).then(|| peer_qpn(&self.peer_qpns, wr_id));
+        self.post_nth(wr_id, Work::Send { len, inline, to })
     }
 
-    fn remote(&self) -> Result<uroce::RemoteMr, String> {
+    fn remote(&self) -> Result<RemoteMr, String> {
         self.remote.ok_or_else(|| "the peer offered no region".to_string())
+    }
+
+    /// The start of the peer's region.
+    fn remote_at0(&self) -> Result<RemoteAddr, String> {
+        Ok(self.remote()?.at(0))
     }
 
     /// The next completion, busy polling or sleeping on events; fails on an error status or a
     /// stall.
-    fn next(&mut self) -> Result<WorkCompletion, String> {
+    fn next(&mut self) -> Result<Completion, String> {
         self.next_within(STALL)?.ok_or_else(|| format!("no completion for {STALL:?}"))
     }
 
     /// The next completion within `limit`, or `None`.
-    fn next_within(&mut self, limit: Duration) -> Result<Option<WorkCompletion>, String> {
+    fn next_within(&mut self, limit: Duration) -> Result<Option<Completion>, String> {
         if self.pending.is_empty() {
             let start = now();
             while self.pending.is_empty() {
                 if self.events {
-                    let got = self.cq.wait(Some(limit)).map_err(|e| e.to_string())?;
-                    self.pending.extend(got);
+                    self.queues.wait(limit, &mut self.pending)?;
                 } else {
-                    self.cq.poll(&mut self.pending);
+                    self.queues.poll(&mut self.pending)?;
                 }
                 if self.pending.is_empty() && start.elapsed() > limit {
                     return Ok(None);
@@ -227,19 +190,19 @@ impl Side {
             self.pending.reverse();
         }
         let wc = self.pending.pop().ok_or("no completion")?;
-        if wc.status != WcStatus::SUCCESS {
-            return Err(format!("{:?} completed with {}", wc.opcode, wc.status));
+        if let Some(e) = wc.error {
+            return Err(e);
         }
         Ok(Some(wc))
     }
 
     /// Takes whatever completions are ready, without waiting.
-    fn ready(&mut self) -> Result<Vec<WorkCompletion>, String> {
+    fn ready(&mut self) -> Result<Vec<Completion>, String> {
         let mut out = core::mem::take(&mut self.pending);
         out.reverse();
-        self.cq.poll(&mut out);
-        if let Some(bad) = out.iter().find(|w| w.status != WcStatus::SUCCESS) {
-            return Err(format!("{:?} completed with {}", bad.opcode, bad.status));
+        self.queues.poll(&mut out)?;
+        if let Some(e) = out.iter().find_map(|w| w.error.clone()) {
+            return Err(e);
         }
         Ok(out)
     }
@@ -296,16 +259,13 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
                 match test.op {
                     Op::Send => side.send(seq, size)?,
                     Op::WriteImm => {
-                        let r = side.remote()?;
-                        side.qp()
-                            .write_with_imm(seq, &side.buf, 0..size, r.at(0), 0)
-                            .map_err(|e| e.to_string())?;
+                        let to = side.remote_at0()?;
+                        side.post_first(seq, Work::Write { len: size, to, imm: Some(0) })?;
                     }
                     _ => {
-                        let mark = mark(seq);
-                        side.buf.write(size - 1, &[mark]).map_err(|e| e.to_string())?;
-                        let r = side.remote()?;
-                        side.qp().write(seq, &side.buf, 0..size, r).map_err(|e| e.to_string())?;
+                        side.queues.write_buf(size - 1, &[mark(seq)])?;
+                        let to = side.remote_at0()?;
+                        side.post_first(seq, Work::Write { len: size, to, imm: None })?;
                     }
                 }
                 wait_answer(side, test.op, size, mark(seq))
@@ -329,15 +289,15 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
             m.bytes = m.msgs * size as u64;
         }
         (Pattern::RoundTrip, Op::Read) => {
-            let r = side.remote()?;
+            let from = side.remote_at0()?;
             for k in 0..p.warmup {
-                side.qp().read(k, &side.buf, 0..size, r.at(0)).map_err(|e| e.to_string())?;
+                side.post_first(k, Work::Read { len: size, from })?;
                 side.next()?;
             }
             let clock = Clock::new(p);
             while !clock.done(m.msgs) {
                 let t0 = now();
-                side.qp().read(m.msgs, &side.buf, 0..size, r.at(0)).map_err(|e| e.to_string())?;
+                side.post_first(m.msgs, Work::Read { len: size, from })?;
                 side.next()?;
                 m.samples.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
                 m.msgs += 1;
@@ -381,7 +341,7 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
                     m.applied.post_burst = Some((lo.min(burst), hi.max(burst)));
                 }
                 let wc = side.next()?;
-                if wc.opcode == WcOpcode::Recv {
+                if wc.kind == Kind::Recv {
                     received += 1;
                     side.post_recv(wc.wr_id)?;
                 } else {
@@ -396,7 +356,7 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
             // Let the window drain so the next test starts clean.
             while done < posted {
                 let wc = side.next()?;
-                if wc.opcode == WcOpcode::Recv {
+                if wc.kind == Kind::Recv {
                     side.post_recv(wc.wr_id)?;
                 } else {
                     done += 1;
@@ -410,19 +370,15 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
 
 /// Posts streaming operation `k`.
 fn post_stream(side: &Side, op: Op, size: usize, k: u64) -> Result<(), String> {
-    let e = |e: uroce::Error| e.to_string();
-    match op {
-        Op::Send => side.send(k, size),
-        Op::Write => side.qp_for(k).write(k, &side.buf, 0..size, side.remote()?).map_err(e),
-        Op::Read => side.qp_for(k).read(k, &side.buf, 0..size, side.remote()?.at(0)).map_err(e),
-        Op::FetchAdd => {
-            side.qp_for(k).fetch_add(k, &side.buf, 0, side.remote()?.at(0), 1).map_err(e)
-        }
-        Op::CompareSwap => {
-            side.qp_for(k).compare_swap(k, &side.buf, 0, side.remote()?.at(0), k, k + 1).map_err(e)
-        }
-        _ => Err("not a streaming operation".into()),
-    }
+    let work = match op {
+        Op::Send => return side.send(k, size),
+        Op::Write => Work::Write { len: size, to: side.remote()?.into(), imm: None },
+        Op::Read => Work::Read { len: size, from: side.remote_at0()? },
+        Op::FetchAdd => Work::FetchAdd { at: side.remote_at0()? },
+        Op::CompareSwap => Work::CompareSwap { at: side.remote_at0()?, compare: k, swap: k + 1 },
+        _ => return Err("not a streaming operation".into()),
+    };
+    side.post_nth(k, work)
 }
 
 /// The byte the write-poll test puts last in the buffer for round `seq` (never 0).
@@ -440,7 +396,7 @@ fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<bool, S
         loop {
             // Polling the CQ drives progress (and reaps the WRITE's own completion).
             let _ = side.ready()?;
-            side.target.read(size - 1, &mut last).map_err(|e| e.to_string())?;
+            side.queues.read_target(size - 1, &mut last)?;
             if last[0] == mark {
                 return Ok(true);
             }
@@ -457,7 +413,7 @@ fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<bool, S
             }
             return Ok(false);
         };
-        if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+        if matches!(wc.kind, Kind::Recv | Kind::RecvImm) {
             side.post_recv(wc.wr_id)?;
             return Ok(true);
         }
@@ -489,11 +445,11 @@ pub(crate) fn server(
         if test.op == Op::WritePoll {
             let _ = side.ready()?;
             let mut last = [0u8];
-            side.target.read(size - 1, &mut last).map_err(|e| e.to_string())?;
+            side.queues.read_target(size - 1, &mut last)?;
             if last[0] == mark(seq) {
-                side.buf.write(size - 1, &[mark(seq)]).map_err(|e| e.to_string())?;
-                let r = side.remote()?;
-                side.qp().write(seq, &side.buf, 0..size, r).map_err(|e| e.to_string())?;
+                side.queues.write_buf(size - 1, &[mark(seq)])?;
+                let to = side.remote_at0()?;
+                side.post_first(seq, Work::Write { len: size, to, imm: None })?;
                 seq += 1;
                 msgs += 1;
                 bytes += size as u64;
@@ -507,34 +463,29 @@ pub(crate) fn server(
             }
         }
         let wcs = if side.events {
-            let mut got =
-                side.cq.wait(Some(Duration::from_millis(20))).map_err(|e| e.to_string())?;
-            got.append(&mut side.pending);
-            got
+            let mut got = Vec::new();
+            side.queues.wait(Duration::from_millis(20), &mut got)?;
+            side.pending.reverse();
+            side.pending.append(&mut got);
+            core::mem::take(&mut side.pending)
         } else {
             side.ready()?
         };
         for wc in wcs {
-            if wc.status != WcStatus::SUCCESS {
-                return Err(format!("{:?} completed with {}", wc.opcode, wc.status));
+            if let Some(e) = wc.error {
+                return Err(e);
             }
-            match wc.opcode {
-                WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
+            match wc.kind {
+                Kind::Recv | Kind::RecvImm => {
                     msgs += 1;
                     let got =
                         if wc.grh { wc.byte_len as usize - GRH } else { wc.byte_len as usize };
-                    bytes += if wc.opcode == WcOpcode::RecvRdmaWithImm {
-                        size as u64
-                    } else {
-                        got as u64
-                    };
+                    bytes += if wc.kind == Kind::RecvImm { size as u64 } else { got as u64 };
                     side.post_recv(wc.wr_id)?;
                     if test.pattern == Pattern::PingPong {
                         if test.op == Op::WriteImm {
-                            let r = side.remote()?;
-                            side.qp()
-                                .write_with_imm(seq, &side.buf, 0..size, r.at(0), 0)
-                                .map_err(|e| e.to_string())?;
+                            let to = side.remote_at0()?;
+                            side.post_first(seq, Work::Write { len: size, to, imm: Some(0) })?;
                         } else {
                             side.send(seq, size)?;
                         }

@@ -3,15 +3,15 @@
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use uroce::Context;
-
+use super::backend::{Device, Stack};
 use super::control::{Control, endpoints_from_hex, endpoints_hex};
 use super::rdma::{self, Side};
 use super::sockets::{self, Listener};
 use super::{Cpu, PROTOCOL_VERSION, Params, TestDef, find};
 
-/// Listens on `addr:port` for control connections; the RDMA device is `addr` too.
-pub(crate) fn serve(addr: IpAddr, port: u16) -> Result<(), String> {
+/// Listens on `addr:port` for control connections; the RDMA device is `stack`'s (uroce's: the
+/// device of `addr`).
+pub(crate) fn serve(addr: IpAddr, port: u16, stack: &Stack) -> Result<(), String> {
     // A server that `uroce compare` started goes when it goes (the variable holds its pid).
     if let Ok(parent) = std::env::var("UROCE_DIE_WITH_PARENT") {
         let parent: u32 = parent.parse().map_err(|_| "UROCE_DIE_WITH_PARENT is not a pid")?;
@@ -21,8 +21,11 @@ pub(crate) fn serve(addr: IpAddr, port: u16) -> Result<(), String> {
     }
     let listener = TcpListener::bind((addr, port))
         .map_err(|e| format!("cannot listen on {addr}:{port}: {e}"))?;
-    let ctx = Context::open(addr).map_err(|e| format!("cannot open the RDMA device: {e}"))?;
-    eprintln!("uroce server: control on {addr}:{port}, RDMA device {addr}; waiting for clients");
+    let device = stack.open(addr)?;
+    eprintln!(
+        "uroce server: control on {addr}:{port}, RDMA device {}; waiting for clients",
+        device.describe()
+    );
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(s) => s,
@@ -32,10 +35,11 @@ pub(crate) fn serve(addr: IpAddr, port: u16) -> Result<(), String> {
             }
         };
         let peer = stream.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
-        let mut device = None;
-        let outcome = handle(&ctx, addr, stream, &mut device);
+        let mut client_device = None;
+        let outcome = handle(device.as_ref(), addr, stream, &mut client_device);
         // The client's RDMA device, once an RDMA test named it, beside its control address.
-        let who = device.map_or_else(|| peer.clone(), |d| format!("{peer} (RDMA device {d})"));
+        let who =
+            client_device.map_or_else(|| peer.clone(), |d| format!("{peer} (RDMA device {d})"));
         match outcome {
             Ok(()) => eprintln!("uroce server: client {who} done"),
             Err(e) => eprintln!("uroce server: client {who}: {e}"),
@@ -46,7 +50,7 @@ pub(crate) fn serve(addr: IpAddr, port: u16) -> Result<(), String> {
 
 /// Serves one client's tests; `device` learns the address of the client's RDMA device.
 fn handle(
-    ctx: &Context,
+    rdma: &dyn Device,
     addr: IpAddr,
     stream: TcpStream,
     device: &mut Option<IpAddr>,
@@ -83,7 +87,7 @@ fn handle(
                 continue;
             }
         };
-        if let Err(e) = run(ctx, addr, &mut ctl, test, &p, device) {
+        if let Err(e) = run(rdma, addr, &mut ctl, test, &p, device) {
             let _ = ctl.send(&format!("error {e}"));
             return Err(format!("{}: {e}", test.name));
         }
@@ -93,7 +97,7 @@ fn handle(
 /// One test: set up, say `ready`, take the client's `peer`, say `go`, serve until `stop`,
 /// report `done` with this side's CPU and what arrived.
 fn run(
-    ctx: &Context,
+    rdma: &dyn Device,
     addr: IpAddr,
     ctl: &mut Control,
     test: &TestDef,
@@ -119,7 +123,7 @@ fn run(
             super::on_cpu(cpu, || sockets::server(listener, test, p, &stop))
         })?
     } else {
-        let (mut side, mine) = Side::new(ctx, test, p)?;
+        let (mut side, mine) = Side::new(rdma, test, p)?;
         ctl.send(&format!("ready {}", endpoints_hex(&mine))).map_err(e)?;
         let peers = expect_peer(ctl)?.ok_or("the client sent no endpoint")?;
         *device = peers.first().map(|e| e.gid).or(*device);
