@@ -42,6 +42,9 @@ compare options:
   --with-peers     also run sockperf, qperf and iperf3 (when installed) for the report
   --local ADDR     the client's device (default 127.0.0.2)
   --server ADDR    the server's device and control address (default 127.0.0.3)
+  --verbs [--device NAME] [--gid N]
+                   also run every RDMA series on a device of the system's libibverbs (both
+                   sides on that device), each row labelled with it
 
 server options:
   --addr ADDR      this side's address: TCP control and RDMA device (default 127.0.0.3)
@@ -455,9 +458,14 @@ fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
         with_peers: false,
         local: std::net::Ipv4Addr::new(127, 0, 0, 2).into(),
         server: std::net::Ipv4Addr::new(127, 0, 0, 3).into(),
+        verbs: None,
     };
+    let mut verbs = VerbsArgs::default();
     while let Some(arg) = parser.next()? {
         match arg {
+            Long("verbs") => verbs.verbs = true,
+            Long("device") => verbs.device = Some(parser.value()?.parse()?),
+            Long("gid") => verbs.gid(parser)?,
             Long("quick") => args.quick = true,
             Long("sizes") => {
                 let v = parser.value()?.to_string_lossy().to_string();
@@ -482,6 +490,7 @@ fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             _ => return Err(arg.unexpected()),
         }
     }
+    args.verbs = Some(verbs.stack()?).filter(|s| *s != perf::Stack::Uroce);
     let dir = perf::compare::run(&args)?;
     println!("report: {}/index.html, report.md, results.json", dir.display());
     Ok(ExitCode::SUCCESS)

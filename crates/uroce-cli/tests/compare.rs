@@ -98,6 +98,49 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `compare --verbs` under `uroce exec`: every RDMA measurement of uroce's API again through
+/// the drop-in libibverbs (loaded at run time), labelled with its device, in the same report.
+#[test]
+fn compare_with_verbs_measures_every_rdma_series_on_the_verbs_device_too() {
+    let dir = std::env::temp_dir().join(format!("uroce-compare-verbs-{}", std::process::id()));
+    // `cargo test` builds the drop-in beside the test executables.
+    let libs = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    let exe = env!("CARGO_BIN_EXE_uroce");
+    let out = Command::new(exe)
+        .env("UROCE_LIB_DIR", libs)
+        .args(["exec", "--addr", "127.0.0.62", "--", exe, "compare", "--quick", "--duration"])
+        .args(["0.1", "--sizes", "64,4K", "--local", "127.0.0.62", "--server", "127.0.0.63"])
+        .args(["--verbs", "--device", "uroce0", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let json = std::fs::read_to_string(dir.join("results.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let rows = doc["results"].as_array().unwrap();
+    let suffix = " · verbs uroce0 (GID 0 = 127.0.0.62)";
+    let rdma: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| !r["test"].as_str().unwrap().starts_with("tcp") && r["peer"] == false)
+        .collect();
+    let (verbs, uroce): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) =
+        rdma.into_iter().partition(|r| r["series"].as_str().unwrap().ends_with(suffix));
+    assert!(uroce.len() >= 10, "{json}");
+    assert_eq!(verbs.len(), uroce.len(), "a verbs row for every uroce row: {json}");
+    for u in &uroce {
+        let label = format!("{}{suffix}", u["series"].as_str().unwrap());
+        let twin = verbs.iter().find(|v| {
+            v["series"].as_str() == Some(&label) && v["test"] == u["test"] && v["size"] == u["size"]
+        });
+        let twin = twin.unwrap_or_else(|| panic!("no verbs row for {u}"));
+        assert!(twin["bytes"].as_u64().unwrap() > 0, "{twin}");
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains(suffix), "the report names the verbs device's rows");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Waits for another process to move on.
 #[expect(clippy::disallowed_methods, reason = "the test waits for another process")]
 fn pause(ms: u64) {

@@ -25,6 +25,8 @@ pub(crate) struct CompareArgs {
     /// The client's device and the server's (default 127.0.0.2 and 127.0.0.3).
     pub(crate) local: IpAddr,
     pub(crate) server: IpAddr,
+    /// Also run every RDMA series on a device of the system's libibverbs (both sides on it).
+    pub(crate) verbs: Option<super::Stack>,
 }
 
 /// One series of the matrix: a test under a label, with its TCP setting.
@@ -59,7 +61,8 @@ const ATOMIC: Series = Series { label: "RDMA RC atomic", test: "rc_fetch_add_mr"
 
 /// A measured result with the label of its series.
 pub(crate) struct Row {
-    pub(crate) label: &'static str,
+    /// The series' label; rows of a `--verbs` device end with ` · verbs NAME`.
+    pub(crate) label: String,
     /// Measured by another tool (latency or bandwidth only, no CPU figures).
     pub(crate) peer: bool,
     pub(crate) outcome: Outcome,
@@ -97,7 +100,8 @@ impl Drop for OwnServer {
     }
 }
 
-fn start_server(addr: IpAddr) -> Result<(OwnServer, u16), String> {
+/// A `uroce server` on `addr` (with `extra` options: the RDMA stack) and its control port.
+fn start_server(addr: IpAddr, extra: &[String]) -> Result<(OwnServer, u16), String> {
     // A free control port on the server's address.
     let port = TcpListener::bind((addr, 0))
         .and_then(|l| l.local_addr())
@@ -106,6 +110,7 @@ fn start_server(addr: IpAddr) -> Result<(OwnServer, u16), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .args(["server", "--addr", &addr.to_string(), "--port", &port.to_string()])
+        .args(extra)
         // Ends with this process, however it ends (Ctrl-C included).
         .env("UROCE_DIE_WITH_PARENT", std::process::id().to_string())
         .stderr(Stdio::piped())
@@ -144,7 +149,21 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         server_addr,
         if args.with_peers { ", with peers" } else { "" }
     ));
-    let (_server, port) = start_server(server_addr)?;
+    let (_server, port) = start_server(server_addr, &[])?;
+    // The verbs device's own server, and the suffix of its rows' labels.
+    let verbs = match &args.verbs {
+        Some(stack @ super::Stack::Verbs { device, gid_index }) => {
+            let mut extra = vec!["--verbs".to_string(), "--gid".into(), gid_index.to_string()];
+            if let Some(d) = device {
+                extra.extend(["--device".to_string(), d.clone()]);
+            }
+            // Opened here first, so that a missing library or device fails before any test.
+            let name = stack.open(local)?.describe();
+            let (server, port) = start_server(server_addr, &extra)?;
+            Some((server, port, stack.clone(), format!(" · {name}")))
+        }
+        _ => None,
+    };
     let mut rows = Vec::new();
     let series: Vec<&Series> = SERIES
         .iter()
@@ -179,46 +198,54 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
                 .filter(|&n| Params { size: n, ..params.clone() }.check(test).is_ok())
                 .collect()
         };
-        runs.extend(ok.into_iter().map(|size| (s, test, params.clone(), size)));
+        let uroce = ok.iter().map(|&size| (s, test, params.clone(), size, None));
+        runs.extend(uroce.collect::<Vec<_>>());
+        // The same RDMA series again on the verbs device.
+        if let Some(v) = verbs.as_ref().filter(|_| test.transport.is_some()) {
+            runs.extend(ok.into_iter().map(|size| (s, test, params.clone(), size, Some(v))));
+        }
     }
     let total = runs.len();
     let mut failed = Vec::new();
     // A progress line rewritten in place, only where a person watches (a log would fill with
     // carriage returns).
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    for (step, (s, test, params, size)) in runs.into_iter().enumerate() {
+    for (step, (s, test, params, size, on_verbs)) in runs.into_iter().enumerate() {
+        let label = match on_verbs {
+            Some((_, _, _, suffix)) => format!("{}{suffix}", s.label),
+            None => s.label.to_string(),
+        };
         let step = step + 1;
         {
             if progress {
                 eprint!(
                     "\r[{step:>3}/{total}] {:<24}{:<28}{:>8}   ",
                     s.test,
-                    s.label,
+                    label,
                     super::human_size(size)
                 );
                 let _ = std::io::stderr().flush();
             }
             let plan = Plan {
                 server: server_addr,
-                port,
+                port: on_verbs.map_or(port, |v| v.1),
                 local,
                 tests: vec![test],
                 sizes: vec![size],
                 params: params.clone(),
                 json: true,
-                stack: super::Stack::Uroce,
+                stack: on_verbs.map_or(super::Stack::Uroce, |v| v.2.clone()),
             };
             // One measurement that fails is reported and the matrix goes on: the report holds
             // the rest, and names what is missing.
             match client::run(&plan, &mut std::io::sink()) {
                 Ok(mut out) => {
                     if let Some(outcome) = out.pop() {
-                        rows.push(Row { label: s.label, peer: false, outcome });
+                        rows.push(Row { label: label.clone(), peer: false, outcome });
                     }
                 }
                 Err(e) => {
-                    let what =
-                        format!("{} ({}) at {}: {e}", s.test, s.label, super::human_size(size));
+                    let what = format!("{} ({label}) at {}: {e}", s.test, super::human_size(size));
                     if progress {
                         eprintln!();
                     }
@@ -378,7 +405,12 @@ fn crossovers(rows: &[Row], setup: &Setup) -> Vec<Crossover> {
     let mut out = Vec::new();
     for (tcp_label, r) in ["TCP default (Nagle on)", TUNED]
         .into_iter()
-        .flat_map(|t| rows.iter().filter(|r| r.outcome.test == "rc_lat").map(move |r| (t, r)))
+        // uroce's own rows (a `--verbs` device's connection is set up by the peer's CM).
+        .flat_map(|t| {
+            rows.iter()
+                .filter(|r| r.outcome.test == "rc_lat" && !r.label.contains(" · "))
+                .map(move |r| (t, r))
+        })
     {
         let size = r.outcome.size;
         let (Some(tcp), Some(rdma)) = (p50("tcp_lat", tcp_label, size), p50("rc_lat", "RC", size))

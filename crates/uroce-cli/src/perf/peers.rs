@@ -64,7 +64,7 @@ fn row(
     let bytes = gbits.map_or(size as u64, |g| (g * 1e9 / 8.0) as u64);
     let latency = lat_us.map(|l| Latency { min: l, p50: l, p99: l, p999: l, max: l, mean: l });
     Row {
-        label,
+        label: label.to_string(),
         peer: true,
         outcome: Outcome {
             test,

@@ -70,7 +70,7 @@ fn json(machine: &Machine, rows: &[Row], setup: &Setup, cross: &[Crossover]) -> 
     let doc = ResultsJson {
         version: 1,
         machine,
-        results: rows.iter().map(|r| r.outcome.view(Some((r.label, r.peer)))).collect(),
+        results: rows.iter().map(|r| r.outcome.view(Some((&r.label, r.peer)))).collect(),
         setup: SetupJson {
             tcp_connect_us: figure(setup.tcp_connect_us, 2),
             qp_create_connect_us: figure(setup.qp_connect_us, 2),
@@ -375,7 +375,7 @@ fn result_cells(r: &Row) -> Vec<String> {
     };
     let gbits =
         if r.peer && o.latency.is_some() { "-".into() } else { format!("{:.2}", o.gbits()) };
-    vec![r.label.into(), o.test.into(), human_size(o.size), p50, p99, gbits, rate, cpu]
+    vec![r.label.clone(), o.test.into(), human_size(o.size), p50, p99, gbits, rate, cpu]
 }
 
 /// A table of `head` and `rows`, each cell escaped; numbers align right.
@@ -536,8 +536,8 @@ impl Metric {
 struct Verdict {
     size: usize,
     metric: Metric,
-    rdma: (&'static str, f64),
-    tcp: (&'static str, f64),
+    rdma: (String, f64),
+    tcp: (String, f64),
 }
 
 impl Verdict {
@@ -548,7 +548,7 @@ impl Verdict {
             Metric::Latency => (r <= t, if r <= t { t / r } else { r / t }),
             Metric::Bandwidth => (r >= t, if r >= t { r / t } else { t / r }),
         };
-        let who = if rdma_wins { self.rdma.0 } else { self.tcp.0 };
+        let who = if rdma_wins { &self.rdma.0 } else { &self.tcp.0 };
         let way = match self.metric {
             Metric::Latency => "lower",
             Metric::Bandwidth => "higher",
@@ -572,7 +572,9 @@ fn verdicts(rows: &[Row]) -> Vec<Verdict> {
                         && !r.outcome.test.starts_with("udp")
                         && !r.outcome.test.contains("read_lat")
                 })
-                .filter_map(|r| key(r).filter(|v| v.is_finite() && *v > 0.0).map(|v| (r.label, v)))
+                .filter_map(|r| {
+                    key(r).filter(|v| v.is_finite() && *v > 0.0).map(|v| (r.label.clone(), v))
+                })
                 .min_by(|a, b| if lower { a.1.total_cmp(&b.1) } else { b.1.total_cmp(&a.1) })
         };
     let mut sizes: Vec<usize> =
@@ -659,11 +661,19 @@ mod tests {
 
     #[test]
     fn a_verdict_says_who_wins_and_which_way() {
-        let lat =
-            Verdict { size: 64, metric: Metric::Latency, rdma: ("RDMA", 2.0), tcp: ("TCP", 8.0) };
+        let lat = Verdict {
+            size: 64,
+            metric: Metric::Latency,
+            rdma: ("RDMA".into(), 2.0),
+            tcp: ("TCP".into(), 8.0),
+        };
         assert_eq!(lat.winner(), "RDMA, 4.00× lower");
-        let bw =
-            Verdict { size: 64, metric: Metric::Bandwidth, rdma: ("RDMA", 1.0), tcp: ("TCP", 3.0) };
+        let bw = Verdict {
+            size: 64,
+            metric: Metric::Bandwidth,
+            rdma: ("RDMA".into(), 1.0),
+            tcp: ("TCP".into(), 3.0),
+        };
         assert_eq!(bw.winner(), "TCP, 3.00× higher");
     }
 }
