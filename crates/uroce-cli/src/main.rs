@@ -39,7 +39,8 @@ compare options:
   --sizes LIST     comma-separated sizes (default 64,1K,16K,256K,4M)
   --duration SECS  seconds per test and size (default 0.8; quick 0.15)
   --out DIR        where the report goes (default uroce-report)
-  --with-peers     also run sockperf, qperf and iperf3 (when installed) for the report
+  --with-peers     also run sockperf, qperf and iperf3 for TCP, and perftest for RDMA on the
+                   same devices (each when installed), for the report
   --local ADDR     the client's device (default 127.0.0.2)
   --server ADDR    the server's device and control address (default 127.0.0.3)
   --verbs [--device NAME] [--gid N]

@@ -141,6 +141,47 @@ fn compare_with_verbs_measures_every_rdma_series_on_the_verbs_device_too() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `--with-peers` runs perftest's five tools on uroce's devices through the drop-in (under
+/// `uroce exec`), beside the harness's own RDMA rows.
+#[test]
+fn with_peers_perftest_measures_the_rdma_side_too() {
+    if !uroce_testkit::installed(&["ib_send_lat", "ib_write_bw"], "perftest") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uroce-compare-peers-{}", std::process::id()));
+    let libs = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    let out = Command::new(env!("CARGO_BIN_EXE_uroce"))
+        .env("UROCE_LIB_DIR", libs)
+        .args(["compare", "--quick", "--duration", "0.1", "--sizes", "4K", "--with-peers"])
+        .args(["--local", "127.0.0.72", "--server", "127.0.0.73", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = std::fs::read_to_string(dir.join("results.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let perftest: Vec<&serde_json::Value> = doc["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["series"].as_str().unwrap().starts_with("peer: perftest"))
+        .collect();
+    let tests: Vec<&str> = perftest.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(
+        tests,
+        ["rc_lat", "rc_rdma_write_lat", "rc_rdma_read_lat", "rc_bw", "rc_rdma_write_bw"],
+        "{json}"
+    );
+    for r in perftest {
+        assert_eq!(r["peer"], true);
+        let figure = if r["latency"].is_null() { &r["gbit_s"] } else { &r["latency"]["p50_us"] };
+        assert!(figure.as_f64().unwrap() > 0.0, "{r}");
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("`ib_send_lat`") && md.contains("under `uroce exec`"), "{md}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Waits for another process to move on.
 #[expect(clippy::disallowed_methods, reason = "the test waits for another process")]
 fn pause(ms: u64) {

@@ -268,6 +268,11 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         let (peer_rows, peer_notes) = super::peers::run(&sizes, secs.as_secs_f64());
         rows.extend(peer_rows);
         notes.extend(peer_notes);
+        eprintln!("running perftest where installed…");
+        let (peer_rows, peer_notes) =
+            super::peers::run_perftest(&perftest_on(args)?, &sizes, secs.as_secs_f64());
+        rows.extend(peer_rows);
+        notes.extend(peer_notes);
     }
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
@@ -280,6 +285,35 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         );
     }
     Ok(args.out.clone())
+}
+
+/// Where perftest runs for `--with-peers`: on the `--verbs` device when there is one (both
+/// sides, as the matrix's verbs rows), otherwise on uroce's devices through `uroce exec` (the
+/// drop-in library), the client's device and the server's as in the matrix.
+fn perftest_on(args: &CompareArgs) -> Result<super::peers::Perftest, String> {
+    let server_ip = args.server.to_string();
+    if let Some(super::Stack::Verbs { device, gid_index }) = &args.verbs {
+        return Ok(super::peers::Perftest {
+            server_prefix: Vec::new(),
+            client_prefix: Vec::new(),
+            device: device.clone(),
+            gid_index: *gid_index,
+            server_ip,
+            label: format!("peer: perftest on {}", device.as_deref().unwrap_or("the first device")),
+        });
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?.display().to_string();
+    let under = |addr: IpAddr| {
+        vec![exe.clone(), "exec".into(), "--addr".into(), addr.to_string(), "--".into()]
+    };
+    Ok(super::peers::Perftest {
+        server_prefix: under(args.server),
+        client_prefix: under(args.local),
+        device: Some("uroce0".into()),
+        gid_index: 0,
+        server_ip,
+        label: "peer: perftest (uroce drop-in)".into(),
+    })
 }
 
 /// Creates `dir` if need be and checks that a file can be written in it.

@@ -1,6 +1,10 @@
 //! `uroce compare --with-peers`: the same loopback measurements by sockperf, qperf and iperf3
 //! (whichever are installed), set beside uroce's in the report. Each tool runs with its server
 //! on 127.0.0.1 and is stopped afterwards; a tool that is missing is skipped with a note.
+//!
+//! perftest does the same for the RDMA side: `ib_send_lat`, `ib_write_lat`, `ib_read_lat`,
+//! `ib_send_bw` and `ib_write_bw` on the devices the matrix used — an honesty check on the
+//! harness's own RDMA loops.
 
 use core::time::Duration;
 use std::process::{Child, Command, Stdio};
@@ -49,7 +53,7 @@ fn after(text: &str, key: &str) -> Option<(f64, String)> {
 }
 
 fn row(
-    label: &'static str,
+    label: &str,
     test: &'static str,
     size: usize,
     lat_us: Option<f64>,
@@ -83,6 +87,110 @@ fn row(
             applied: super::Applied::default(),
         },
     }
+}
+
+/// Where perftest runs: the command line before its name on each side, and its device options.
+pub(crate) struct Perftest {
+    /// Before the tool's name on the server's side (`uroce exec --addr SERVER --`, or nothing).
+    pub(crate) server_prefix: Vec<String>,
+    /// The same on the client's side.
+    pub(crate) client_prefix: Vec<String>,
+    /// The verbs device of each side (`-d`; `None`: perftest's default, the first listed) and
+    /// the GID index (`-x`).
+    pub(crate) device: Option<String>,
+    pub(crate) gid_index: u32,
+    /// Where the client finds the server's control socket.
+    pub(crate) server_ip: String,
+    /// The label of its rows: `peer: perftest …` and where it ran.
+    pub(crate) label: String,
+}
+
+/// perftest's tools, the matrix test each sits beside and its series' name.
+const PERFTEST: [(&str, &str, &str); 5] = [
+    ("ib_send_lat", "rc_lat", "RC SEND"),
+    // ib_write_lat spins on memory for the peer's WRITE; the matrix's series uses the
+    // immediate's completion: the nearest it has.
+    ("ib_write_lat", "rc_rdma_write_lat", "RC WRITE"),
+    ("ib_read_lat", "rc_rdma_read_lat", "RC READ"),
+    ("ib_send_bw", "rc_bw", "RC SEND"),
+    ("ib_write_bw", "rc_rdma_write_bw", "RC WRITE"),
+];
+
+/// One perftest measurement: its server, then its client; the client's result line.
+fn perftest_once(p: &Perftest, tool: &str, port: u16, extra: &[String]) -> Option<Vec<f64>> {
+    let mut common = Vec::new();
+    if let Some(d) = &p.device {
+        common.extend(["-d".to_string(), d.clone()]);
+    }
+    common.extend(["-x".to_string(), p.gid_index.to_string(), "-p".into(), port.to_string()]);
+    common.push("-F".into());
+    common.extend_from_slice(extra);
+    let (server_cmd, server_args) = split(&p.server_prefix, tool, &common);
+    let _server = daemon_owned(&server_cmd, &server_args)?;
+    let mut client_args = common.clone();
+    client_args.push(p.server_ip.clone());
+    let (client_cmd, client_args) = split(&p.client_prefix, tool, &client_args);
+    let out = Command::new(&client_cmd).args(&client_args).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The result line is the one that starts with the message size.
+    let size = extra.iter().skip_while(|a| *a != "-s").nth(1)?;
+    let line = text.lines().find(|l| l.split_whitespace().next() == Some(size.as_str()))?;
+    line.split_whitespace().map(|w| w.parse::<f64>().ok()).collect()
+}
+
+/// `prefix` then `tool` then `args`, as a program and its arguments.
+fn split(prefix: &[String], tool: &str, args: &[String]) -> (String, Vec<String>) {
+    let mut all: Vec<String> = prefix.to_vec();
+    all.push(tool.to_string());
+    all.extend_from_slice(args);
+    let program = all.remove(0);
+    (program, all)
+}
+
+fn daemon_owned(cmd: &str, args: &[String]) -> Option<Daemon> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    daemon(cmd, &args)
+}
+
+/// perftest's five tools at `sizes` (latency up to 64 KiB) on `p`'s devices.
+pub(crate) fn run_perftest(p: &Perftest, sizes: &[usize], secs: f64) -> (Vec<Row>, Vec<String>) {
+    let mut rows = Vec::new();
+    if !installed("ib_send_lat") {
+        return (rows, vec!["perftest: not installed (apt-get install -y perftest)".into()]);
+    }
+    let t = format!("{}", secs.ceil().max(1.0));
+    let mut port = 18_700;
+    for (tool, test, what) in PERFTEST {
+        let latency = tool.ends_with("_lat");
+        for &size in sizes.iter().filter(|&&s| !latency || s <= 65_536) {
+            port += 1;
+            let mut extra = vec!["-s".to_string(), size.to_string()];
+            if latency {
+                extra.extend(["-n".to_string(), "5000".into()]);
+            } else {
+                extra.extend(["-D".to_string(), t.clone(), "--report_gbits".into()]);
+            }
+            let Some(v) = perftest_once(p, tool, port, &extra) else { continue };
+            // Latency: #bytes #iterations t_min t_max t_typical (the median) …; bandwidth:
+            // #bytes #iterations BW_peak BW_average (Gbit/s) MsgRate.
+            let label = format!("{} {what}", p.label);
+            let figure = if latency { v.get(4) } else { v.get(3) }.copied();
+            let (lat, bw) = if latency { (figure, None) } else { (None, figure) };
+            if figure.is_some() {
+                rows.push(row(&label, test, size, lat, bw));
+            }
+        }
+    }
+    let note = format!(
+        "perftest ({}): `ib_send_lat`, `ib_write_lat`, `ib_read_lat` with `-s SIZE -n 5000` \
+         (t_typical, the median), `ib_send_bw`, `ib_write_bw` with `-s SIZE -D {t} \
+         --report_gbits` (BW average), each `-d {} -x {}`{}",
+        p.label,
+        p.device.as_deref().unwrap_or("(first)"),
+        p.gid_index,
+        if p.server_prefix.is_empty() { String::new() } else { " under `uroce exec`".into() }
+    );
+    (rows, vec![note])
 }
 
 /// Runs the peers at `sizes` (TCP latency up to 64 KiB, bandwidth at every size); returns their
