@@ -319,7 +319,7 @@ impl VerbsArgs {
         Ok(if self.verbs {
             perf::Stack::Verbs { device: self.device.clone(), gid_index: self.gid.unwrap_or(0) }
         } else {
-            perf::Stack::Uroce
+            perf::Stack::Uroce { udp_only: false }
         })
     }
 }
@@ -491,7 +491,7 @@ fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             _ => return Err(arg.unexpected()),
         }
     }
-    args.verbs = Some(verbs.stack()?).filter(|s| *s != perf::Stack::Uroce);
+    args.verbs = Some(verbs.stack()?).filter(|s| matches!(s, perf::Stack::Verbs { .. }));
     let dir = perf::compare::run(&args)?;
     println!("report: {}/index.html, report.md, results.json", dir.display());
     Ok(ExitCode::SUCCESS)

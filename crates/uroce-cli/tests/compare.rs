@@ -98,10 +98,11 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// `compare --verbs` under `uroce exec`: every RDMA measurement of uroce's API again through
-/// the drop-in libibverbs (loaded at run time), labelled with its device, in the same report.
+/// `compare --verbs` under `uroce exec`: every RDMA measurement on every path — uroce's API
+/// over shared memory, over the kernel's UDP path, and the drop-in libibverbs loaded at run
+/// time — each row labelled with its path, in the same report.
 #[test]
-fn compare_with_verbs_measures_every_rdma_series_on_the_verbs_device_too() {
+fn compare_measures_every_rdma_series_on_every_path() {
     let dir = std::env::temp_dir().join(format!("uroce-compare-verbs-{}", std::process::id()));
     // `cargo test` builds the drop-in beside the test executables.
     let libs = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
@@ -119,25 +120,43 @@ fn compare_with_verbs_measures_every_rdma_series_on_the_verbs_device_too() {
     let json = std::fs::read_to_string(dir.join("results.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
     let rows = doc["results"].as_array().unwrap();
-    let suffix = " · verbs uroce0 (GID 0 = 127.0.0.62)";
-    let rdma: Vec<&serde_json::Value> = rows
-        .iter()
-        .filter(|r| !r["test"].as_str().unwrap().starts_with("tcp") && r["peer"] == false)
-        .collect();
-    let (verbs, uroce): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) =
-        rdma.into_iter().partition(|r| r["series"].as_str().unwrap().ends_with(suffix));
-    assert!(uroce.len() >= 10, "{json}");
-    assert_eq!(verbs.len(), uroce.len(), "a verbs row for every uroce row: {json}");
-    for u in &uroce {
-        let label = format!("{}{suffix}", u["series"].as_str().unwrap());
-        let twin = verbs.iter().find(|v| {
-            v["series"].as_str() == Some(&label) && v["test"] == u["test"] && v["size"] == u["size"]
-        });
-        let twin = twin.unwrap_or_else(|| panic!("no verbs row for {u}"));
-        assert!(twin["bytes"].as_u64().unwrap() > 0, "{twin}");
+    let series = |r: &serde_json::Value| r["series"].as_str().unwrap().to_string();
+    let shm: Vec<&serde_json::Value> =
+        rows.iter().filter(|r| series(r).ends_with(" · uroce shm")).collect();
+    assert!(shm.len() >= 10, "{json}");
+    let paths = [" · uroce UDP", " · verbs uroce0 (GID 0 = 127.0.0.62)"];
+    for path in paths {
+        let on_path = rows.iter().filter(|r| series(r).ends_with(path)).count();
+        assert_eq!(on_path, shm.len(), "{path}: a row for every shared-memory row: {json}");
+    }
+    for u in &shm {
+        for path in paths {
+            let label = series(u).replace(" · uroce shm", path);
+            let twin = rows
+                .iter()
+                .find(|v| series(v) == label && v["test"] == u["test"] && v["size"] == u["size"]);
+            let twin = twin.unwrap_or_else(|| panic!("no {path} row for {u}"));
+            assert!(twin["bytes"].as_u64().unwrap() > 0, "{twin}");
+        }
+    }
+    // Each uroce row says which way its client's packets went: the UDP path's through the
+    // kernel only, the shared memory's never (a path silently left on shared memory would
+    // measure the same); the verbs rows cannot tell.
+    for r in rows.iter().filter(|r| r["test"].as_str().unwrap() != "tcp_lat") {
+        let (udp, shm) = (&r["applied"]["udp_datagrams"], &r["applied"]["shm_packets"]);
+        let name = series(r);
+        if name.ends_with(" · uroce UDP") {
+            assert!(udp.as_u64().unwrap() > 0 && shm == 0, "{r}");
+        } else if name.ends_with(" · uroce shm") {
+            assert!(shm.as_u64().unwrap() > 0 && udp == 0, "{r}");
+        } else if name.contains(" · verbs ") {
+            assert!(udp.is_null() && shm.is_null(), "{r}");
+        }
     }
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
-    assert!(md.contains(suffix), "the report names the verbs device's rows");
+    for path in paths {
+        assert!(md.contains(path), "the report names {path}'s rows");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

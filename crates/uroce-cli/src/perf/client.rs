@@ -138,8 +138,12 @@ fn one(
             side.connect(&peers)?;
             ctl.send(&format!("peer {}", endpoints_hex(&mine))).map_err(e)?;
             go(ctl)?;
+            let sent_before = device.sent();
             let mut m =
                 super::on_cpu(p.pin.map(|c| c.0), || with_cpus(rdma::client(&mut side, test, p)))?;
+            m.applied.sent = sent_before
+                .zip(device.sent())
+                .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
             m.applied.qps = Some(side.qps_used());
             m.applied.inline_posts = side.inline_posts();
             m

@@ -90,6 +90,48 @@ pub(crate) struct Crossover {
     pub(crate) messages: Option<u64>,
 }
 
+/// The path of the matrix's uroce rows between two processes of this host.
+pub(crate) const SHM: &str = "uroce shm";
+
+/// One way RDMA can go that the matrix measures: the stack both sides run and how their
+/// server is started.
+struct Path {
+    /// What its rows' labels end with: `uroce shm`, `uroce UDP`, `verbs NAME (GID …)`.
+    name: String,
+    stack: super::Stack,
+    server_args: Vec<String>,
+    server_env: Vec<(&'static str, &'static str)>,
+}
+
+/// Every RDMA path this run measures: uroce over shared memory, uroce over the kernel's UDP
+/// path, and the `--verbs` device (opened here first, so that a missing library or device
+/// fails before any test).
+fn paths(args: &CompareArgs) -> Result<Vec<Path>, String> {
+    let mut out = vec![
+        Path {
+            name: SHM.into(),
+            stack: super::Stack::Uroce { udp_only: false },
+            server_args: Vec::new(),
+            server_env: Vec::new(),
+        },
+        Path {
+            name: "uroce UDP".into(),
+            stack: super::Stack::Uroce { udp_only: true },
+            server_args: Vec::new(),
+            server_env: vec![("UROCE_FABRIC", "udp")],
+        },
+    ];
+    if let Some(stack @ super::Stack::Verbs { device, gid_index }) = &args.verbs {
+        let mut server_args = vec!["--verbs".to_string(), "--gid".into(), gid_index.to_string()];
+        if let Some(d) = device {
+            server_args.extend(["--device".to_string(), d.clone()]);
+        }
+        let name = stack.open(args.local)?.describe();
+        out.push(Path { name, stack: stack.clone(), server_args, server_env: Vec::new() });
+    }
+    Ok(out)
+}
+
 /// A server process of this binary, killed on drop (nothing is left running).
 struct OwnServer(Child);
 
@@ -100,8 +142,13 @@ impl Drop for OwnServer {
     }
 }
 
-/// A `uroce server` on `addr` (with `extra` options: the RDMA stack) and its control port.
-fn start_server(addr: IpAddr, extra: &[String]) -> Result<(OwnServer, u16), String> {
+/// A `uroce server` on `addr` (with `extra` options and `env`: the RDMA stack) and its control
+/// port.
+fn start_server(
+    addr: IpAddr,
+    extra: &[String],
+    env: &[(&str, &str)],
+) -> Result<(OwnServer, u16), String> {
     // A free control port on the server's address.
     let port = TcpListener::bind((addr, 0))
         .and_then(|l| l.local_addr())
@@ -111,6 +158,7 @@ fn start_server(addr: IpAddr, extra: &[String]) -> Result<(OwnServer, u16), Stri
     let mut child = Command::new(exe)
         .args(["server", "--addr", &addr.to_string(), "--port", &port.to_string()])
         .args(extra)
+        .envs(env.iter().copied())
         // Ends with this process, however it ends (Ctrl-C included).
         .env("UROCE_DIE_WITH_PARENT", std::process::id().to_string())
         .stderr(Stdio::piped())
@@ -136,7 +184,11 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     // The report's directory is checked before anything runs, not after a minute of tests.
     writable_dir(&args.out)?;
     let sizes = args.sizes.clone().unwrap_or_else(|| {
-        if args.quick { vec![64, 4096, 65_536] } else { vec![64, 1024, 16_384, 262_144, 4 << 20] }
+        if args.quick {
+            vec![64, 4096, 65_536]
+        } else {
+            vec![64, 1024, 16_384, 65_536, 262_144, 4 << 20]
+        }
     });
     let secs =
         args.duration.unwrap_or(Duration::from_secs_f64(if args.quick { 0.15 } else { 0.8 }));
@@ -149,60 +201,47 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         server_addr,
         if args.with_peers { ", with peers" } else { "" }
     ));
-    let (_server, port) = start_server(server_addr, &[])?;
-    // The verbs device's own server, and the suffix of its rows' labels.
-    let verbs = match &args.verbs {
-        Some(stack @ super::Stack::Verbs { device, gid_index }) => {
-            let mut extra = vec!["--verbs".to_string(), "--gid".into(), gid_index.to_string()];
-            if let Some(d) = device {
-                extra.extend(["--device".to_string(), d.clone()]);
-            }
-            // Opened here first, so that a missing library or device fails before any test.
-            let name = stack.open(local)?.describe();
-            let (server, port) = start_server(server_addr, &extra)?;
-            Some((server, port, stack.clone(), format!(" · {name}")))
-        }
-        _ => None,
-    };
+    let paths = paths(args)?;
     let mut rows = Vec::new();
     let series: Vec<&Series> = SERIES
         .iter()
         .filter(|s| !args.quick || !s.test.starts_with("uc_"))
         .chain(core::iter::once(&ATOMIC))
         .collect();
-    // Every (series, size) this matrix runs: each size a test can take (UD: one datagram;
-    // atomics: 8 bytes).
+    // Every (path, series, size) this matrix runs: each size a test can take (UD: one
+    // datagram; atomics: 8 bytes); TCP once, RDMA on every path.
     let mut runs = Vec::new();
-    for s in series {
-        let test = find(s.test).ok_or("unknown test in the matrix")?;
-        let mut params = Params {
-            duration: Some(secs),
-            warmup: 50,
-            nodelay: s.nodelay,
-            depth: 16,
-            ..Params::default()
-        };
-        if s.label == TUNED {
-            // Client on CPU 0, server on CPU 1 (the machine has at least two for this matrix).
-            params.busy_poll = true;
-            params.sockbuf = 4 << 20;
-            params.pin = (std::thread::available_parallelism().map_or(1, usize::from) >= 2)
-                .then_some((0, 1));
-        }
-        let ok: Vec<usize> = if s.test.ends_with("_mr") {
-            vec![8]
-        } else {
-            sizes
-                .iter()
-                .copied()
-                .filter(|&n| Params { size: n, ..params.clone() }.check(test).is_ok())
-                .collect()
-        };
-        let uroce = ok.iter().map(|&size| (s, test, params.clone(), size, None));
-        runs.extend(uroce.collect::<Vec<_>>());
-        // The same RDMA series again on the verbs device.
-        if let Some(v) = verbs.as_ref().filter(|_| test.transport.is_some()) {
-            runs.extend(ok.into_iter().map(|size| (s, test, params.clone(), size, Some(v))));
+    for (k, path) in paths.iter().enumerate() {
+        for &s in &series {
+            let test = find(s.test).ok_or("unknown test in the matrix")?;
+            if test.transport.is_none() && k > 0 {
+                continue;
+            }
+            let mut params = Params {
+                duration: Some(secs),
+                warmup: 50,
+                nodelay: s.nodelay,
+                depth: 16,
+                ..Params::default()
+            };
+            if s.label == TUNED {
+                // Client on CPU 0, server on CPU 1 (the machine has at least two for this
+                // matrix).
+                params.busy_poll = true;
+                params.sockbuf = 4 << 20;
+                params.pin = (std::thread::available_parallelism().map_or(1, usize::from) >= 2)
+                    .then_some((0, 1));
+            }
+            let ok: Vec<usize> = if s.test.ends_with("_mr") {
+                vec![8]
+            } else {
+                sizes
+                    .iter()
+                    .copied()
+                    .filter(|&n| Params { size: n, ..params.clone() }.check(test).is_ok())
+                    .collect()
+            };
+            runs.extend(ok.into_iter().map(|size| (path, s, test, params.clone(), size)));
         }
     }
     let total = runs.len();
@@ -210,51 +249,60 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     // A progress line rewritten in place, only where a person watches (a log would fill with
     // carriage returns).
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    for (step, (s, test, params, size, on_verbs)) in runs.into_iter().enumerate() {
-        let label = match on_verbs {
-            Some((_, _, _, suffix)) => format!("{}{suffix}", s.label),
-            None => s.label.to_string(),
+    // Each path's server runs while its rows do (two uroce servers on one address would share
+    // its device).
+    let mut server: Option<(&Path, OwnServer, u16)> = None;
+    for (step, (path, s, test, params, size)) in runs.into_iter().enumerate() {
+        if server.as_ref().is_none_or(|(p, _, _)| !core::ptr::eq(*p, path)) {
+            drop(server.take());
+            let (child, port) = start_server(server_addr, &path.server_args, &path.server_env)?;
+            server = Some((path, child, port));
+        }
+        let port = server.as_ref().map_or(0, |s| s.2);
+        let label = if test.transport.is_some() {
+            format!("{} · {}", s.label, path.name)
+        } else {
+            s.label.to_string()
         };
         let step = step + 1;
-        {
-            if progress {
-                eprint!(
-                    "\r[{step:>3}/{total}] {:<24}{:<28}{:>8}   ",
-                    s.test,
-                    label,
-                    super::human_size(size)
-                );
-                let _ = std::io::stderr().flush();
+        if progress {
+            eprint!(
+                "\r[{step:>3}/{total}] {:<24}{:<44}{:>8}   ",
+                s.test,
+                label,
+                super::human_size(size)
+            );
+            let _ = std::io::stderr().flush();
+        }
+        let plan = Plan {
+            server: server_addr,
+            port,
+            local,
+            tests: vec![test],
+            sizes: vec![size],
+            params: params.clone(),
+            json: true,
+            stack: path.stack.clone(),
+        };
+        // One measurement that fails is reported and the matrix goes on: the report holds the
+        // rest, and names what is missing.
+        match client::run(&plan, &mut std::io::sink()) {
+            Ok(mut out) => {
+                if let Some(outcome) = out.pop() {
+                    rows.push(Row { label, peer: false, outcome });
+                }
             }
-            let plan = Plan {
-                server: server_addr,
-                port: on_verbs.map_or(port, |v| v.1),
-                local,
-                tests: vec![test],
-                sizes: vec![size],
-                params: params.clone(),
-                json: true,
-                stack: on_verbs.map_or(super::Stack::Uroce, |v| v.2.clone()),
-            };
-            // One measurement that fails is reported and the matrix goes on: the report holds
-            // the rest, and names what is missing.
-            match client::run(&plan, &mut std::io::sink()) {
-                Ok(mut out) => {
-                    if let Some(outcome) = out.pop() {
-                        rows.push(Row { label: label.clone(), peer: false, outcome });
-                    }
+            Err(e) => {
+                let what = format!("{} ({label}) at {}: {e}", s.test, super::human_size(size));
+                if progress {
+                    eprintln!();
                 }
-                Err(e) => {
-                    let what = format!("{} ({label}) at {}: {e}", s.test, super::human_size(size));
-                    if progress {
-                        eprintln!();
-                    }
-                    eprintln!("uroce compare: failed: {what}");
-                    failed.push(format!("Not measured: {what}"));
-                }
+                eprintln!("uroce compare: failed: {what}");
+                failed.push(format!("Not measured: {what}"));
             }
         }
     }
+    drop(server);
     if progress {
         eprint!("\r{:<80}\r", "");
     }
@@ -439,15 +487,16 @@ fn crossovers(rows: &[Row], setup: &Setup) -> Vec<Crossover> {
     let mut out = Vec::new();
     for (tcp_label, r) in ["TCP default (Nagle on)", TUNED]
         .into_iter()
-        // uroce's own rows (a `--verbs` device's connection is set up by the peer's CM).
+        // uroce's own rows between processes of the host (the setup costs are uroce's).
         .flat_map(|t| {
             rows.iter()
-                .filter(|r| r.outcome.test == "rc_lat" && !r.label.contains(" · "))
+                .filter(|r| r.outcome.test == "rc_lat" && r.label.ends_with(SHM))
                 .map(move |r| (t, r))
         })
     {
         let size = r.outcome.size;
-        let (Some(tcp), Some(rdma)) = (p50("tcp_lat", tcp_label, size), p50("rc_lat", "RC", size))
+        let (Some(tcp), Some(rdma)) =
+            (p50("tcp_lat", tcp_label, size), r.outcome.latency.map(|l| l.p50))
         else {
             continue;
         };

@@ -474,6 +474,9 @@ pub(crate) struct Applied {
     pub(crate) sockbuf: Option<(usize, usize)>,
     /// The CPUs the test thread could run on.
     pub(crate) cpus: Vec<usize>,
+    /// uroce: the packets this side's device sent during the test, (through the kernel's UDP
+    /// path, over shared memory): which path the test took.
+    pub(crate) sent: Option<(u64, u64)>,
 }
 
 impl Applied {
@@ -485,6 +488,8 @@ impl Applied {
             would_block: self.would_block,
             sockbuf: self.sockbuf.map(|(snd, rcv)| [snd, rcv]),
             cpus: &self.cpus,
+            udp_datagrams: self.sent.map(|s| s.0),
+            shm_packets: self.sent.map(|s| s.1),
         }
     }
 }
@@ -497,6 +502,8 @@ struct AppliedJson<'a> {
     would_block: u64,
     sockbuf: Option<[usize; 2]>,
     cpus: &'a [usize],
+    udp_datagrams: Option<u64>,
+    shm_packets: Option<u64>,
 }
 
 /// One result in `results.json` and `--json`, in this order (`series` and `peer` in

@@ -18,11 +18,12 @@ use std::net::IpAddr;
 use ::uroce::{Endpoint, Mtu, QpType, Qpn, RemoteAddr};
 
 /// Which stack the RDMA tests run on.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Stack {
-    /// uroce's own API, on the device of the side's address.
-    #[default]
-    Uroce,
+    /// uroce's own API, on the device of the side's address: to another process of the host
+    /// over shared memory, or, with `udp_only`, every packet through the kernel's UDP path
+    /// (`UROCE_FABRIC=udp`).
+    Uroce { udp_only: bool },
     /// A device of the system's `libibverbs.so.1` (`--verbs [--device NAME] [--gid N]`).
     Verbs { device: Option<String>, gid_index: u32 },
 }
@@ -31,7 +32,7 @@ impl Stack {
     /// Opens this stack's device; `addr` is the side's address (uroce's device).
     pub(crate) fn open(&self, addr: IpAddr) -> Result<Box<dyn Device>, String> {
         Ok(match self {
-            Self::Uroce => Box::new(uroce::UroceDevice::open(addr)?),
+            Self::Uroce { udp_only } => Box::new(uroce::UroceDevice::open(addr, *udp_only)?),
             Self::Verbs { device, gid_index } => {
                 Box::new(verbs::VerbsDevice::open(device.as_deref(), *gid_index)?)
             }
@@ -111,6 +112,9 @@ pub(crate) trait Device {
     fn failure_context(&self) -> Option<String>;
     /// What the device is, for people: `uroce 127.0.0.2`, `verbs mlx5_0`.
     fn describe(&self) -> String;
+    /// Packets this process's device has sent so far (through the kernel's UDP path, over
+    /// shared memory), where the backend can tell.
+    fn sent(&self) -> Option<(u64, u64)>;
 }
 
 /// One side of a test on some device: QPs on one CQ and three registered buffers.

@@ -21,8 +21,13 @@ pub(crate) struct UroceDevice {
 }
 
 impl UroceDevice {
-    pub(crate) fn open(addr: IpAddr) -> Result<Self, String> {
-        let ctx = Context::open(addr).map_err(|e| format!("cannot open the RDMA device: {e}"))?;
+    /// Opens the device of `addr` with the `UROCE_*` settings of the environment; `udp_only`
+    /// sends every packet through the kernel's UDP path whatever they say.
+    pub(crate) fn open(addr: IpAddr, udp_only: bool) -> Result<Self, String> {
+        let why = |e: &dyn std::fmt::Display| format!("cannot open the RDMA device: {e}");
+        let mut options = uroce::Options::from_env().map_err(|e| why(&e))?;
+        options.udp_only |= udp_only;
+        let ctx = Context::open_with(addr, options).map_err(|e| why(&e))?;
         Ok(Self { ctx, addr })
     }
 }
@@ -72,6 +77,11 @@ impl Device for UroceDevice {
 
     fn describe(&self) -> String {
         format!("uroce {}", self.addr)
+    }
+
+    fn sent(&self) -> Option<(u64, u64)> {
+        let net = self.ctx.counters().1;
+        Some((net.tx_datagrams, net.shm_tx_packets))
     }
 }
 

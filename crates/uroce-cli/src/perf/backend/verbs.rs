@@ -193,6 +193,10 @@ impl Device for VerbsDevice {
         None
     }
 
+    fn sent(&self) -> Option<(u64, u64)> {
+        None
+    }
+
     fn describe(&self) -> String {
         format!("verbs {} (GID {} = {})", self.name, self.gid_index, self.gid)
     }
