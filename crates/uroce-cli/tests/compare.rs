@@ -53,6 +53,11 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
     assert!(html.contains("<th>winner</th>") && html.contains("<th>messages</th>"), "tables");
     assert!(!html.contains("<pre>"), "no markdown in a <pre>");
     assert!(html.contains("Measured on ") && html.contains("cores"), "the machine");
+    // Each path at 64 B and 64 KiB beside the published hardware figures, marked as quoted.
+    let reference = html.find("<h3>Reference:").expect("the reference table");
+    assert!(reference < html.find("<svg").unwrap(), "in the summary");
+    assert!(html.contains("<td class=\"t\">uroce shm</td>"), "the shared-memory path's row");
+    assert!(html.contains("quoted, not measured"), "the quoted figures are marked");
     let plots: Vec<&str> = html.split("<svg").skip(1).collect();
     assert_eq!(plots.len(), 5, "latency p50 and p99, bandwidth, CPU per GB, registration");
     for p in &plots {

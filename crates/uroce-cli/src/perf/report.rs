@@ -127,6 +127,14 @@ fn markdown(
             v.winner()
         );
     }
+    s.push_str(
+        "\n### Reference: each path at 64 B and 64 KiB, and a published hardware comparison\n\n",
+    );
+    let _ = writeln!(s, "| {} |", REFERENCE_HEADER.join(" | "));
+    let _ = writeln!(s, "|---|---:|---:|---:|---|");
+    for cells in reference_rows(rows) {
+        let _ = writeln!(s, "| {} |", cells.join(" | "));
+    }
     s.push_str("\n## Results\n\n");
     s.push_str("| series | test | size | p50 µs | p99 µs | Gbit/s | msg/s | CPU s/GB |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
@@ -450,6 +458,10 @@ fn html(
         &["size", "metric", "RDMA (best path)", "TCP (best)", "winner"],
         &verdict_rows,
     ));
+    s.push_str(
+        "<h3>Reference: each path at 64 B and 64 KiB, and a published hardware comparison</h3>",
+    );
+    s.push_str(&table(&REFERENCE_HEADER, &reference_rows(rows)));
     s.push_str("<h2>Crossover</h2><p>Messages of each size after which RDMA's total time (an RDMA CM connection, a registration of the message size, then half round trips) drops below TCP's (connect, then half round trips), from the p50 latencies.</p>");
     let cross_rows: Vec<Vec<String>> = cross
         .iter()
@@ -505,6 +517,79 @@ fn html(
     }
     s.push_str("</body></html>\n");
     s
+}
+
+/// The reference table's columns.
+const REFERENCE_HEADER: [&str; 5] = [
+    "path",
+    "latency p50 at 64 B",
+    "bandwidth at 64 KiB",
+    "CPU at that bandwidth (both sides)",
+    "source",
+];
+
+/// The published comparison the report is modelled on, quoted for scale: two servers, a
+/// 100 Gbit/s link, ConnectX-5; never measured here.
+const QUOTED: [[&str; 4]; 2] = [
+    ["TCP tuned (sockperf; iperf3)", "23 µs", "94 Gbit/s", "about 80 %"],
+    ["RDMA RC (ConnectX-5)", "1.2 µs", "98 Gbit/s", "under 5 %"],
+];
+
+/// The path a row belongs to: its TCP setting, or what follows ` · ` in an RDMA row's label.
+fn path_of(r: &Row) -> &str {
+    r.label.split_once(" · ").map_or(r.label.as_str(), |(_, path)| path)
+}
+
+/// For TCP default, TCP tuned and each RDMA path: its best p50 latency at 64 B (ping-pongs;
+/// READ's round trip is not comparable), its best bandwidth at 64 KiB and the CPU of both sides
+/// in that run (100 % is one core busy); then the quoted hardware figures, marked as such.
+fn reference_rows(rows: &[Row]) -> Vec<Vec<String>> {
+    let mut paths: Vec<&str> = Vec::new();
+    for r in rows.iter().filter(|r| !r.peer && !r.outcome.test.starts_with("udp")) {
+        if !paths.contains(&path_of(r)) {
+            paths.push(path_of(r));
+        }
+    }
+    let mut out = Vec::new();
+    for path in paths {
+        let mine = || rows.iter().filter(move |r| !r.peer && path_of(r) == path);
+        let lat = mine()
+            .filter(|r| r.outcome.size == 64 && r.outcome.test.ends_with("_lat"))
+            .filter(|r| !r.outcome.test.contains("read"))
+            .filter_map(|r| r.outcome.latency.map(|l| (l.p50, r.outcome.test)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let bw = mine()
+            .filter(|r| r.outcome.size == 65_536 && r.outcome.test.ends_with("_bw"))
+            .max_by(|a, b| a.outcome.gbits().total_cmp(&b.outcome.gbits()));
+        out.push(vec![
+            path.to_string(),
+            lat.map_or_else(|| "-".into(), |(v, test)| format!("{v:.1} µs ({test})")),
+            bw.map_or_else(
+                || "-".into(),
+                |r| format!("{:.2} Gbit/s ({})", r.outcome.gbits(), r.outcome.test),
+            ),
+            bw.map_or_else(
+                || "-".into(),
+                |r| {
+                    format!(
+                        "{:.0} %",
+                        (r.outcome.client_cores() + r.outcome.server_cores()) * 100.0
+                    )
+                },
+            ),
+            "measured here".into(),
+        ]);
+    }
+    for q in QUOTED {
+        let mut cells: Vec<String> = q.iter().map(|c| (*c).to_string()).collect();
+        cells.push(
+            "quoted, not measured: a published comparison on two servers with a 100 Gbit/s \
+             link and ConnectX-5 NICs"
+                .into(),
+        );
+        out.push(cells);
+    }
+    out
 }
 
 /// What a verdict compares.
@@ -675,5 +760,75 @@ mod tests {
             tcp: ("TCP".into(), 3.0),
         };
         assert_eq!(bw.winner(), "TCP, 3.00× higher");
+    }
+
+    /// A row of a run: `label`, `test` at `size`, a p50 (latency tests), or `bytes` moved in
+    /// one second with each side busy `cores`.
+    fn row(label: &str, test: &'static str, size: usize, p50: f64, bytes: u64, cores: f64) -> Row {
+        let latency = test.ends_with("_lat").then_some(crate::perf::Latency {
+            min: p50,
+            p50,
+            p99: p50,
+            p999: p50,
+            max: p50,
+            mean: p50,
+        });
+        let busy = crate::perf::Cpu { user: cores, sys: 0.0 };
+        Row {
+            label: label.into(),
+            peer: false,
+            outcome: crate::perf::Outcome {
+                test,
+                size,
+                iters: 1,
+                seconds: 1.0,
+                bytes,
+                latency,
+                lost: 0,
+                arrived: 1,
+                client_cpu: busy,
+                client_seconds: 1.0,
+                server_cpu: busy,
+                server_seconds: 1.0,
+                system_cpu: None,
+                applied: crate::perf::Applied::default(),
+            },
+        }
+    }
+
+    #[test]
+    fn the_reference_table_has_each_path_at_64_bytes_and_64_kib_and_the_quoted_figures() {
+        let rows = [
+            row("TCP tuned", "tcp_lat", 64, 5.0, 64, 1.0),
+            row("TCP tuned", "tcp_bw", 65_536, 0.0, 4_000_000_000, 0.5),
+            row("RDMA RC SEND · uroce shm", "rc_lat", 64, 2.0, 64, 1.0),
+            row("RDMA UD SEND · uroce shm", "ud_lat", 64, 1.5, 64, 1.0),
+            // READ's round trip is not a half round trip: never the path's latency.
+            row("RDMA RC READ · uroce shm", "rc_rdma_read_lat", 64, 1.0, 64, 1.0),
+            row("RDMA RC WRITE · uroce shm", "rc_rdma_write_bw", 65_536, 0.0, 5_000_000_000, 0.25),
+            row("RDMA RC SEND · uroce shm", "rc_bw", 65_536, 0.0, 3_000_000_000, 1.0),
+            // Another size is not the reference's.
+            row("RDMA RC SEND · uroce UDP", "rc_lat", 4096, 9.0, 64, 1.0),
+            row("RDMA RC SEND · uroce UDP", "rc_lat", 64, 10.0, 64, 1.0),
+        ];
+        let table = reference_rows(&rows);
+        let cells = |i: usize| table[i].iter().map(String::as_str).collect::<Vec<_>>();
+        assert_eq!(
+            cells(0),
+            ["TCP tuned", "5.0 µs (tcp_lat)", "32.00 Gbit/s (tcp_bw)", "100 %", "measured here"]
+        );
+        assert_eq!(
+            cells(1),
+            [
+                "uroce shm",
+                "1.5 µs (ud_lat)",
+                "40.00 Gbit/s (rc_rdma_write_bw)",
+                "50 %",
+                "measured here"
+            ]
+        );
+        assert_eq!(cells(2), ["uroce UDP", "10.0 µs (rc_lat)", "-", "-", "measured here"]);
+        assert_eq!(table.len(), 5);
+        assert!(table[3][4].starts_with("quoted, not measured") && table[4][1] == "1.2 µs");
     }
 }
