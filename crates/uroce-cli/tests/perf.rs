@@ -136,6 +136,13 @@ fn every_test_runs_once_against_a_server() {
             }
         }
     }
+    // The system's share too, over a run long enough to count it: never more cores than there
+    // are (steal time counted as busy once put a 2-core run at 304 %).
+    for line in client_json(&["rc_bw", "udp_lat"], &["-D", "0.6"]) {
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let cores = v["system_cores"].as_f64().expect("a system share over 0.6 s");
+        assert!(cores <= num_cpus() as f64 * 1.05, "system {cores} cores: {line}");
+    }
     // Each option's effect, as the client measured it where the option acts ("applied"),
     // against the same tests without it: an option parsed and then ignored fails here.
     let applied = |tests: &[&str], options: &[&str]| -> Vec<serde_json::Value> {

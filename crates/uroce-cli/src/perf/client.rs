@@ -164,7 +164,12 @@ fn one(
     ctl.send("stop").map_err(e)?;
     let done = reply(ctl, "done")?;
     let long_enough = measured.seconds >= 0.5;
-    let system_cpu = sys0.zip(system_busy()).map(|(a, b)| b - a).filter(|_| long_enough);
+    // The busy share over the span it was counted in, applied to the measured window.
+    let span = t0.elapsed().as_secs_f64();
+    let system_cpu = sys0
+        .zip(system_busy())
+        .map(|(a, b)| (b - a) / span * measured.seconds)
+        .filter(|_| long_enough);
     let field = |k: &str| -> Result<f64, String> {
         done.split(' ')
             .find_map(|w| w.strip_prefix(k).and_then(|v| v.strip_prefix('=')))

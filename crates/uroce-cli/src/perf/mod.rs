@@ -450,9 +450,10 @@ pub(crate) fn system_busy() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
     let line = text.lines().next()?;
     let fields: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
-    // user nice system idle iowait irq softirq steal …: busy is all but idle and iowait.
-    let busy: u64 =
-        fields.iter().enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, v)| v).sum();
+    // user nice system idle iowait irq softirq steal guest guest_nice (proc(5)): busy is user,
+    // nice, system, irq and softirq. Steal is time the hypervisor gave another guest (counting
+    // it put a 2-core run at 304 %), and guest time is already inside user and nice.
+    let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|&i| fields.get(i)).sum();
     #[expect(clippy::cast_precision_loss, reason = "clock ticks to seconds")]
     Some(busy as f64 / 100.0)
 }
@@ -582,8 +583,9 @@ pub(crate) struct Outcome {
     /// The server's CPU, and the time it served the test (from its start to `stop`).
     pub(crate) server_cpu: Cpu,
     pub(crate) server_seconds: f64,
-    /// System-wide busy CPU over the run, in core-seconds, if `/proc/stat` was readable and
-    /// the run long enough for its 10 ms ticks to mean something (half a second).
+    /// System-wide busy CPU over the measured window, in core-seconds (the busy share over the
+    /// whole test, from `go` to the server's report, times the window), if `/proc/stat` was
+    /// readable and the run long enough for its 10 ms ticks to mean something (half a second).
     pub(crate) system_cpu: Option<f64>,
     /// The client's options as they took effect.
     pub(crate) applied: Applied,
