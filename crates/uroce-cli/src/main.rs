@@ -37,7 +37,9 @@ Usage:
 compare options:
   --quick          a reduced matrix (under 30 seconds)
   --sizes LIST     comma-separated sizes (default 64,1K,16K,256K,4M)
-  --duration SECS  seconds per test and size (default 0.8; quick 0.15)
+  --duration SECS  seconds per test, size and repeat (default 0.3; quick 0.1)
+  --repeat N       measure every point N times, in rounds over the matrix (default 3): the
+                   report gives each point's median and its spread
   --out DIR        where the report goes (default uroce-report)
   --with-peers     also run sockperf, qperf and iperf3 for TCP, and perftest for RDMA on the
                    same devices (each when installed), for the report
@@ -460,6 +462,7 @@ fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
         local: std::net::Ipv4Addr::new(127, 0, 0, 2).into(),
         server: std::net::Ipv4Addr::new(127, 0, 0, 3).into(),
         verbs: None,
+        repeat: 3,
     };
     let mut verbs = VerbsArgs::default();
     while let Some(arg) = parser.next()? {
@@ -482,6 +485,14 @@ fn compare(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             }
             Long("out") => args.out = parser.value()?.into(),
             Long("with-peers") => args.with_peers = true,
+            Long("repeat") => {
+                let v: String = parser.value()?.parse()?;
+                args.repeat = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=20).contains(n))
+                    .ok_or_else(|| format!("--repeat: '{v}' is not a count from 1 to 20"))?;
+            }
             Long("local") => args.local = parse_addr(&parser.value()?, "--local")?,
             Long("server") => args.server = parse_addr(&parser.value()?, "--server")?,
             Short('h') | Long("help") => {

@@ -94,7 +94,17 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
         for key in ["series", "peer", "test", "size", "seconds", "lost", "gbit_s", "client_cpu"] {
             assert!(r.get(key).is_some(), "{key} missing in {r}");
         }
+        // Every point measured three times (the default), in rounds: the median and the spread
+        // around it.
+        let sp = &r["spread"];
+        assert_eq!(sp["runs"], 3, "{r}");
+        let of = if r["latency"].is_null() { &r["gbit_s"] } else { &r["latency"]["p50_us"] };
+        let (min, max, mid) = (sp["min"].as_f64(), sp["max"].as_f64(), of.as_f64());
+        assert!(min <= mid && mid <= max, "the median within its spread: {r}");
+        let name = if r["latency"].is_null() { "gbit_s" } else { "p50_us" };
+        assert_eq!(sp["of"], name, "{r}");
     }
+    assert!(stdout.contains("repeats: 3 runs per point; the widest spread is"), "{stdout}");
     assert!(json.contains("\"rdma_cm_connect_us\":"), "the RDMA CM connection's setup");
     assert!(md.contains("connected through the RDMA connection manager"), "{md}");
     // Its server is gone: the server's RDMA address can be opened again.
@@ -115,7 +125,8 @@ fn compare_measures_every_rdma_series_on_every_path() {
     let out = Command::new(exe)
         .env("UROCE_LIB_DIR", libs)
         .args(["exec", "--addr", "127.0.0.62", "--", exe, "compare", "--quick", "--duration"])
-        .args(["0.1", "--sizes", "64,4K", "--local", "127.0.0.62", "--server", "127.0.0.63"])
+        .args(["0.1", "--sizes", "64,4K", "--repeat", "1", "--local", "127.0.0.62"])
+        .args(["--server", "127.0.0.63"])
         .args(["--verbs", "--device", "uroce0", "--out"])
         .arg(&dir)
         .output()
@@ -177,6 +188,7 @@ fn with_peers_perftest_measures_the_rdma_side_too() {
     let out = Command::new(env!("CARGO_BIN_EXE_uroce"))
         .env("UROCE_LIB_DIR", libs)
         .args(["compare", "--quick", "--duration", "0.1", "--sizes", "4K", "--with-peers"])
+        .args(["--repeat", "1"])
         .args(["--local", "127.0.0.72", "--server", "127.0.0.73", "--out"])
         .arg(&dir)
         .output()

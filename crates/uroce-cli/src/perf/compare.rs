@@ -27,6 +27,10 @@ pub(crate) struct CompareArgs {
     pub(crate) server: IpAddr,
     /// Also run every RDMA series on a device of the system's libibverbs (both sides on it).
     pub(crate) verbs: Option<super::Stack>,
+    /// Each point is measured this many times, in rounds over the whole matrix (so that a
+    /// slow spell of the machine falls on every series alike); the report gives the median
+    /// and the spread.
+    pub(crate) repeat: usize,
 }
 
 /// One series of the matrix: a test under a label, with its TCP setting.
@@ -65,7 +69,37 @@ pub(crate) struct Row {
     pub(crate) label: String,
     /// Measured by another tool (latency or bandwidth only, no CPU figures).
     pub(crate) peer: bool,
+    /// The median of the point's repeats (by its figure: p50 for latency, bandwidth for
+    /// streams).
     pub(crate) outcome: Outcome,
+    /// How that figure varied over the repeats; `None` for one run.
+    pub(crate) spread: Option<Spread>,
+}
+
+/// How a point's figure varied over its repeats.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Spread {
+    pub(crate) runs: usize,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    /// The figure is the p50 latency in µs (otherwise the bandwidth in Gbit/s).
+    pub(crate) latency: bool,
+}
+
+/// The figure a point is judged by: p50 latency (µs), or bandwidth (Gbit/s).
+fn figure_of(o: &Outcome) -> (f64, bool) {
+    o.latency.map_or((o.gbits(), false), |l| (l.p50, true))
+}
+
+/// A point's row from its repeats: the median outcome by its figure, and the spread.
+fn median_row(label: String, mut runs: Vec<Outcome>) -> Option<Row> {
+    runs.sort_by(|a, b| figure_of(a).0.total_cmp(&figure_of(b).0));
+    let n = runs.len();
+    let (min, latency) = figure_of(runs.first()?);
+    let (max, _) = figure_of(runs.last()?);
+    let spread = (n > 1).then_some(Spread { runs: n, min, max, latency });
+    let outcome = runs.swap_remove(n / 2);
+    Some(Row { label, peer: false, outcome, spread })
 }
 
 /// Setup costs, medians in microseconds.
@@ -89,6 +123,10 @@ pub(crate) struct Crossover {
     /// `None`: never (TCP is as fast per message).
     pub(crate) messages: Option<u64>,
 }
+
+/// Threads that spin at once while a point is measured: the client's test thread and the
+/// server's.
+const SPINNING: usize = 2;
 
 /// The path of the matrix's uroce rows between two processes of this host.
 pub(crate) const SHM: &str = "uroce shm";
@@ -190,11 +228,24 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
             vec![64, 1024, 16_384, 65_536, 262_144, 4 << 20]
         }
     });
-    let secs =
-        args.duration.unwrap_or(Duration::from_secs_f64(if args.quick { 0.15 } else { 0.8 }));
+    let secs = args.duration.unwrap_or(Duration::from_secs_f64(if args.quick { 0.1 } else { 0.3 }));
+    let repeat = args.repeat.max(1);
+    // A client and a server test thread spin at once; fewer cores than that and one waits for
+    // the scheduler while the other spins.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let cores_note = (cores < SPINNING).then(|| {
+        format!(
+            "this machine has {cores} core(s) and the run spins {SPINNING} threads (the client's \
+             and the server's test threads): latencies will include the scheduler's time slices"
+        )
+    });
+    if let Some(note) = &cores_note {
+        eprintln!("uroce compare: warning: {note}");
+    }
     let machine = Machine::now(format!(
-        "{} matrix, {:.2} s per point, sizes {}, devices {} and {}{}",
+        "{} matrix, {} run(s) of {:.2} s per point in rounds, sizes {}, devices {} and {}{}",
         if args.quick { "quick" } else { "full" },
+        repeat,
         secs.as_secs_f64(),
         sizes.iter().map(|&n| super::human_size(n)).collect::<Vec<_>>().join(" "),
         local,
@@ -244,8 +295,10 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
             runs.extend(ok.into_iter().map(|size| (path, s, test, params.clone(), size)));
         }
     }
+    let runs: Vec<_> = (0..repeat).flat_map(|_| runs.iter().cloned()).collect();
     let total = runs.len();
     let mut failed = Vec::new();
+    let mut measured: Vec<(String, Vec<Outcome>)> = Vec::new();
     // A progress line rewritten in place, only where a person watches (a log would fill with
     // carriage returns).
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -289,7 +342,14 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         match client::run(&plan, &mut std::io::sink()) {
             Ok(mut out) => {
                 if let Some(outcome) = out.pop() {
-                    rows.push(Row { label, peer: false, outcome });
+                    let key = |(l, o): &(String, Vec<Outcome>)| {
+                        *l == label
+                            && o.first().is_some_and(|f| f.test == test.name && f.size == size)
+                    };
+                    match measured.iter_mut().find(|m| key(m)) {
+                        Some((_, repeats)) => repeats.push(outcome),
+                        None => measured.push((label, vec![outcome])),
+                    }
                 }
             }
             Err(e) => {
@@ -303,6 +363,7 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         }
     }
     drop(server);
+    rows.extend(measured.into_iter().filter_map(|(label, runs)| median_row(label, runs)));
     if progress {
         eprint!("\r{:<80}\r", "");
     }
@@ -311,6 +372,7 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     let crossovers = crossovers(&rows, &setup);
     let failures = failed.len();
     let mut notes = failed;
+    notes.extend(cores_note);
     if args.with_peers {
         eprintln!("running sockperf, qperf and iperf3 where installed…");
         let (peer_rows, peer_notes) = super::peers::run(&sizes, secs.as_secs_f64());
@@ -511,4 +573,45 @@ fn crossovers(rows: &[Row], setup: &Setup) -> Vec<Crossover> {
         out.push(Crossover { tcp: tcp_label, size, tcp_us: tcp, rdma_us: rdma, messages });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lat(p50: f64) -> Outcome {
+        Outcome {
+            test: "rc_lat",
+            size: 64,
+            iters: 1,
+            seconds: 1.0,
+            bytes: 64,
+            latency: Some(super::super::Latency {
+                min: p50,
+                p50,
+                p99: p50,
+                p999: p50,
+                max: p50,
+                mean: p50,
+            }),
+            lost: 0,
+            arrived: 1,
+            client_cpu: super::super::Cpu::default(),
+            client_seconds: 1.0,
+            server_cpu: super::super::Cpu::default(),
+            server_seconds: 1.0,
+            system_cpu: None,
+            applied: super::super::Applied::default(),
+        }
+    }
+
+    #[test]
+    fn a_point_is_the_median_of_its_repeats_with_their_spread() {
+        let row = median_row("x".into(), vec![lat(9.0), lat(2.0), lat(3.0)]).unwrap();
+        assert_eq!(row.outcome.latency.unwrap().p50, 3.0);
+        assert_eq!(row.spread, Some(Spread { runs: 3, min: 2.0, max: 9.0, latency: true }));
+        let one = median_row("x".into(), vec![lat(4.0)]).unwrap();
+        assert_eq!((one.outcome.latency.unwrap().p50, one.spread), (4.0, None));
+        assert!(median_row("x".into(), Vec::new()).is_none());
+    }
 }

@@ -70,6 +70,7 @@ fn row(
     Row {
         label: label.to_string(),
         peer: true,
+        spread: None,
         outcome: Outcome {
             test,
             size,

@@ -37,7 +37,7 @@ pub(crate) fn write(
 struct ResultsJson<'a> {
     version: u32,
     machine: &'a Machine,
-    results: Vec<super::OutcomeJson<'a>>,
+    results: Vec<ResultJson<'a>>,
     setup: SetupJson,
     crossover: Vec<CrossoverJson<'a>>,
 }
@@ -57,6 +57,24 @@ struct RegistrationJson {
     register_locked_us: serde_json::Value,
 }
 
+/// A row of `results.json`: the outcome (the median of the point's repeats) and its spread.
+#[derive(serde::Serialize)]
+struct ResultJson<'a> {
+    #[serde(flatten)]
+    outcome: super::OutcomeJson<'a>,
+    spread: Option<SpreadJson>,
+}
+
+/// How a point's figure varied over its repeats.
+#[derive(serde::Serialize)]
+struct SpreadJson {
+    runs: usize,
+    /// `p50_us` or `gbit_s`: the figure the repeats are ordered by.
+    of: &'static str,
+    min: serde_json::Value,
+    max: serde_json::Value,
+}
+
 #[derive(serde::Serialize)]
 struct CrossoverJson<'a> {
     tcp: &'a str,
@@ -70,7 +88,18 @@ fn json(machine: &Machine, rows: &[Row], setup: &Setup, cross: &[Crossover]) -> 
     let doc = ResultsJson {
         version: 1,
         machine,
-        results: rows.iter().map(|r| r.outcome.view(Some((&r.label, r.peer)))).collect(),
+        results: rows
+            .iter()
+            .map(|r| ResultJson {
+                outcome: r.outcome.view(Some((&r.label, r.peer))),
+                spread: r.spread.map(|sp| SpreadJson {
+                    runs: sp.runs,
+                    of: if sp.latency { "p50_us" } else { "gbit_s" },
+                    min: figure(sp.min, 4),
+                    max: figure(sp.max, 4),
+                }),
+            })
+            .collect(),
         setup: SetupJson {
             tcp_connect_us: figure(setup.tcp_connect_us, 2),
             qp_create_connect_us: figure(setup.qp_connect_us, 2),
@@ -136,7 +165,7 @@ fn markdown(
         let _ = writeln!(s, "| {} |", cells.join(" | "));
     }
     s.push_str("\n## Results\n\n");
-    s.push_str("| series | test | size | p50 µs | p99 µs | Gbit/s | msg/s | CPU s/GB |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
+    s.push_str("| series | test | size | p50 µs | p99 µs | Gbit/s | msg/s | CPU s/GB | spread (runs) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
         let _ = writeln!(s, "| {} |", result_cells(r).join(" | "));
     }
@@ -383,7 +412,19 @@ fn result_cells(r: &Row) -> Vec<String> {
     };
     let gbits =
         if r.peer && o.latency.is_some() { "-".into() } else { format!("{:.2}", o.gbits()) };
-    vec![r.label.clone(), o.test.into(), human_size(o.size), p50, p99, gbits, rate, cpu]
+    // The point's figure (p50 or Gbit/s) from its lowest to its highest repeat.
+    let spread = r.spread.map_or_else(
+        || "-".to_string(),
+        |sp| {
+            let (lo, hi) = if sp.latency {
+                (format!("{:.1}", sp.min), format!("{:.1}", sp.max))
+            } else {
+                (format!("{:.2}", sp.min), format!("{:.2}", sp.max))
+            };
+            format!("{lo}–{hi} ({})", sp.runs)
+        },
+    );
+    vec![r.label.clone(), o.test.into(), human_size(o.size), p50, p99, gbits, rate, cpu, spread]
 }
 
 /// A table of `head` and `rows`, each cell escaped; numbers align right.
@@ -491,7 +532,17 @@ fn html(
     s.push_str("<h2>Results</h2>");
     let result_rows: Vec<Vec<String>> = rows.iter().map(result_cells).collect();
     s.push_str(&table(
-        &["series", "test", "size", "p50 µs", "p99 µs", "Gbit/s", "msg/s", "CPU s/GB"],
+        &[
+            "series",
+            "test",
+            "size",
+            "p50 µs",
+            "p99 µs",
+            "Gbit/s",
+            "msg/s",
+            "CPU s/GB",
+            "spread (runs)",
+        ],
         &result_rows,
     ));
     let _ = write!(
@@ -702,6 +753,30 @@ fn summary_lines(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> Vec<String
             )
         })
         .collect();
+    // How far the repeats of a point lie apart: the widest range, relative to its median.
+    let widest = rows
+        .iter()
+        .filter_map(|r| {
+            let sp = r.spread?;
+            let mid = if sp.latency { r.outcome.latency?.p50 } else { r.outcome.gbits() };
+            let width = (sp.max - sp.min) / mid;
+            width.is_finite().then_some((width, r, sp))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((width, r, sp)) = widest {
+        let unit = if sp.latency { "µs p50" } else { "Gbit/s" };
+        lines.push(format!(
+            "repeats: {} runs per point; the widest spread is {} {} at {}: {:.2} to {:.2} {unit} \
+             ({:.0} % of its median)",
+            sp.runs,
+            r.label,
+            r.outcome.test,
+            human_size(r.outcome.size),
+            sp.min,
+            sp.max,
+            width * 100.0
+        ));
+    }
     lines.push(format!(
         "setup: TCP connect {:.1} µs; an RC QP through the RDMA CM (REQ/REP/RTU) {:.1} µs; an RC \
          QP created and connected with the peer's endpoint known {:.1} µs",
@@ -777,6 +852,7 @@ mod tests {
         Row {
             label: label.into(),
             peer: false,
+            spread: None,
             outcome: crate::perf::Outcome {
                 test,
                 size,
