@@ -30,6 +30,14 @@ const ALL: [&str; 20] = [
     "ud_bw",
 ];
 
+/// Held by each test that spins a client and a server: on two cores, tests that measure in
+/// parallel starve each other's threads (a UD stream lost every message so, and a ping-pong's
+/// median is what the tick test judges).
+fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static SPINNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SPINNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn uroce(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_uroce")).args(args).output().unwrap()
 }
@@ -98,6 +106,7 @@ fn client_json(tests: &[&str], options: &[&str]) -> Vec<String> {
 
 #[test]
 fn every_test_runs_once_against_a_server() {
+    let _one_at_a_time = exclusive();
     let _server = Server::start("127.0.0.23", 19801);
     let mut args = vec!["client", "127.0.0.23", "--port", "19801", "--local", "127.0.0.22"];
     args.extend(ALL);
@@ -240,6 +249,7 @@ fn under_exec(addr: &str) -> Command {
 /// events; then the ways opening a verbs device fails.
 #[test]
 fn the_verbs_backend_runs_every_rdma_test_through_the_drop_in() {
+    let _one_at_a_time = exclusive();
     let mut server = under_exec("127.0.0.53");
     server.args(["server", "--addr", "127.0.0.53", "--port", "19805", "--verbs", "--device"]);
     server.arg("uroce0");
@@ -300,6 +310,52 @@ fn the_verbs_backend_runs_every_rdma_test_through_the_drop_in() {
     c.args(["client", "127.0.0.53", "--port", "19805", "--verbs", "rc_lat"]);
     fails(&mut c, "cannot load /nonexistent/libibverbs.so.1");
     fails_with(&["server", "--device", "uroce0"], "add --verbs");
+}
+
+/// More threads spinning than there are cores (the client's and the server's test threads,
+/// plus one spinner per core): a ping-pong whose thread waits for the scheduler's next tick
+/// while another spins shows milliseconds at its median (the figures of issue 17 swung from
+/// 7 µs to 2,435 µs between runs). No p50 may land on a tick: the bound, half a millisecond,
+/// is below the shortest tick (1 ms at HZ=1000) and a hundred times what these tests take.
+#[test]
+fn no_median_lands_on_a_scheduler_tick_when_more_threads_spin_than_there_are_cores() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _one_at_a_time = exclusive();
+    let _server = Server::start("127.0.0.83", 19806);
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinners: Vec<_> = (0..num_cpus())
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                // Bounded: the client's run takes a second or two; a spinner stops after a
+                // minute whatever happens.
+                #[expect(clippy::disallowed_methods, reason = "a test bounds its own spinning")]
+                let start = std::time::Instant::now();
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(60) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let tests =
+        ["rc_lat", "ud_lat", "rc_rdma_write_lat", "rc_rdma_write_poll_lat", "rc_rdma_read_lat"];
+    let mut args = vec!["client", "127.0.0.83", "--port", "19806", "--local", "127.0.0.82"];
+    args.extend(tests);
+    args.extend(["-n", "2000", "--json"]);
+    let out = uroce(&args);
+    stop.store(true, Ordering::Relaxed);
+    for s in spinners {
+        s.join().unwrap();
+    }
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), tests.len(), "{text}");
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let p50 = v["latency"]["p50_us"].as_f64().unwrap();
+        assert!(p50 < 500.0, "{}: p50 {p50} µs with {} spinners: {line}", v["test"], num_cpus());
+    }
 }
 
 #[test]

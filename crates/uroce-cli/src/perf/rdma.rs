@@ -420,7 +420,20 @@ fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<bool, S
     }
 }
 
-/// The server's loop: answers the client until `stop` is set. Returns the messages and bytes
+/// The server's receives, every slot posted before it tells the client to go: on UC and UD a
+/// message that arrives before its receive is lost (a starved server thread once lost all 300
+/// of a UD stream so).
+pub(crate) fn server_ready(side: &Side, test: &TestDef) -> Result<(), String> {
+    let receives = matches!(test.op, Op::Send | Op::WriteImm) || test.pattern == Pattern::BiStream;
+    if receives {
+        for k in 0..side.recv_slots() {
+            side.post_recv(k)?;
+        }
+    }
+    Ok(())
+}
+
+/// The server's loop: answers the client until `stop` is set ([`server_ready`] first). Returns the messages and bytes
 /// it received.
 pub(crate) fn server(
     side: &mut Side,
@@ -430,12 +443,6 @@ pub(crate) fn server(
 ) -> Result<(u64, u64), String> {
     let size = p.size;
     let (mut msgs, mut bytes) = (0u64, 0u64);
-    let receives = matches!(test.op, Op::Send | Op::WriteImm) || test.pattern == Pattern::BiStream;
-    if receives {
-        for k in 0..side.recv_slots() {
-            side.post_recv(k)?;
-        }
-    }
     let mut seq = 0u64;
     let mut posted = 0u64;
     let mut done = 0u64;

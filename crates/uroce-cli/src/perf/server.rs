@@ -128,6 +128,7 @@ fn run(
         let peers = expect_peer(ctl)?.ok_or("the client sent no endpoint")?;
         *device = peers.first().map(|e| e.gid).or(*device);
         side.connect(&peers)?;
+        rdma::server_ready(&side, test)?;
         go(ctl)?;
         let cpu = p.pin.map(|c| c.1);
         serve_until_stop(ctl, &stop, || {
