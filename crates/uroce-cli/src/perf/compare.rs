@@ -86,9 +86,14 @@ pub(crate) struct Spread {
     pub(crate) latency: bool,
 }
 
-/// The figure a point is judged by: p50 latency (µs), or bandwidth (Gbit/s).
+/// The figure a point is judged by: p50 latency in µs for a latency test (infinite for a
+/// repeat in which no round was answered: the worst), bandwidth in Gbit/s for the others.
 fn figure_of(o: &Outcome) -> (f64, bool) {
-    o.latency.map_or((o.gbits(), false), |l| (l.p50, true))
+    if o.test.ends_with("_lat") {
+        (o.latency.map_or(f64::INFINITY, |l| l.p50), true)
+    } else {
+        (o.gbits(), false)
+    }
 }
 
 /// A point's row from its repeats: the median outcome by its figure, and the spread.
@@ -610,6 +615,13 @@ mod tests {
         let row = median_row("x".into(), vec![lat(9.0), lat(2.0), lat(3.0)]).unwrap();
         assert_eq!(row.outcome.latency.unwrap().p50, 3.0);
         assert_eq!(row.spread, Some(Spread { runs: 3, min: 2.0, max: 9.0, latency: true }));
+        // A repeat in which every round was lost (UC, UD) is the worst latency, not a
+        // bandwidth of 0.
+        let mut lost = lat(1.0);
+        lost.latency = None;
+        let row = median_row("x".into(), vec![lost, lat(2.0), lat(3.0)]).unwrap();
+        assert_eq!(row.outcome.latency.unwrap().p50, 3.0);
+        assert_eq!(row.spread.map(|s| (s.min, s.max.is_infinite())), Some((2.0, true)));
         let one = median_row("x".into(), vec![lat(4.0)]).unwrap();
         assert_eq!((one.outcome.latency.unwrap().p50, one.spread), (4.0, None));
         assert!(median_row("x".into(), Vec::new()).is_none());

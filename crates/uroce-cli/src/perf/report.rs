@@ -416,8 +416,11 @@ fn result_cells(r: &Row) -> Vec<String> {
     let spread = r.spread.map_or_else(
         || "-".to_string(),
         |sp| {
+            // An infinite latency is a repeat in which no round was answered.
+            let show =
+                |v: f64| if v.is_finite() { format!("{v:.1}") } else { "none answered".into() };
             let (lo, hi) = if sp.latency {
-                (format!("{:.1}", sp.min), format!("{:.1}", sp.max))
+                (show(sp.min), show(sp.max))
             } else {
                 (format!("{:.2}", sp.min), format!("{:.2}", sp.max))
             };
