@@ -400,9 +400,7 @@ fn client(parser: &mut lexopt::Parser) -> Result<ExitCode, lexopt::Error> {
             Long("mtu") => {
                 let m: u32 = parser.value()?.parse()?;
                 params.mtu = Some(
-                    uroce::Mtu::ALL
-                        .into_iter()
-                        .find(|x| x.bytes() == m)
+                    uroce::Mtu::from_bytes(m)
                         .ok_or("--mtu must be 256, 512, 1024, 2048 or 4096")?,
                 );
             }

@@ -168,6 +168,28 @@ impl Mtu {
     /// Every MTU, smallest first.
     pub const ALL: [Self; 5] =
         [Self::Mtu256, Self::Mtu512, Self::Mtu1024, Self::Mtu2048, Self::Mtu4096];
+
+    /// The MTU of `bytes` payload, if it is one of the five.
+    pub fn from_bytes(bytes: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.bytes() == bytes)
+    }
+
+    /// Its code: IBA 9.7.5 / table 7 (1 = 256 bytes … 5 = 4096), which is also rdma-core's
+    /// `enum ibv_mtu` and the CM's path MTU field.
+    pub const fn code(self) -> u8 {
+        match self {
+            Self::Mtu256 => 1,
+            Self::Mtu512 => 2,
+            Self::Mtu1024 => 3,
+            Self::Mtu2048 => 4,
+            Self::Mtu4096 => 5,
+        }
+    }
+
+    /// The MTU of a [`Mtu::code`], if it is one.
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.code() == code)
+    }
 }
 
 /// The transport service of a queue pair.

@@ -148,15 +148,6 @@ const fn about(e: &Event) -> Option<CommId> {
     }
 }
 
-/// IBA 9.7.5 / table 7 path MTU codes: 1 = 256 bytes … 5 = 4096.
-fn mtu_code(m: Mtu) -> u8 {
-    Mtu::ALL.iter().position(|&x| x == m).and_then(|i| u8::try_from(i + 1).ok()).unwrap_or(1)
-}
-
-fn mtu_of_code(c: u8) -> Option<Mtu> {
-    Mtu::ALL.get(usize::from(c).checked_sub(1)?).copied()
-}
-
 impl Context {
     /// This context's CM events, its sink installed on first use.
     fn hub(&self) -> Arc<Hub> {
@@ -239,7 +230,7 @@ impl Listener {
             Ok(_) => info.private_data.get(cma::HEADER_LEN..).unwrap_or(&[]).to_vec(),
             Err(_) => info.private_data.clone(),
         };
-        let mtu = mtu_of_code(info.path_mtu).map_or(qp.mtu, |m| m.min(qp.mtu));
+        let mtu = Mtu::from_code(info.path_mtu).map_or(qp.mtu, |m| m.min(qp.mtu));
         let remote = Endpoint {
             gid: from,
             qpn: info.remote_qpn,
@@ -322,7 +313,7 @@ impl crate::Qp {
             transport,
             responder_resources: uroce_engine::qp::MAX_RD_ATOMIC,
             initiator_depth: self.max_rd_atomic,
-            path_mtu: mtu_code(self.mtu),
+            path_mtu: self.mtu.code(),
             retry_count: self.retry_cnt & 7,
             rnr_retry_count: self.rnr_retry & 7,
             srq: false,
@@ -480,10 +471,10 @@ mod tests {
 
     #[test]
     fn path_mtu_codes_are_ibas() {
-        assert_eq!(mtu_code(Mtu::Mtu256), 1);
-        assert_eq!(mtu_code(Mtu::Mtu4096), 5);
-        assert_eq!(mtu_of_code(3), Some(Mtu::Mtu1024));
-        assert_eq!(mtu_of_code(0), None);
-        assert_eq!(mtu_of_code(6), None);
+        assert_eq!(Mtu::Mtu256.code(), 1);
+        assert_eq!(Mtu::Mtu4096.code(), 5);
+        assert_eq!(Mtu::from_code(3), Some(Mtu::Mtu1024));
+        assert_eq!(Mtu::from_code(0), None);
+        assert_eq!(Mtu::from_code(6), None);
     }
 }

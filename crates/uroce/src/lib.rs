@@ -819,9 +819,7 @@ impl Endpoint {
         let psn = Psn::new(be32(24)?).ok_or(Error::BadEndpoint("PSN beyond 24 bits"))?;
         let qkey = QKey(be32(28)?);
         let mtu_bytes = be32(32)?;
-        let mtu = Mtu::ALL
-            .into_iter()
-            .find(|m| m.bytes() == mtu_bytes)
+        let mtu = Mtu::from_bytes(mtu_bytes)
             .ok_or(Error::BadEndpoint("MTU not 256, 512, 1024, 2048 or 4096"))?;
         let n = take(36, 2).map(|s| usize::from(u16::from_be_bytes([s[0], s[1]])))?;
         let mut regions = Vec::with_capacity(n.min(1024));

@@ -585,29 +585,7 @@ mod tests {
     use super::*;
 
     fn lat(p50: f64) -> Outcome {
-        Outcome {
-            test: "rc_lat",
-            size: 64,
-            iters: 1,
-            seconds: 1.0,
-            bytes: 64,
-            latency: Some(super::super::Latency {
-                min: p50,
-                p50,
-                p99: p50,
-                p999: p50,
-                max: p50,
-                mean: p50,
-            }),
-            lost: 0,
-            arrived: 1,
-            client_cpu: super::super::Cpu::default(),
-            client_seconds: 1.0,
-            server_cpu: super::super::Cpu::default(),
-            server_seconds: 1.0,
-            system_cpu: None,
-            applied: super::super::Applied::default(),
-        }
+        Outcome::of_figure("rc_lat", 64, Some(p50), 64)
     }
 
     #[test]

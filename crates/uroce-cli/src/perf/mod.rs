@@ -351,7 +351,7 @@ impl Params {
                 "mtu" if v == "0" => p.mtu = None,
                 "mtu" => {
                     let m = num(v)?;
-                    let mtu = uroce::Mtu::ALL.into_iter().find(|x| u64::from(x.bytes()) == m);
+                    let mtu = u32::try_from(m).ok().and_then(uroce::Mtu::from_bytes);
                     p.mtu =
                         Some(mtu.ok_or_else(|| {
                             format!("MTU {m} is not 256, 512, 1024, 2048 or 4096")
@@ -592,6 +592,34 @@ pub(crate) struct Outcome {
 }
 
 impl Outcome {
+    /// A result known only by one figure over one second — a latency in µs (every percentile
+    /// that figure), or the bytes moved — with no CPU figures: what a peer tool reports.
+    pub(crate) fn of_figure(
+        test: &'static str,
+        size: usize,
+        latency_us: Option<f64>,
+        bytes: u64,
+    ) -> Self {
+        let latency =
+            latency_us.map(|l| Latency { min: l, p50: l, p99: l, p999: l, max: l, mean: l });
+        Self {
+            test,
+            size,
+            iters: 1,
+            seconds: 1.0,
+            bytes,
+            latency,
+            lost: 0,
+            arrived: 1,
+            client_cpu: Cpu::default(),
+            client_seconds: 1.0,
+            server_cpu: Cpu::default(),
+            server_seconds: 1.0,
+            system_cpu: None,
+            applied: Applied::default(),
+        }
+    }
+
     pub(crate) fn gbits(&self) -> f64 {
         #[expect(clippy::cast_precision_loss, reason = "a rate")]
         let b = self.bytes as f64;

@@ -10,7 +10,7 @@ use core::time::Duration;
 use std::process::{Child, Command, Stdio};
 
 use super::compare::Row;
-use super::{Cpu, Latency, Outcome};
+use super::Outcome;
 
 fn installed(tool: &str) -> bool {
     Command::new(tool).arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
@@ -59,34 +59,17 @@ fn row(
     lat_us: Option<f64>,
     gbits: Option<f64>,
 ) -> Row {
-    let seconds = 1.0;
     #[expect(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
         reason = "bytes in a second"
     )]
     let bytes = gbits.map_or(size as u64, |g| (g * 1e9 / 8.0) as u64);
-    let latency = lat_us.map(|l| Latency { min: l, p50: l, p99: l, p999: l, max: l, mean: l });
     Row {
         label: label.to_string(),
         peer: true,
         spread: None,
-        outcome: Outcome {
-            test,
-            size,
-            iters: 1,
-            seconds,
-            bytes,
-            latency,
-            lost: 0,
-            arrived: 1,
-            client_cpu: Cpu::default(),
-            client_seconds: seconds,
-            server_cpu: Cpu::default(),
-            server_seconds: seconds,
-            system_cpu: None,
-            applied: super::Applied::default(),
-        },
+        outcome: Outcome::of_figure(test, size, lat_us, bytes),
     }
 }
 

@@ -843,36 +843,11 @@ mod tests {
     /// A row of a run: `label`, `test` at `size`, a p50 (latency tests), or `bytes` moved in
     /// one second with each side busy `cores`.
     fn row(label: &str, test: &'static str, size: usize, p50: f64, bytes: u64, cores: f64) -> Row {
-        let latency = test.ends_with("_lat").then_some(crate::perf::Latency {
-            min: p50,
-            p50,
-            p99: p50,
-            p999: p50,
-            max: p50,
-            mean: p50,
-        });
-        let busy = crate::perf::Cpu { user: cores, sys: 0.0 };
-        Row {
-            label: label.into(),
-            peer: false,
-            spread: None,
-            outcome: crate::perf::Outcome {
-                test,
-                size,
-                iters: 1,
-                seconds: 1.0,
-                bytes,
-                latency,
-                lost: 0,
-                arrived: 1,
-                client_cpu: busy,
-                client_seconds: 1.0,
-                server_cpu: busy,
-                server_seconds: 1.0,
-                system_cpu: None,
-                applied: crate::perf::Applied::default(),
-            },
-        }
+        let latency = test.ends_with("_lat").then_some(p50);
+        let mut outcome = crate::perf::Outcome::of_figure(test, size, latency, bytes);
+        outcome.client_cpu = crate::perf::Cpu { user: cores, sys: 0.0 };
+        outcome.server_cpu = outcome.client_cpu;
+        Row { label: label.into(), peer: false, outcome, spread: None }
     }
 
     #[test]

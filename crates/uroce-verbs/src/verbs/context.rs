@@ -406,25 +406,14 @@ pub(super) fn port_attr(ctx: &Context) -> IbvPortAttr {
     }
 }
 
+/// `enum ibv_mtu` of an MTU: its IBA code.
 pub(super) fn mtu_enum(m: Mtu) -> c_int {
-    match m {
-        Mtu::Mtu256 => 1,
-        Mtu::Mtu512 => 2,
-        Mtu::Mtu1024 => 3,
-        Mtu::Mtu2048 => 4,
-        Mtu::Mtu4096 => 5,
-    }
+    c_int::from(m.code())
 }
 
+/// The MTU of an `enum ibv_mtu` value, if it is one.
 pub(super) fn mtu_from_enum(m: c_int) -> Option<Mtu> {
-    Some(match m {
-        1 => Mtu::Mtu256,
-        2 => Mtu::Mtu512,
-        3 => Mtu::Mtu1024,
-        4 => Mtu::Mtu2048,
-        5 => Mtu::Mtu4096,
-        _ => return None,
-    })
+    u8::try_from(m).ok().and_then(Mtu::from_code)
 }
 
 /// `verbs_context.query_port`: what the header's `ibv_query_port` calls, with the caller's

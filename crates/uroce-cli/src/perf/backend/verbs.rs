@@ -41,27 +41,14 @@ pub(crate) struct VerbsDevice {
     name: String,
 }
 
-/// The `ibv_mtu` value of an MTU (`IBV_MTU_256` = 1 … `IBV_MTU_4096` = 5).
+/// The `enum ibv_mtu` value of an MTU (`IBV_MTU_256` = 1 … `IBV_MTU_4096` = 5): its IBA code.
 fn ibv_mtu(m: Mtu) -> c_int {
-    match m {
-        Mtu::Mtu256 => 1,
-        Mtu::Mtu512 => 2,
-        Mtu::Mtu1024 => 3,
-        Mtu::Mtu2048 => 4,
-        Mtu::Mtu4096 => 5,
-    }
+    c_int::from(m.code())
 }
 
-/// The MTU of an `ibv_mtu` value; `None` for anything else.
+/// The MTU of an `enum ibv_mtu` value; `None` for anything else.
 fn mtu_of(v: c_int) -> Option<Mtu> {
-    Some(match v {
-        1 => Mtu::Mtu256,
-        2 => Mtu::Mtu512,
-        3 => Mtu::Mtu1024,
-        4 => Mtu::Mtu2048,
-        5 => Mtu::Mtu4096,
-        _ => return None,
-    })
+    u8::try_from(v).ok().and_then(Mtu::from_code)
 }
 
 /// A GID as an address: IPv4-mapped (`::ffff:a.b.c.d`, RoCE v2 over IPv4) as IPv4.
