@@ -9,8 +9,8 @@
 use core::time::Duration;
 use std::process::{Child, Command, Stdio};
 
-use super::compare::Row;
 use super::Outcome;
+use super::compare::Row;
 
 fn installed(tool: &str) -> bool {
     Command::new(tool).arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
