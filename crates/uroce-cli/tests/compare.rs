@@ -103,6 +103,15 @@ fn quick_compare_writes_a_report_whose_plots_all_have_data() {
         assert!(min <= mid && mid <= max, "the median within its spread: {r}");
         let name = if r["latency"].is_null() { "gbit_s" } else { "p50_us" };
         assert_eq!(sp["of"], name, "{r}");
+        // The machine's cache-line round trip, probed before each repeat (two CPUs or more).
+        if std::thread::available_parallelism().map_or(1, usize::from) >= 2 {
+            let rt = r["cache_line_rt_ns"].as_array().expect("probed");
+            let (lo, hi) = (rt[0].as_f64().unwrap(), rt[1].as_f64().unwrap());
+            assert!(0.0 < lo && lo <= hi, "{r}");
+        }
+    }
+    if std::thread::available_parallelism().map_or(1, usize::from) >= 2 {
+        assert!(doc["machine"]["cache_line_rt_ns"].is_array(), "the run's range");
     }
     assert!(stdout.contains("repeats: 3 runs per point; the widest spread is"), "{stdout}");
     assert!(json.contains("\"rdma_cm_connect_us\":"), "the RDMA CM connection's setup");

@@ -74,6 +74,9 @@ pub(crate) struct Row {
     pub(crate) outcome: Outcome,
     /// How that figure varied over the repeats; `None` for one run.
     pub(crate) spread: Option<Spread>,
+    /// The fastest and slowest cache-line round trip between CPUs 0 and 1 probed just before
+    /// its repeats, in ns ([`super::machine::cache_line_round_trip`]).
+    pub(crate) cache_line_rt_ns: Option<[f64; 2]>,
 }
 
 /// How a point's figure varied over its repeats.
@@ -96,6 +99,13 @@ fn figure_of(o: &Outcome) -> (f64, bool) {
     }
 }
 
+/// The lowest and highest of `v`, if any.
+fn range(v: &[f64]) -> Option<[f64; 2]> {
+    let lo = v.iter().copied().min_by(f64::total_cmp)?;
+    let hi = v.iter().copied().max_by(f64::total_cmp)?;
+    Some([lo, hi])
+}
+
 /// A point's row from its repeats: the median outcome by its figure, and the spread.
 fn median_row(label: String, mut runs: Vec<Outcome>) -> Option<Row> {
     runs.sort_by(|a, b| figure_of(a).0.total_cmp(&figure_of(b).0));
@@ -104,7 +114,7 @@ fn median_row(label: String, mut runs: Vec<Outcome>) -> Option<Row> {
     let (max, _) = figure_of(runs.last()?);
     let spread = (n > 1).then_some(Spread { runs: n, min, max, latency });
     let outcome = runs.swap_remove(n / 2);
-    Some(Row { label, peer: false, outcome, spread })
+    Some(Row { label, peer: false, outcome, spread, cache_line_rt_ns: None })
 }
 
 /// Setup costs, medians in microseconds.
@@ -247,7 +257,7 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     if let Some(note) = &cores_note {
         eprintln!("uroce compare: warning: {note}");
     }
-    let machine = Machine::now(format!(
+    let mut machine = Machine::now(format!(
         "{} matrix, {} run(s) of {:.2} s per point in rounds, sizes {}, devices {} and {}{}",
         if args.quick { "quick" } else { "full" },
         repeat,
@@ -303,7 +313,8 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     let runs: Vec<_> = (0..repeat).flat_map(|_| runs.iter().cloned()).collect();
     let total = runs.len();
     let mut failed = Vec::new();
-    let mut measured: Vec<(String, Vec<Outcome>)> = Vec::new();
+    // Each point's repeats and the cache-line probes taken just before them.
+    let mut measured: Vec<(String, Vec<Outcome>, Vec<f64>)> = Vec::new();
     // A progress line rewritten in place, only where a person watches (a log would fill with
     // carriage returns).
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -342,18 +353,23 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
             json: true,
             stack: path.stack.clone(),
         };
+        // The machine's state right before: where a latency moves with it, the host moved.
+        let probe = super::machine::cache_line_round_trip();
         // One measurement that fails is reported and the matrix goes on: the report holds the
         // rest, and names what is missing.
         match client::run(&plan, &mut std::io::sink()) {
             Ok(mut out) => {
                 if let Some(outcome) = out.pop() {
-                    let key = |(l, o): &(String, Vec<Outcome>)| {
+                    let same = |(l, o, _): &&mut (String, Vec<Outcome>, Vec<f64>)| {
                         *l == label
                             && o.first().is_some_and(|f| f.test == test.name && f.size == size)
                     };
-                    match measured.iter_mut().find(|m| key(m)) {
-                        Some((_, repeats)) => repeats.push(outcome),
-                        None => measured.push((label, vec![outcome])),
+                    match measured.iter_mut().find(same) {
+                        Some((_, repeats, probes)) => {
+                            repeats.push(outcome);
+                            probes.extend(probe);
+                        }
+                        None => measured.push((label, vec![outcome], probe.into_iter().collect())),
                     }
                 }
             }
@@ -368,7 +384,13 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         }
     }
     drop(server);
-    rows.extend(measured.into_iter().filter_map(|(label, runs)| median_row(label, runs)));
+    let all_probes: Vec<f64> = measured.iter().flat_map(|m| m.2.iter().copied()).collect();
+    machine.cache_line_rt_ns = range(&all_probes);
+    rows.extend(measured.into_iter().filter_map(|(label, runs, probes)| {
+        let mut row = median_row(label, runs)?;
+        row.cache_line_rt_ns = range(&probes);
+        Some(row)
+    }));
     if progress {
         eprint!("\r{:<80}\r", "");
     }

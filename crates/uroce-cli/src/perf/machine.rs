@@ -15,6 +15,9 @@ pub(crate) struct Machine {
     pub(crate) date: String,
     /// The options that shaped the matrix, as a person would type them.
     pub(crate) settings: String,
+    /// The fastest and slowest [`cache_line_round_trip`] of the run, in ns (probed before
+    /// every point): how far the host moved the vCPUs' cache placement meanwhile.
+    pub(crate) cache_line_rt_ns: Option<[f64; 2]>,
 }
 
 impl Machine {
@@ -44,6 +47,7 @@ impl Machine {
             uroce: env!("CARGO_PKG_VERSION"),
             date: iso8601(secs),
             settings,
+            cache_line_rt_ns: None,
         }
     }
 
@@ -54,6 +58,66 @@ impl Machine {
             self.host, self.cpu, self.cores, self.kernel, self.uroce, self.date, self.settings
         )
     }
+}
+
+/// Round trips of [`cache_line_round_trip`].
+const PROBE_ROUND_TRIPS: u32 = 4_000;
+
+/// How long one cache line takes to go from CPU 0 to CPU 1 and back, in ns: two threads pinned
+/// there hand a counter to each other [`PROBE_ROUND_TRIPS`] times. It is what every
+/// shared-memory handoff costs (a ring's head and tail, a packet, a completion), so a
+/// latency that moves with it moves with the machine, not the stack: on a VM the host may run
+/// the two vCPUs on cores that share a cache one moment and on cores that do not the next
+/// (123 ns against 340 ns here, each state lasting seconds). `None` on one CPU, or when the
+/// other thread does not get to run within 50 ms.
+pub(crate) fn cache_line_round_trip() -> Option<f64> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    if std::thread::available_parallelism().map_or(1, usize::from) < 2 {
+        return None;
+    }
+    let ball = AtomicU32::new(0);
+    let limit = core::time::Duration::from_millis(50);
+    // Waits until `ball` is `want`; false when that takes longer than `limit`.
+    let wait = |want: u32, start: std::time::Instant| {
+        let mut spins = 0u32;
+        while ball.load(Ordering::Acquire) != want {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) && start.elapsed() > limit {
+                return false;
+            }
+            core::hint::spin_loop();
+        }
+        true
+    };
+    std::thread::scope(|s| {
+        let peer = s.spawn(|| {
+            uroce_net::pin_current_thread(1).ok()?;
+            let start = super::now();
+            for k in 0..PROBE_ROUND_TRIPS {
+                if !wait(2 * k + 1, start) {
+                    return None;
+                }
+                ball.store(2 * k + 2, Ordering::Release);
+            }
+            Some(())
+        });
+        let mine = s.spawn(|| {
+            uroce_net::pin_current_thread(0).ok()?;
+            let start = super::now();
+            for k in 0..PROBE_ROUND_TRIPS {
+                ball.store(2 * k + 1, Ordering::Release);
+                if !wait(2 * k + 2, start) {
+                    // Let the peer stop too.
+                    ball.store(u32::MAX, Ordering::Release);
+                    return None;
+                }
+            }
+            Some(start.elapsed())
+        });
+        let took = mine.join().ok()??;
+        peer.join().ok()??;
+        Some(took.as_secs_f64() * 1e9 / f64::from(PROBE_ROUND_TRIPS))
+    })
 }
 
 /// `secs` since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ` (the proleptic Gregorian calendar,
@@ -80,6 +144,17 @@ fn iso8601(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::iso8601;
+
+    #[test]
+    fn a_cache_line_goes_between_two_cpus_and_back() {
+        // On two CPUs or more: a figure, well under the 50 ms a round trip may wait.
+        if std::thread::available_parallelism().map_or(1, usize::from) >= 2 {
+            // A loaded machine may not run the second thread in time: a few tries.
+            let ns = (0..5).find_map(|_| super::cache_line_round_trip());
+            let ns = ns.expect("a round trip on two CPUs");
+            assert!(ns > 0.0 && ns < 1e7, "{ns} ns");
+        }
+    }
 
     #[test]
     fn dates_are_iso_8601_utc() {

@@ -69,6 +69,7 @@ fn row(
         label: label.to_string(),
         peer: true,
         spread: None,
+        cache_line_rt_ns: None,
         outcome: Outcome::of_figure(test, size, lat_us, bytes),
     }
 }

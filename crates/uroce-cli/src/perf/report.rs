@@ -63,6 +63,9 @@ struct ResultJson<'a> {
     #[serde(flatten)]
     outcome: super::OutcomeJson<'a>,
     spread: Option<SpreadJson>,
+    /// The fastest and slowest cache-line round trip between CPUs 0 and 1 probed just before
+    /// the point's repeats, in ns.
+    cache_line_rt_ns: Option<[serde_json::Value; 2]>,
 }
 
 /// How a point's figure varied over its repeats.
@@ -98,6 +101,7 @@ fn json(machine: &Machine, rows: &[Row], setup: &Setup, cross: &[Crossover]) -> 
                     min: figure(sp.min, 4),
                     max: figure(sp.max, 4),
                 }),
+                cache_line_rt_ns: r.cache_line_rt_ns.map(|[a, b]| [figure(a, 1), figure(b, 1)]),
             })
             .collect(),
         setup: SetupJson {
@@ -780,6 +784,7 @@ fn summary_lines(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> Vec<String
             width * 100.0
         ));
     }
+    lines.extend(machine_line(rows));
     lines.push(format!(
         "setup: TCP connect {:.1} µs; an RC QP through the RDMA CM (REQ/REP/RTU) {:.1} µs; an RC \
          QP created and connected with the peer's endpoint known {:.1} µs",
@@ -800,6 +805,22 @@ fn summary_lines(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> Vec<String
         });
     }
     lines
+}
+
+/// What the host did meanwhile, when it mattered: the cache-line round trip between the two
+/// CPUs probed before each point, when its slowest was half again its fastest.
+fn machine_line(rows: &[Row]) -> Option<String> {
+    let probes: Vec<f64> = rows.iter().filter_map(|r| r.cache_line_rt_ns).flatten().collect();
+    let lo = probes.iter().copied().min_by(f64::total_cmp)?;
+    let hi = probes.iter().copied().max_by(f64::total_cmp)?;
+    (hi > lo * 1.5).then(|| {
+        format!(
+            "machine: a cache line between CPUs 0 and 1 took {lo:.0} to {hi:.0} ns over the run \
+             (probed before every point; on a VM the host may move the vCPUs between cores that \
+             share a cache and cores that do not): a latency that moves with it follows the \
+             machine, not the stack (each row's cache_line_rt_ns in results.json)"
+        )
+    })
 }
 
 /// The lines that matter, for the terminal.
@@ -847,7 +868,7 @@ mod tests {
         let mut outcome = crate::perf::Outcome::of_figure(test, size, latency, bytes);
         outcome.client_cpu = crate::perf::Cpu { user: cores, sys: 0.0 };
         outcome.server_cpu = outcome.client_cpu;
-        Row { label: label.into(), peer: false, outcome, spread: None }
+        Row { label: label.into(), peer: false, outcome, spread: None, cache_line_rt_ns: None }
     }
 
     #[test]
