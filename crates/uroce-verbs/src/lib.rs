@@ -31,9 +31,13 @@
 //! - The data path (`ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`,
 //!   `ibv_req_notify_cq`) is inline in the header and calls through `ibv_context.ops`.
 //! - Extended verbs find a `struct verbs_context` immediately before `struct ibv_context`,
-//!   recognized by `abi_compat` = all-ones; only `query_port` is set in it (so callers pass
-//!   their structure size), and the header's wrappers of the others fall back to the legacy
-//!   verbs or fail with `EOPNOTSUPP`.
+//!   recognized by `abi_compat` = all-ones. Every extended verb uroce implements is set in it
+//!   (`query_port` with the caller's structure size, `query_device_ex`, `create_cq_ex`,
+//!   `create_qp_ex`, `create_srq_ex`, `open_qp`, XRC domains, thread and parent domains,
+//!   device memory, `post_srq_ops`, `query_rt_values`, `advise_mr`); the header's wrapper of
+//!   the one left empty (`modify_cq`) fails with `EOPNOTSUPP`.
+//! - The structures are `uroce_verbs_abi`'s, which `uroce`'s benchmark also uses to drive a
+//!   system's libibverbs.
 //! - Every symbol of the real library exists with its version node (`src/symbols.rs`), because
 //!   programs and the libraries they load (librdmacm, libmlx5, libefa) are bound at start-up.
 //!   What uroce does not support fails as documented and never crashes (`compat`).
