@@ -81,8 +81,8 @@ pub struct IbvContext {
 pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 
 /// `struct verbs_context`: the extended verbs, in the memory right before `ibv_context` (which
-/// is its last member). `query_port`, `query_device_ex` and `create_qp_ex` are set; the inline
-/// wrappers of the others see NULL and fall back to the legacy verb or fail with `EOPNOTSUPP`.
+/// is its last member). A slot left NULL makes the header's inline wrapper fall back to the
+/// legacy verb or fail with `EOPNOTSUPP`.
 #[repr(C)]
 pub struct VerbsContext {
     pub query_port: Option<QueryPortFn>,

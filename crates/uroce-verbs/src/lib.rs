@@ -34,8 +34,9 @@
 //!   recognized by `abi_compat` = all-ones. Every extended verb uroce implements is set in it
 //!   (`query_port` with the caller's structure size, `query_device_ex`, `create_cq_ex`,
 //!   `create_qp_ex`, `create_srq_ex`, `open_qp`, XRC domains, thread and parent domains,
-//!   device memory, `post_srq_ops`, `query_rt_values`, `advise_mr`); the header's wrapper of
-//!   the one left empty (`modify_cq`) fails with `EOPNOTSUPP`.
+//!   device memory, `post_srq_ops`, `query_rt_values`, `advise_mr`); the header's wrappers
+//!   of those left empty (`modify_cq`, flows and flow actions, work queues and RSS tables,
+//!   counters, `alloc_null_mr`, `modify_qp_rate_limit`) fail with `EOPNOTSUPP`.
 //! - The structures are `uroce_verbs_abi`'s, which `uroce`'s benchmark also uses to drive a
 //!   system's libibverbs.
 //! - Every symbol of the real library exists with its version node (`src/symbols.rs`), because
