@@ -198,7 +198,11 @@ fn markdown(
         );
     }
     if !notes.is_empty() {
-        s.push_str("\n## Peers\n\nRows labelled `peer:` were measured by these tools in the same run (latency or bandwidth only; their CPU is not in the tables):\n\n");
+        // Notes are what failed, what the machine lacked, and how each peer tool ran.
+        s.push_str("\n## Notes\n\n");
+        if rows.iter().any(|r| r.peer) {
+            s.push_str("Rows labelled `peer:` were measured by the tools below in the same run (latency or bandwidth only; their CPU is not in the tables).\n\n");
+        }
         for n in notes {
             let _ = writeln!(s, "- {n}");
         }
