@@ -708,6 +708,19 @@ fn env_u64(name: &str, default: u64) -> u64 {
     }
 }
 
+/// The RC reliability of the seed sweeps' connections (`rc_sweep`, `xrc_sweep`, `mw_sweep`,
+/// `tm_sweep`): a short ACK timeout (code 8, about 1 ms) and seven retries and RNR retries, so
+/// that a few percent of loss recovers without running out of them; four READs or atomics in
+/// flight each way.
+pub const SWEEP_RELIABILITY: uroce_engine::Reliability = uroce_engine::Reliability {
+    timeout: 8,
+    retry_cnt: 7,
+    rnr_retry: 7,
+    min_rnr_timer: uroce_engine::RnrTimer::from_masked(1),
+    max_rd_atomic: 4,
+    max_dest_rd_atomic: 4,
+};
+
 /// Runs `run` for every seed of [`seeds_from_env`]`(default_count)`. On the first seed that
 /// returns an error or panics, panics (or resumes the panic) after naming the seed and the
 /// command that reruns exactly it.

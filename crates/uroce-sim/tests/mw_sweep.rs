@@ -24,10 +24,10 @@ use std::net::IpAddr;
 
 use uroce_engine::{
     Access, Device, DeviceConfig, Duration, MemoryRegion, Mtu, MwBind, MwType, PathAttr, Psn, QKey,
-    QpCap, QpInitAttr, QpType, RKey, RecvWr, Reliability, RemoteAddr, RnrTimer, SendWr, Sge,
-    VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    QpCap, QpInitAttr, QpType, RKey, RecvWr, RemoteAddr, SendWr, Sge, VecMemory, WcOpcode,
+    WcStatus, WorkCompletion, WrOpcode,
 };
-use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, sweep};
+use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, SWEEP_RELIABILITY, sweep};
 
 const DEFAULT_SEEDS: u64 = if cfg!(debug_assertions) { 200 } else { 2000 };
 const MEM: u64 = 4 << 20;
@@ -93,15 +93,7 @@ fn setup(seed: u64, mtu: Mtu, link: LinkConfig) -> World {
             sq_psn: psn[i],
             rq_psn: psn[peer],
         };
-        let reliability = Reliability {
-            timeout: 8,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: RnrTimer::from_masked(1),
-            max_rd_atomic: 4,
-            max_dest_rd_atomic: 4,
-        };
-        dev.connect_qp(qp[i], &path, &reliability).unwrap();
+        dev.connect_qp(qp[i], &path, &SWEEP_RELIABILITY).unwrap();
     }
     fabric.set_all_links(link);
     World { fabric, qp, cq, mr }

@@ -22,10 +22,10 @@ use std::net::IpAddr;
 
 use uroce_engine::{
     Access, CqHandle, Device, DeviceConfig, Duration, Instant, MemoryRegion, Mtu, PathAttr, Psn,
-    QKey, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, Reliability, RemoteAddr, RnrTimer,
-    SendWr, Sge, SrqHandle, VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    QKey, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, RemoteAddr, SendWr, Sge, SrqHandle,
+    VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
-use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, sweep};
+use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, SWEEP_RELIABILITY, sweep};
 
 /// Runs in the default sweep: 4 loss rates × 2 fault mixes, many seeds each. The sweep is
 /// meant for release builds (the README's test command); a debug build runs a tenth.
@@ -195,15 +195,7 @@ fn setup_with(seed: u64, mtu: Mtu, qp_type: QpType) -> (Fabric<DeviceNode<VecMem
             sq_psn: start_psn[i],
             rq_psn: start_psn[peer],
         };
-        let reliability = Reliability {
-            timeout: 8,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: RnrTimer::from_masked(1),
-            max_rd_atomic: 4,
-            max_dest_rd_atomic: 4,
-        };
-        dev.connect_qp(qp, &path, &reliability).unwrap();
+        dev.connect_qp(qp, &path, &SWEEP_RELIABILITY).unwrap();
     }
     (fabric, hosts)
 }

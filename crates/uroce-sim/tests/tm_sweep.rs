@@ -31,10 +31,10 @@ use std::net::IpAddr;
 use uroce_engine::tm::{self, TagOp, TagOpError, TagOpKind};
 use uroce_engine::{
     Access, CqHandle, Device, DeviceConfig, Duration, MemoryRegion, Mtu, PathAttr, Psn, QKey,
-    QpCap, QpInitAttr, QpType, Qpn, RecvWr, Reliability, RnrTimer, SendWr, Sge, SrqHandle, TmFlags,
-    VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    QpCap, QpInitAttr, QpType, Qpn, RecvWr, SendWr, Sge, SrqHandle, TmFlags, VecMemory, WcOpcode,
+    WcStatus, WorkCompletion, WrOpcode,
 };
-use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, sweep};
+use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, SWEEP_RELIABILITY, sweep};
 
 const DEFAULT_SEEDS: u64 = if cfg!(debug_assertions) { 100 } else { 1000 };
 const MEM: u64 = 8 << 20;
@@ -147,14 +147,6 @@ fn setup(seed: u64, mtu: Mtu, link: LinkConfig) -> World {
     });
     let mut rng = Rng::new(seed ^ 0x7417);
     let psn: [Psn; 2] = core::array::from_fn(|_| Psn::from_masked(rng.next_u64() as u32));
-    let reliability = Reliability {
-        timeout: 8,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        min_rnr_timer: RnrTimer::from_masked(1),
-        max_rd_atomic: 4,
-        max_dest_rd_atomic: 4,
-    };
     for i in [A, B] {
         let peer = 1 - i;
         devs[i].init_qp(qp[i], access, QKey(0)).unwrap();
@@ -165,7 +157,7 @@ fn setup(seed: u64, mtu: Mtu, link: LinkConfig) -> World {
             sq_psn: psn[i],
             rq_psn: psn[peer],
         };
-        devs[i].connect_qp(qp[i], &path, &reliability).unwrap();
+        devs[i].connect_qp(qp[i], &path, &SWEEP_RELIABILITY).unwrap();
     }
     for (i, dev) in devs.into_iter().enumerate() {
         fabric.add_node(DeviceNode::new(dev).gathering((seed + i as u64) % 2 == 1));

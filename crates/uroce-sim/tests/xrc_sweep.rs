@@ -21,11 +21,10 @@ use std::net::IpAddr;
 
 use uroce_engine::{
     Access, CqHandle, CreateError, DestroyError, Device, DeviceConfig, Duration, MemoryRegion, Mtu,
-    PathAttr, PostError, Psn, QKey, QpCap, QpInitAttr, QpType, Qpn, RecvWr, Reliability,
-    RemoteAddr, RnrTimer, SendWr, Sge, SrqHandle, VecMemory, WcOpcode, WcStatus, WorkCompletion,
-    WrOpcode, XrcdHandle,
+    PathAttr, PostError, Psn, QKey, QpCap, QpInitAttr, QpType, Qpn, RecvWr, RemoteAddr, SendWr,
+    Sge, SrqHandle, VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode, XrcdHandle,
 };
-use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, sweep};
+use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, SWEEP_RELIABILITY, sweep};
 
 const DEFAULT_SEEDS: u64 = if cfg!(debug_assertions) { 100 } else { 1000 };
 const MEM: u64 = 8 << 20;
@@ -57,17 +56,6 @@ struct World {
     b_cq: [CqHandle; 2],
     b_mr: [MemoryRegion; 2],
     xrcd: XrcdHandle,
-}
-
-fn reliability() -> Reliability {
-    Reliability {
-        timeout: 8,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        min_rnr_timer: RnrTimer::from_masked(1),
-        max_rd_atomic: 4,
-        max_dest_rd_atomic: 4,
-    }
 }
 
 fn setup(seed: u64, mtu: Mtu, link: LinkConfig) -> World {
@@ -112,11 +100,11 @@ fn setup(seed: u64, mtu: Mtu, link: LinkConfig) -> World {
         let a = &mut devs[A];
         a.init_qp(ini[i], Access::NONE, QKey(0)).unwrap();
         let path = PathAttr { dest: addrs[B], dest_qpn: tgt[i], mtu, sq_psn: ps, rq_psn: pt };
-        a.connect_qp(ini[i], &path, &reliability()).unwrap();
+        a.connect_qp(ini[i], &path, &SWEEP_RELIABILITY).unwrap();
         let b = &mut devs[B];
         b.init_qp(tgt[i], remote, QKey(0)).unwrap();
         let path = PathAttr { dest: addrs[A], dest_qpn: ini[i], mtu, sq_psn: pt, rq_psn: ps };
-        b.connect_qp(tgt[i], &path, &reliability()).unwrap();
+        b.connect_qp(tgt[i], &path, &SWEEP_RELIABILITY).unwrap();
     }
     for (i, dev) in devs.into_iter().enumerate() {
         fabric.add_node(DeviceNode::new(dev).gathering((seed + i as u64) % 2 == 1));
