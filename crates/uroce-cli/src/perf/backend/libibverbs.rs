@@ -146,22 +146,6 @@ impl Lib {
         Ok(Arc::new(Self { fns }))
     }
 
-    /// The names of the devices the library lists.
-    pub(crate) fn device_names(&self) -> Vec<String> {
-        let mut n: c_int = 0;
-        // SAFETY: ibv_get_device_list writes the count and returns a NULL-terminated array (or
-        // NULL on failure).
-        let list = unsafe { (self.fns.get_device_list)(&raw mut n) };
-        if list.is_null() {
-            return Vec::new();
-        }
-        let count = usize::try_from(n).unwrap_or(0);
-        let names = (0..count).map(|i| self.name_at(list, i)).collect();
-        // SAFETY: the list ibv_get_device_list returned, freed once.
-        unsafe { (self.fns.free_device_list)(list) };
-        names
-    }
-
     /// The name of entry `i` of a device list of more than `i` entries.
     fn name_at(&self, list: *mut *mut IbvDevice, i: usize) -> String {
         // SAFETY: `i` is below the count the library returned with `list`.
@@ -191,6 +175,8 @@ impl Lib {
 pub(crate) struct Context {
     lib: Arc<Lib>,
     ctx: NonNull<IbvContext>,
+    /// The device's name, as the library lists it.
+    name: String,
 }
 
 // SAFETY: rdma-core's verbs are thread-safe: a context and the objects made from it may be used
@@ -203,7 +189,8 @@ impl Context {
     /// Opens the device named `name`, or the first one listed.
     pub(crate) fn open(lib: &Arc<Lib>, name: Option<&str>) -> Result<Arc<Self>, String> {
         let mut n: c_int = 0;
-        // SAFETY: as in `Lib::device_names`.
+        // SAFETY: ibv_get_device_list writes the count and returns a NULL-terminated array (or
+        // NULL on failure).
         let list = unsafe { (lib.fns.get_device_list)(&raw mut n) };
         if list.is_null() {
             return Err(format!("no RDMA devices: ibv_get_device_list: {}", errno()));
@@ -229,13 +216,19 @@ impl Context {
                 None => "no RDMA devices listed".to_string(),
             });
         };
-        let ctx = NonNull::new(opened)
-            .ok_or_else(|| format!("ibv_open_device {}: {}", name.unwrap_or("?"), errno()))?;
-        Ok(Arc::new(Self { lib: Arc::clone(lib), ctx }))
+        let name = found.and_then(|i| names.get(i)).cloned().unwrap_or_default();
+        let ctx =
+            NonNull::new(opened).ok_or_else(|| format!("ibv_open_device {name}: {}", errno()))?;
+        Ok(Arc::new(Self { lib: Arc::clone(lib), ctx, name }))
     }
 
     pub(crate) fn lib(&self) -> &Lib {
         &self.lib
+    }
+
+    /// The device's name, as the library lists it.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     /// The provider's table of the verbs the header inlines.

@@ -38,7 +38,6 @@ pub(crate) struct VerbsDevice {
     gid: IpAddr,
     /// The port's active MTU.
     port_mtu: Mtu,
-    name: String,
 }
 
 /// The `enum ibv_mtu` value of an MTU (`IBV_MTU_256` = 1 … `IBV_MTU_4096` = 5): its IBA code.
@@ -78,10 +77,7 @@ impl VerbsDevice {
     pub(crate) fn open(device: Option<&str>, gid_index: u32) -> Result<Self, String> {
         let lib = Lib::load()?;
         let ctx = Context::open(&lib, device)?;
-        let name = device.map_or_else(
-            || lib.device_names().into_iter().next().unwrap_or_default(),
-            str::to_string,
-        );
+        let name = ctx.name().to_string();
         let port = ctx.port(PORT).map_err(|e| format!("{name}: {e}"))?;
         if port.state != IBV_PORT_ACTIVE {
             return Err(format!("{name}: port {PORT} is not active (state {})", port.state));
@@ -93,7 +89,7 @@ impl VerbsDevice {
         if raw == [0; 16] {
             return Err(format!("{name}: GID index {gid_index} of port {PORT} is empty"));
         }
-        Ok(Self { ctx, gid_index, gid: gid_addr(raw), port_mtu, name })
+        Ok(Self { ctx, gid_index, gid: gid_addr(raw), port_mtu })
     }
 }
 
@@ -185,7 +181,7 @@ impl Device for VerbsDevice {
     }
 
     fn describe(&self) -> String {
-        format!("verbs {} (GID {} = {})", self.name, self.gid_index, self.gid)
+        format!("verbs {} (GID {} = {})", self.ctx.name(), self.gid_index, self.gid)
     }
 }
 
