@@ -38,6 +38,11 @@ pub struct Transmit {
     /// The ICRC field is zero, left for the runtime to compute where the path needs it
     /// ([`Device::set_defer_icrc`](crate::Device::set_defer_icrc)); only for packets with `payload_at`.
     pub icrc_deferred: bool,
+    /// Send it as a datagram of its own, never segmented with the packets beside it: it is a
+    /// copy sent in case the first is lost ([`Device::destroy_qp`](crate::Device::destroy_qp)'s
+    /// farewell ACKs). A segmented send stays one buffer until the interface cuts it, and a
+    /// drop on the way there (a queue, a veth's netfilter hook) takes every segment at once.
+    pub alone: bool,
 }
 
 /// A piece of a packet's payload in registered memory: address and length.
@@ -375,6 +380,7 @@ impl<M: MemoryAccess> Ctx<M> {
             src_port,
             payload_at,
             icrc_deferred,
+            alone: false,
         })
     }
 }

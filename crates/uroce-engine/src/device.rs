@@ -636,7 +636,8 @@ impl<M: MemoryAccess> Device<M> {
         qp.resp.out.extend([last; FAREWELL_COPIES]);
         let mut buf = Vec::new();
         while let Some(tx) = responder::poll(qp, &mut self.ctx, &mut buf) {
-            self.farewell.push_back((core::mem::take(&mut buf), tx));
+            // Each its own datagram: copies lost together are no copies.
+            self.farewell.push_back((core::mem::take(&mut buf), Transmit { alone: true, ..tx }));
         }
     }
 

@@ -125,6 +125,7 @@ impl Gsi {
                 src_port: self.src_port,
                 payload_at: None,
                 icrc_deferred: defer_icrc,
+                alone: false,
             });
         }
     }

@@ -2177,3 +2177,22 @@ fn a_responder_destroyed_after_its_last_ack_was_lost_still_lets_the_sender_compl
     let farewells = p.log().iter().filter(|l| l.1 == B && l.2 == Opcode::RC_ACKNOWLEDGE).count();
     assert_eq!(farewells, 3, "the lost ACK and its two farewell copies");
 }
+
+#[test]
+fn farewell_acks_leave_as_datagrams_of_their_own() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.post_recv(B, 1, 0, 64);
+    p.post_send(A, SendWr::new(7, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+    p.run(Duration::from_micros(20));
+    let qp_b = p.hosts[B].qp;
+    assert!(p.net[B].dev.destroy_qp(qp_b));
+    // Segmented into one send with its neighbours, a copy would share their fate on the way
+    // (a UDP GSO buffer is dropped whole): each is marked to go alone.
+    let now = p.now();
+    let mut buf = Vec::new();
+    let mut alone = Vec::new();
+    while let Some(tx) = p.net[B].dev.poll_transmit(now, &mut buf) {
+        alone.push(tx.alone);
+    }
+    assert_eq!(alone, [true, true]);
+}

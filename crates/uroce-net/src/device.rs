@@ -867,6 +867,7 @@ impl State {
                 pieces,
                 icrc_deferred: tx.icrc_deferred || port != tx.src_port,
                 ip_id: 0,
+                alone: tx.alone,
             });
             if self.out.len() >= 64 {
                 self.send_out();

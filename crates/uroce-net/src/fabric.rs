@@ -40,6 +40,8 @@ pub(crate) struct Outgoing {
     /// The IPv4 identification the ICRC was computed for, once computed (0 from the engine; k
     /// for segment k of a GSO send).
     pub(crate) ip_id: u16,
+    /// Never segmented with its neighbours ([`uroce_engine::Transmit::alone`]).
+    pub(crate) alone: bool,
 }
 
 impl Outgoing {
@@ -54,6 +56,7 @@ impl Outgoing {
             pieces: Vec::new(),
             icrc_deferred: false,
             ip_id: 0,
+            alone: false,
         }
     }
 

@@ -83,6 +83,37 @@ struct Run {
     segment: usize,
 }
 
+/// Cuts `run` (packets of one source port, their lengths in `lens`) into datagrams, in `runs`:
+/// with segmentation on (`gso`), each is a stretch of packets to one destination, all of one
+/// length but the last, which may be shorter (udp(7): every segment but the last is
+/// `gso_size`); a packet marked [`Outgoing::alone`] is a datagram by itself.
+fn plan(runs: &mut Vec<Run>, lens: &[usize], run: &[Outgoing], gso: bool) {
+    runs.clear();
+    let mut i = 0;
+    while i < run.len() {
+        let segment = lens[i];
+        let most = if gso && !run[i].alone {
+            GSO_MAX_SEGMENTS.min(GSO_MAX_BYTES / segment.max(1)).max(1)
+        } else {
+            1
+        };
+        let mut j = i + 1;
+        while j < run.len()
+            && j - i < most
+            && run[j].dst == run[i].dst
+            && !run[j].alone
+            && lens[j] <= segment
+        {
+            j += 1;
+            if lens[j - 1] < segment {
+                break;
+            }
+        }
+        runs.push(Run { first: i, count: j - i, segment });
+        i = j;
+    }
+}
+
 impl Udp {
     /// Binds the device's RoCEv2 port on `addr`, shared with the device's other processes.
     pub(crate) fn bind(addr: IpAddr, offloads: Offloads) -> io::Result<Self> {
@@ -152,35 +183,6 @@ impl Udp {
         socks.iter().find(|s| s.0 == port).map(|s| &s.1)
     }
 
-    /// Cuts `run` (packets of one source port, lengths in `self.lens`) into datagrams: with
-    /// segmentation on, each is a stretch of packets to one destination, all of one length but
-    /// the last, which may be shorter (udp(7): every segment but the last is `gso_size`).
-    fn plan(&mut self, run: &[Outgoing]) {
-        self.runs.clear();
-        let mut i = 0;
-        while i < run.len() {
-            let segment = self.lens[i];
-            let most = if self.gso {
-                GSO_MAX_SEGMENTS.min(GSO_MAX_BYTES / segment.max(1)).max(1)
-            } else {
-                1
-            };
-            let mut j = i + 1;
-            while j < run.len()
-                && j - i < most
-                && run[j].dst == run[i].dst
-                && self.lens[j] <= segment
-            {
-                j += 1;
-                if self.lens[j - 1] < segment {
-                    break;
-                }
-            }
-            self.runs.push(Run { first: i, count: j - i, segment });
-            i = j;
-        }
-    }
-
     /// Sends `run` (packets from source port `port`); returns how many the kernel took.
     fn send_run(
         &mut self,
@@ -194,7 +196,7 @@ impl Udp {
             let rest = &mut run[done..];
             self.lens.clear();
             self.lens.extend(rest.iter().map(|o| o.parts(mem).map(<[u8]>::len).sum::<usize>()));
-            self.plan(rest);
+            plan(&mut self.runs, &self.lens, rest, self.gso);
             for r in &self.runs {
                 for (k, o) in rest[r.first..r.first + r.count].iter_mut().enumerate() {
                     let id = if r.count > 1 { u16::try_from(k).unwrap_or(0) } else { 0 };
@@ -343,5 +345,42 @@ impl Fabric for Udp {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet(dst: &str, len: usize, alone: bool) -> Outgoing {
+        Outgoing { dst: dst.parse().unwrap(), bytes: vec![0; len], alone, ..Outgoing::empty() }
+    }
+
+    /// The datagrams `packets` leave in, as (first, count).
+    fn planned(packets: &[Outgoing], gso: bool) -> Vec<(usize, usize)> {
+        let lens: Vec<usize> = packets.iter().map(|p| p.bytes.len()).collect();
+        let mut runs = Vec::new();
+        plan(&mut runs, &lens, packets, gso);
+        runs.iter().map(|r| (r.first, r.count)).collect()
+    }
+
+    #[test]
+    fn segments_runs_of_one_destination_and_length_but_never_a_packet_sent_alone() {
+        let (a, b) = ("192.0.2.1:4791", "192.0.2.2:4791");
+        // Equal lengths to one destination: one send; a shorter packet ends it; a new
+        // destination starts another.
+        let p = [packet(a, 60, false), packet(a, 60, false), packet(a, 20, false)];
+        assert_eq!(planned(&p, true), [(0, 3)]);
+        let p = [packet(a, 20, false), packet(a, 20, false), packet(b, 20, false)];
+        assert_eq!(planned(&p, true), [(0, 2), (2, 1)]);
+        // A last ACK and its two copies (a QP's farewell): three datagrams, so that whatever
+        // drops one of them need not drop the others.
+        let p = [packet(a, 20, false), packet(a, 20, true), packet(a, 20, true)];
+        assert_eq!(planned(&p, true), [(0, 1), (1, 1), (2, 1)]);
+        let p = [packet(a, 20, true), packet(a, 20, false), packet(a, 20, false)];
+        assert_eq!(planned(&p, true), [(0, 1), (1, 2)]);
+        // Without segmentation every packet goes alone anyway.
+        let p = [packet(a, 20, false), packet(a, 20, false)];
+        assert_eq!(planned(&p, false), [(0, 1), (1, 1)]);
     }
 }
