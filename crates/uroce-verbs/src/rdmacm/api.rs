@@ -109,6 +109,8 @@ pub(crate) fn new_id(
         }),
         sync,
         path,
+        events_out: std::sync::Mutex::new(0),
+        all_acked: std::sync::Condvar::new(),
     });
     routes(|r| {
         r.chans.insert(idp.addr(), inner);
@@ -340,6 +342,15 @@ unsafe extern "C" fn uroce_rdmacm_destroy_id(id: *mut RdmaCmId) -> c_int {
         // again.
         drop(unsafe { Box::from_raw(ev.cast::<EventPriv>()) });
     }
+    // Every event handed out on the id is acknowledged before it goes, as librdmacm waits: an
+    // application's event thread that is still handling the id's last event (rping's, printing
+    // its DISCONNECTED) is done with it, and back waiting on the channel, before the main
+    // thread goes on to destroy the channel.
+    let mut out = lock(&idp.events_out);
+    while *out > 0 {
+        out = idp.all_acked.wait(out).unwrap_or_else(std::sync::PoisonError::into_inner);
+    }
+    drop(out);
     // The last holder (this, or an event being processed in another thread) frees it.
     drop(held);
     0
@@ -914,7 +925,8 @@ unsafe extern "C" fn uroce_rdmacm_get_cm_event(
     // SAFETY: the application's channel.
     let Some(chan) = (unsafe { chan_of(channel) }) else { return err(libc::EBADF) };
     match events::next(&chan) {
-        Ok(e) => {
+        Ok(mut e) => {
+            e.hand_out();
             // SAFETY: the caller's out-pointer.
             unsafe { *ev = Box::into_raw(e).cast() };
             0
@@ -1257,5 +1269,40 @@ mod tests {
         // A second destroy of the same pointer is ignored, not a double free.
         // SAFETY: as above.
         unsafe { uroce_rdmacm_destroy_event_channel(ch) };
+    }
+
+    /// rdma_destroy_id(3) returns only once every event handed out on the id is acknowledged
+    /// (rping's main thread destroys its id while its event thread still prints the id's
+    /// DISCONNECTED; without the wait it destroyed the channel too, and the event thread's next
+    /// `rdma_get_cm_event` failed with EBADF, rping with status 255).
+    #[test]
+    fn destroying_an_id_waits_for_its_events_to_be_acknowledged() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let ch = uroce_rdmacm_create_event_channel();
+        let mut id = null_mut();
+        // SAFETY: a live channel and an out-pointer on the stack.
+        let rc = unsafe { uroce_rdmacm_create_id(ch, &raw mut id, null_mut(), ps::TCP) };
+        assert_eq!(rc, 0);
+        let mut e = event(id, event::DISCONNECTED, 0);
+        e.hand_out();
+        let ev = Box::into_raw(e);
+        let destroyed = Arc::new(AtomicBool::new(false));
+        let (id_addr, ch_addr) = (id as usize, ch as usize);
+        let done = Arc::clone(&destroyed);
+        let destroyer = std::thread::spawn(move || {
+            // SAFETY: the id made above, destroyed once.
+            let rc = unsafe { uroce_rdmacm_destroy_id(id_addr as *mut RdmaCmId) };
+            done.store(true, Ordering::SeqCst);
+            // SAFETY: the channel made above, destroyed once.
+            unsafe { uroce_rdmacm_destroy_event_channel(ch_addr as *mut RdmaEventChannel) };
+            rc
+        });
+        #[expect(clippy::disallowed_methods, reason = "gives the destroyer time to return early")]
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!destroyed.load(Ordering::SeqCst), "rdma_destroy_id returned with an event out");
+        // SAFETY: the event handed out above, acknowledged once.
+        assert_eq!(unsafe { uroce_rdmacm_ack_cm_event(ev.cast()) }, 0);
+        assert_eq!(destroyer.join().unwrap(), 0);
+        assert!(destroyed.load(Ordering::SeqCst));
     }
 }

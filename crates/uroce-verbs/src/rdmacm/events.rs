@@ -28,6 +28,7 @@ pub(crate) fn event(id: *mut RdmaCmId, kind: c_int, status: c_int) -> Box<EventP
             param: unsafe { core::mem::zeroed() },
         },
         private: Vec::new(),
+        reported_on: None,
     })
 }
 
@@ -111,7 +112,8 @@ pub(crate) fn next(chan: &ChanInner) -> Result<Box<EventPriv>, Errno> {
 ///
 /// `idp` is a live synchronous id.
 pub(crate) unsafe fn complete(idp: &IdPriv, sync: &Chan) -> Result<(), Errno> {
-    let e = next(&sync.inner)?;
+    let mut e = next(&sync.inner)?;
+    e.hand_out();
     let status = e.ev.status;
     let kind = e.ev.event;
     let raw = idp.id_ptr();

@@ -313,6 +313,32 @@ pub(crate) struct Chan {
 pub(crate) struct EventPriv {
     pub(crate) ev: RdmaCmEvent,
     pub(crate) private: Vec<u8>,
+    /// The id it was reported on, once handed out: acknowledging it (dropping it) tells that
+    /// id one event fewer is out ([`IdPriv::events_out`]).
+    pub(crate) reported_on: Option<Arc<IdPriv>>,
+}
+
+impl EventPriv {
+    /// Counts the event as handed to the application, against the id it is reported on: a
+    /// connection request's listener (librdmacm's `evt->id_priv`), any other event's own id.
+    pub(crate) fn hand_out(&mut self) {
+        let on = if self.ev.listen_id.is_null() { self.ev.id } else { self.ev.listen_id };
+        // SAFETY: ids are looked up among the live ones.
+        if let Some(id) = unsafe { id_of(on) } {
+            *lock(&id.events_out) += 1;
+            self.reported_on = Some(id);
+        }
+    }
+}
+
+impl Drop for EventPriv {
+    fn drop(&mut self) {
+        if let Some(id) = self.reported_on.take() {
+            let mut out = lock(&id.events_out);
+            *out = out.saturating_sub(1);
+            id.all_acked.notify_all();
+        }
+    }
 }
 
 // SAFETY: the pointers name ids (used only through this library's checked lookups) and the
@@ -397,6 +423,11 @@ pub(crate) struct IdPriv {
     pub(crate) sync: Option<Box<Chan>>,
     /// The path record `id.route.path_rec` points to once the route is resolved.
     pub(crate) path: core::cell::UnsafeCell<IbvSaPathRec>,
+    /// Events reported on this id and handed to the application, not yet acknowledged
+    /// (`rdma_ack_cm_event`): `rdma_destroy_id` waits for them (rdma_destroy_id(3): "users must
+    /// ... ack all related events"; librdmacm's `ucma_free_id` blocks until they are).
+    pub(crate) events_out: Mutex<u32>,
+    pub(crate) all_acked: std::sync::Condvar,
 }
 
 impl Drop for IdPriv {
