@@ -278,6 +278,11 @@ impl NetCounters {
     /// line in [`NetCounters::fields`] fails to compile there.
     pub const COUNT: usize = size_of::<Self>() / 8;
 
+    /// Packets received on every path: UDP datagrams and shared-memory records.
+    pub const fn received(&self) -> u64 {
+        self.rx_datagrams + self.shm_rx_packets
+    }
+
     /// Every counter with its name, in declaration order.
     pub fn fields(&self) -> [(&'static str, u64); Self::COUNT] {
         [
@@ -970,7 +975,7 @@ fn spin(shared: &Shared, spin_ns: u64) {
         let (rx, now) = {
             let mut s = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
             s.progress();
-            (s.counters.rx_datagrams, s.now())
+            (s.counters.received(), s.now())
         };
         if seen != Some(rx) {
             seen = Some(rx);
@@ -1460,9 +1465,9 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
             }
             s.counters.progress_wakeups += 1;
             s.counters.progress_look_ins += core::mem::take(&mut look_ins);
-            let before = s.counters.rx_datagrams + s.counters.shm_rx_packets;
+            let before = s.counters.received();
             s.progress();
-            let received = s.counters.rx_datagrams + s.counters.shm_rx_packets != before;
+            let received = s.counters.received() != before;
             if spin_ns > 0 && received && !shared.busy_polled(s.now()) {
                 drop(s);
                 spin(shared, spin_ns);
