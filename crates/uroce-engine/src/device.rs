@@ -45,6 +45,8 @@ pub struct Device<M> {
     pub(crate) qps: BTreeMap<u32, Qp>,
     /// The QPs with a timer running or work outstanding.
     pub(crate) watch: QpWatch,
+    /// A CQ has been armed for a notification: the application waits for completion events.
+    events_requested: bool,
     /// Multicast groups and the QPs attached to each, in attach order.
     pub(crate) mcast: BTreeMap<IpAddr, Vec<Qpn>>,
     /// ICRC prefixes for datagrams reaching UD QPs, by (source, destination): a UD QP hears
@@ -114,6 +116,7 @@ impl<M: MemoryAccess> Device<M> {
             xrcds: BTreeSet::new(),
             next_xrcd: 1,
             farewell: VecDeque::new(),
+            events_requested: false,
         }
     }
 
@@ -370,7 +373,15 @@ impl<M: MemoryAccess> Device<M> {
     /// queued do not count. `false` for an unknown CQ.
     pub fn req_notify_cq(&mut self, cq: CqHandle, solicited_only: bool) -> bool {
         let arm = if solicited_only { Arm::Solicited } else { Arm::Any };
-        self.ctx.cqs.get_mut(&cq.0).map(|q| q.arm(arm)).is_some()
+        let armed = self.ctx.cqs.get_mut(&cq.0).map(|q| q.arm(arm)).is_some();
+        self.events_requested |= armed;
+        armed
+    }
+
+    /// Whether any CQ has ever been armed ([`Device::req_notify_cq`]): the application waits
+    /// for completion events rather than (only) polling.
+    pub fn events_requested(&self) -> bool {
+        self.events_requested
     }
 
     /// Whether `cq` is armed (`ibv_req_notify_cq`) and its notification has not fired yet:

@@ -8,8 +8,8 @@ use std::fs::File;
 use std::io::{self, BufWriter};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 
 use uroce_engine::device::Piece;
@@ -55,12 +55,14 @@ pub struct Options {
     /// A real-time one runs at once, as a NIC would; it costs bandwidth when the application
     /// polls (it preempts the poller), so it is not the default.
     pub realtime_progress: bool,
-    /// After a round of progress that received datagrams, the progress thread keeps polling
-    /// the sockets this long (since the last datagram) before it sleeps
-    /// (`UROCE_PROGRESS_SPIN_US`). A passive RDMA READ or WRITE target then answers without
-    /// a thread wake-up per request, when a core is free to spin on; when every core is
-    /// already spinning (both sides of `ib_write_lat` on two cores) it only adds contention,
-    /// so it is off by default.
+    /// After a round of progress that received a trickle of packets (a request, a ping-pong's
+    /// message: at most four), the progress thread keeps polling this long (since the last
+    /// packet) before it sleeps (`UROCE_PROGRESS_SPIN_US`, 50 µs unless set; 0: never), as a
+    /// NIC's receive path is always awake: a passive RDMA READ or WRITE target answers without
+    /// a thread wake-up per request. A stream is not spun for: it keeps the thread busy
+    /// anyway; nor are a process's packets once it has armed a CQ for a completion event: its
+    /// waits spin for their events themselves ([`Options::event_spin`]). While it spins, an
+    /// application's verb that finds the device lock taken goes first.
     pub progress_spin: Option<Duration>,
     /// A thread about to block for a completion event (`ibv_get_cq_event`) first busy-polls
     /// the device this long (`UROCE_EVENT_SPIN_US`, 50 µs unless set; 0: never): an event
@@ -120,11 +122,13 @@ impl Options {
         }
         o.realtime_progress = std::env::var("UROCE_PROGRESS_RT").is_ok_and(|v| v == "1");
         o.udp_only = std::env::var("UROCE_FABRIC").is_ok_and(|v| v == "udp");
-        o.progress_spin = std::env::var("UROCE_PROGRESS_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|&us| us > 0)
-            .map(Duration::from_micros);
+        let progress_spin_us =
+            std::env::var("UROCE_PROGRESS_SPIN_US").ok().map(|v| v.parse::<u64>());
+        o.progress_spin = match progress_spin_us {
+            None => Some(Duration::from_micros(DEFAULT_PROGRESS_SPIN_US)),
+            Some(Ok(0) | Err(_)) => None,
+            Some(Ok(us)) => Some(Duration::from_micros(us)),
+        };
         let event_spin_us = std::env::var("UROCE_EVENT_SPIN_US").ok().map(|v| v.parse::<u64>());
         o.event_spin = match event_spin_us {
             None => Some(Duration::from_micros(DEFAULT_EVENT_SPIN_US)),
@@ -150,6 +154,10 @@ impl std::error::Error for EnvError {}
 /// [`Options::event_spin`] by default: above an event-driven round trip between two processes
 /// of this host (about 10 µs busy-polling), well below a scheduler tick.
 const DEFAULT_EVENT_SPIN_US: u64 = 50;
+
+/// [`Options::progress_spin`] by default: a few round trips between two processes of this
+/// host, well below a scheduler tick.
+const DEFAULT_PROGRESS_SPIN_US: u64 = 50;
 
 /// The IB MTU a port has on an interface of `if_mtu` bytes: the largest that leaves room for
 /// the RoCEv2 headers (rxe reserves 80 bytes: IP, UDP, BTH, the largest extension header and
@@ -246,6 +254,11 @@ pub struct NetCounters {
     /// Wake-ups of the progress thread that found an application thread busy-polling and
     /// went back to sleep without the device lock (counted at its next round of progress).
     pub progress_look_ins: u64,
+    /// Times the progress thread spun for more packets after receiving ([`Options::progress_spin`]).
+    pub progress_spins: u64,
+    /// Spins during which the progress thread was preempted: more threads wanted the CPUs
+    /// than there are (`UROCE_PROGRESS_SPIN_US=0` turns spinning off).
+    pub progress_spins_preempted: u64,
     /// Asynchronous events no subscriber claimed (their object was destroyed meanwhile).
     pub async_events_unclaimed: u64,
     /// Packets sent to an endpoint of this host through shared memory (no system call).
@@ -307,6 +320,8 @@ impl NetCounters {
             ("fault_corruptions", self.fault_corruptions),
             ("progress_wakeups", self.progress_wakeups),
             ("progress_look_ins", self.progress_look_ins),
+            ("progress_spins", self.progress_spins),
+            ("progress_spins_preempted", self.progress_spins_preempted),
             ("async_events_unclaimed", self.async_events_unclaimed),
             ("shm_tx_packets", self.shm_tx_packets),
             ("shm_tx_ring_full", self.shm_tx_ring_full),
@@ -344,6 +359,8 @@ impl core::ops::AddAssign for NetCounters {
         self.fault_corruptions += o.fault_corruptions;
         self.progress_wakeups += o.progress_wakeups;
         self.progress_look_ins += o.progress_look_ins;
+        self.progress_spins += o.progress_spins;
+        self.progress_spins_preempted += o.progress_spins_preempted;
         self.async_events_unclaimed += o.async_events_unclaimed;
         self.shm_tx_packets += o.shm_tx_packets;
         self.shm_tx_ring_full += o.shm_tx_ring_full;
@@ -925,6 +942,11 @@ struct Shared {
     sleeping_until: AtomicU64,
     /// When an application thread last busy-polled (device nanoseconds).
     last_busy_poll: AtomicU64,
+    /// Application threads that found the lock taken and wait for it: the spinning progress
+    /// thread ([`spin`]) leaves the lock to them instead of taking it again at once (the
+    /// standard mutex is not fair, and a verb parked on it waits for a futex wake-up, tens of
+    /// microseconds).
+    verbs_waiting: AtomicU32,
     /// The device clock's origin (the same instant as `State::origin`).
     origin: std::time::Instant,
     /// The wall clock at `origin`, since the Unix epoch (as the capture's timestamps).
@@ -966,24 +988,38 @@ fn state_name(s: uroce_engine::QpState) -> &'static str {
 }
 
 /// Polls the sockets (a round of progress at a time, the lock released in between) until
-/// `spin_ns` pass without a datagram, the device stops, or an application thread takes over
-/// by busy-polling.
-fn spin(shared: &Shared, spin_ns: u64) {
+/// `spin_ns` pass without a packet, a round receives more than a trickle ([`SPIN_TRICKLE`]),
+/// the device stops, or an application thread takes over by busy-polling. Returns whether the
+/// thread was preempted meanwhile.
+fn spin(shared: &Shared, spin_ns: u64) -> bool {
+    let preemptions = sys::thread_preemptions();
     let mut quiet_since = shared.now_ns();
     let mut seen = None;
     loop {
-        let (rx, now) = {
-            let mut s = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
-            s.progress();
-            (s.counters.received(), s.now())
+        // An application's verb waits for the lock: it goes first.
+        if shared.verbs_waiting.load(Ordering::Acquire) > 0 {
+            core::hint::spin_loop();
+            continue;
+        }
+        let mut s = match shared.state.try_lock() {
+            Ok(s) => s,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                core::hint::spin_loop();
+                continue;
+            }
         };
+        s.progress();
+        let (rx, now) = (s.counters.received(), s.now());
+        drop(s);
+        let stream = seen.is_some_and(|before| rx - before > SPIN_TRICKLE);
         if seen != Some(rx) {
             seen = Some(rx);
             quiet_since = now.as_nanos();
         }
         let quiet = now.as_nanos().saturating_sub(quiet_since) >= spin_ns;
-        if quiet || shared.stop.load(Ordering::Acquire) || shared.busy_polled(now) {
-            return;
+        if quiet || stream || shared.stop.load(Ordering::Acquire) || shared.busy_polled(now) {
+            return sys::thread_preemptions() != preemptions;
         }
         core::hint::spin_loop();
     }
@@ -993,6 +1029,14 @@ fn spin(shared: &Shared, spin_ns: u64) {
 fn clock_at(origin: std::time::Instant) -> Instant {
     Instant::from_nanos(u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
 }
+
+/// The most packets a round of progress may receive for the progress thread to spin for more
+/// ([`Options::progress_spin`]): a request, a ping-pong's message, a READ's few responses.
+const SPIN_TRICKLE: u64 = 4;
+
+/// How many times a verb that finds the device lock taken tries it again, spinning, before it
+/// parks on it: about the length of a round of progress.
+const VERB_LOCK_SPINS: u32 = 4096;
 
 /// A busy-polling thread reads the clock on one round in this many (and whenever packets
 /// arrive).
@@ -1163,6 +1207,7 @@ impl NetDevice {
             stop: AtomicBool::new(false),
             sleeping_until: AtomicU64::new(u64::MAX),
             last_busy_poll: AtomicU64::new(0),
+            verbs_waiting: AtomicU32::new(0),
             origin,
             wall_origin,
             addr,
@@ -1236,7 +1281,30 @@ impl NetDevice {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared.state.lock().unwrap_or_else(PoisonError::into_inner)
+        let state = &self.shared.state;
+        match state.try_lock() {
+            Ok(s) => return s,
+            Err(TryLockError::Poisoned(p)) => return p.into_inner(),
+            Err(TryLockError::WouldBlock) => {}
+        }
+        // Taken: say so, so that a spinning progress thread does not take it again, and wait
+        // a little for it without parking (its rounds are microseconds); then park.
+        self.shared.verbs_waiting.fetch_add(1, Ordering::AcqRel);
+        let mut got = None;
+        for _ in 0..VERB_LOCK_SPINS {
+            match state.try_lock() {
+                Ok(s) => got = Some(s),
+                Err(TryLockError::Poisoned(p)) => got = Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) => {
+                    core::hint::spin_loop();
+                    continue;
+                }
+            }
+            break;
+        }
+        let s = got.unwrap_or_else(|| state.lock().unwrap_or_else(PoisonError::into_inner));
+        self.shared.verbs_waiting.fetch_sub(1, Ordering::AcqRel);
+        s
     }
 
     /// Runs `f` on the device state under its lock, then sends what it produced and lets the
@@ -1467,11 +1535,22 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
             s.counters.progress_look_ins += core::mem::take(&mut look_ins);
             let before = s.counters.received();
             s.progress();
-            let received = s.counters.received() != before;
-            if spin_ns > 0 && received && !shared.busy_polled(s.now()) {
+            let received = s.counters.received() - before;
+            let now = s.now();
+            // A trickle (a request, a ping-pong's message) is worth spinning for the next one;
+            // a stream keeps the thread busy anyway, and a consumer spinning on the rings
+            // only takes their cache lines from the producer.
+            // A process that waits for completion events spins in its own wait
+            // (`Options::event_spin`); a second spinner beside it only takes its CPU
+            // (`ibv_ud_pingpong -e` went from 6 to 35–98 µs an iteration).
+            let trickle = (1..=SPIN_TRICKLE).contains(&received);
+            let events = s.engine.events_requested();
+            if spin_ns > 0 && trickle && !events && !shared.busy_polled(now) {
+                s.counters.progress_spins += 1;
                 drop(s);
-                spin(shared, spin_ns);
+                let preempted = spin(shared, spin_ns);
                 s = lock();
+                s.counters.progress_spins_preempted += u64::from(preempted);
             }
             let now = s.now();
             let busy = shared.busy_polled(now);
@@ -1543,6 +1622,8 @@ mod tests {
             fault_corruptions: 1,
             progress_wakeups: 1,
             progress_look_ins: 1,
+            progress_spins: 1,
+            progress_spins_preempted: 1,
             async_events_unclaimed: 1,
             shm_tx_packets: 1,
             shm_tx_ring_full: 1,

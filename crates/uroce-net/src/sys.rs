@@ -948,6 +948,17 @@ impl Drop for RawRegion {
     }
 }
 
+/// How many times the calling thread has been preempted: involuntary context switches
+/// (getrusage(2) `RUSAGE_THREAD`, `ru_nivcsw`). A spinning thread that sees it grow is
+/// spinning on a CPU another thread wanted.
+pub(crate) fn thread_preemptions() -> u64 {
+    // SAFETY: rusage is plain old data; all zeroes is a valid value.
+    let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
+    // SAFETY: getrusage(2) fills the live `ru`.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &raw mut ru) };
+    u64::try_from(ru.ru_nivcsw).unwrap_or(0)
+}
+
 /// CPU time this process has used: (user, system).
 pub fn process_cpu_time() -> (core::time::Duration, core::time::Duration) {
     // SAFETY: rusage is plain old data; all zeroes is a valid value.
@@ -1041,4 +1052,34 @@ pub(crate) fn populate(addr: u64, len: u64, write: bool) -> io::Result<()> {
     // SAFETY: madvise with a populate advice only faults pages in; it neither reads nor
     // writes their contents nor changes the mapping, so no Rust-visible memory changes.
     check(unsafe { libc::madvise(start as *mut libc::c_void, span, advice) }).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The progress thread stops spinning when it sees itself preempted: a thread spinning on
+    /// a CPU another spinning thread is pinned to is preempted within the scheduler's slices.
+    #[test]
+    #[expect(clippy::disallowed_methods, reason = "the test spins by the wall clock")]
+    fn a_thread_spinning_beside_another_on_its_cpu_counts_preemptions() {
+        let cpu = current_thread_cpus().unwrap()[0];
+        let spin = move || {
+            pin_current_thread(cpu).unwrap();
+            let start = std::time::Instant::now();
+            while start.elapsed() < core::time::Duration::from_millis(200) {
+                core::hint::spin_loop();
+            }
+        };
+        let measured = std::thread::spawn(move || {
+            pin_current_thread(cpu).unwrap();
+            let before = thread_preemptions();
+            let rival = std::thread::spawn(spin);
+            spin();
+            rival.join().unwrap();
+            thread_preemptions() - before
+        });
+        let preemptions = measured.join().unwrap();
+        assert!(preemptions > 0, "two threads spun on CPU {cpu} for 200 ms, none preempted");
+    }
 }

@@ -253,14 +253,15 @@ fn perftest_rc_runs_with_default_sizes_and_all_sizes() {
 }
 
 /// The progress-thread options (uroce-net `Options::from_env`) through the drop-in: a
-/// real-time progress thread for `ib_write_lat`, a spinning one for `ib_read_lat`.
+/// real-time progress thread for `ib_write_lat`, one that never spins (spinning for a trickle
+/// is the default) for `ib_read_lat`.
 #[test]
 fn perftest_with_progress_thread_options() {
     if !have("ib_write_lat", "perftest") {
         return;
     }
     let _turn = serial();
-    let spin = ["UROCE_PROGRESS_SPIN_US=50"];
+    let spin = ["UROCE_PROGRESS_SPIN_US=0"];
     let (server, client) = (Side { env: &spin, ..SERVER }, Side { env: &spin, ..CLIENT });
     let args = ["-x", "0"];
     let (s, c) = pair("ib_read_lat", &args, &server, &client, PORT, Duration::from_secs(120));

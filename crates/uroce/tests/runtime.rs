@@ -547,3 +547,29 @@ fn a_window_opens_part_of_a_region_until_the_peer_invalidates_it() {
     let refused = a.cq.wait_one(WAIT).unwrap();
     assert_eq!(refused.status, WcStatus::REM_ACCESS_ERR);
 }
+
+/// A passive READ target's progress thread spins for the next request after a trickle of
+/// packets (`Options::progress_spin`, on by default through `Options::from_env`), so that it
+/// answers without a thread wake-up; not when spinning is off, nor once the target's
+/// application has armed a CQ for a completion event (its own waits spin then).
+#[test]
+fn a_passive_target_spins_for_the_next_request_unless_told_not_to_or_waiting_for_events() {
+    let spins = |a: &str, b: &str, spin: Option<Duration>, target_arms: bool| -> u64 {
+        let target = Options { progress_spin: spin, udp_only: true, ..Options::default() };
+        let reader = Options { udp_only: true, ..Options::default() };
+        let [r, t] = pair(a, b, QpType::Rc, [reader, target]);
+        if target_arms {
+            // Arms the target's CQ, then gives up waiting: nothing completes there.
+            assert!(t.cq.wait_one(Some(Duration::from_millis(1))).is_err());
+        }
+        for i in 0..100 {
+            r.qp.read(i, &r.mr, 0..64, t.mr.remote()).unwrap();
+            wait_ok(&r.cq);
+        }
+        t.ctx.counters().1.progress_spins
+    };
+    let spun = spins("127.0.53.2", "127.0.53.3", Some(Duration::from_micros(50)), false);
+    assert!(spun > 0, "a READ target with spinning on never spun");
+    assert_eq!(spins("127.0.53.4", "127.0.53.5", None, false), 0);
+    assert_eq!(spins("127.0.53.6", "127.0.53.7", Some(Duration::from_micros(50)), true), 0);
+}
