@@ -1012,7 +1012,7 @@ fn spin(shared: &Shared, spin_ns: u64) -> bool {
         s.progress();
         let (rx, now) = (s.counters.received(), s.now());
         drop(s);
-        let stream = seen.is_some_and(|before| rx - before > SPIN_TRICKLE);
+        let stream = seen.is_some_and(|before| rx.saturating_sub(before) > SPIN_TRICKLE);
         if seen != Some(rx) {
             seen = Some(rx);
             quiet_since = now.as_nanos();
@@ -1535,14 +1535,14 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
             s.counters.progress_look_ins += core::mem::take(&mut look_ins);
             let before = s.counters.received();
             s.progress();
-            let received = s.counters.received() - before;
+            let received = s.counters.received().saturating_sub(before);
             let now = s.now();
             // A trickle (a request, a ping-pong's message) is worth spinning for the next one;
             // a stream keeps the thread busy anyway, and a consumer spinning on the rings
-            // only takes their cache lines from the producer.
-            // A process that waits for completion events spins in its own wait
-            // (`Options::event_spin`); a second spinner beside it only takes its CPU
-            // (`ibv_ud_pingpong -e` went from 6 to 35–98 µs an iteration).
+            // only takes their cache lines from the producer. A process that waits for
+            // completion events spins in its own wait (`Options::event_spin`); a second
+            // spinner beside it only takes its CPU (`ibv_ud_pingpong -e` went from 6 to
+            // 35–98 µs an iteration).
             let trickle = (1..=SPIN_TRICKLE).contains(&received);
             let events = s.engine.events_requested();
             if spin_ns > 0 && trickle && !events && !shared.busy_polled(now) {
