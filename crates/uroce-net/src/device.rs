@@ -1001,13 +1001,9 @@ fn spin(shared: &Shared, spin_ns: u64) -> bool {
             core::hint::spin_loop();
             continue;
         }
-        let mut s = match shared.state.try_lock() {
-            Ok(s) => s,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                core::hint::spin_loop();
-                continue;
-            }
+        let Some(mut s) = try_lock_state(&shared.state) else {
+            core::hint::spin_loop();
+            continue;
         };
         s.progress();
         let (rx, now) = (s.counters.received(), s.now());
@@ -1028,6 +1024,16 @@ fn spin(shared: &Shared, spin_ns: u64) -> bool {
 /// The device clock: nanoseconds since `origin`.
 fn clock_at(origin: std::time::Instant) -> Instant {
     Instant::from_nanos(u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The device state's lock if it is free now (a poisoned one too: a panic elsewhere leaves
+/// the state as consistent as `lock` callers already accept).
+fn try_lock_state(state: &Mutex<State>) -> Option<MutexGuard<'_, State>> {
+    match state.try_lock() {
+        Ok(s) => Some(s),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
 }
 
 /// The most packets a round of progress may receive for the progress thread to spin for more
@@ -1282,27 +1288,20 @@ impl NetDevice {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         let state = &self.shared.state;
-        match state.try_lock() {
-            Ok(s) => return s,
-            Err(TryLockError::Poisoned(p)) => return p.into_inner(),
-            Err(TryLockError::WouldBlock) => {}
+        if let Some(s) = try_lock_state(state) {
+            return s;
         }
         // Taken: say so, so that a spinning progress thread does not take it again, and wait
         // a little for it without parking (its rounds are microseconds); then park.
         self.shared.verbs_waiting.fetch_add(1, Ordering::AcqRel);
-        let mut got = None;
-        for _ in 0..VERB_LOCK_SPINS {
-            match state.try_lock() {
-                Ok(s) => got = Some(s),
-                Err(TryLockError::Poisoned(p)) => got = Some(p.into_inner()),
-                Err(TryLockError::WouldBlock) => {
-                    core::hint::spin_loop();
-                    continue;
-                }
+        let spun = (0..VERB_LOCK_SPINS).find_map(|_| {
+            let s = try_lock_state(state);
+            if s.is_none() {
+                core::hint::spin_loop();
             }
-            break;
-        }
-        let s = got.unwrap_or_else(|| state.lock().unwrap_or_else(PoisonError::into_inner));
+            s
+        });
+        let s = spun.unwrap_or_else(|| state.lock().unwrap_or_else(PoisonError::into_inner));
         self.shared.verbs_waiting.fetch_sub(1, Ordering::AcqRel);
         s
     }
