@@ -259,6 +259,12 @@ pub struct NetCounters {
     /// Spins during which the progress thread was preempted: more threads wanted the CPUs
     /// than there are (`UROCE_PROGRESS_SPIN_US=0` turns spinning off).
     pub progress_spins_preempted: u64,
+    /// Waits for a completion event (`ibv_get_cq_event` with none queued) that the event came
+    /// to while the waiting thread spun ([`Options::event_spin`]): no wake-up.
+    pub event_spins_found: u64,
+    /// Waits whose spin ended without the event: the thread slept on the channel, and the
+    /// event will cost the progress thread's wake-up and its own.
+    pub event_spins_expired: u64,
     /// Asynchronous events no subscriber claimed (their object was destroyed meanwhile).
     pub async_events_unclaimed: u64,
     /// Packets sent to an endpoint of this host through shared memory (no system call).
@@ -322,6 +328,8 @@ impl NetCounters {
             ("progress_look_ins", self.progress_look_ins),
             ("progress_spins", self.progress_spins),
             ("progress_spins_preempted", self.progress_spins_preempted),
+            ("event_spins_found", self.event_spins_found),
+            ("event_spins_expired", self.event_spins_expired),
             ("async_events_unclaimed", self.async_events_unclaimed),
             ("shm_tx_packets", self.shm_tx_packets),
             ("shm_tx_ring_full", self.shm_tx_ring_full),
@@ -361,6 +369,8 @@ impl core::ops::AddAssign for NetCounters {
         self.progress_look_ins += o.progress_look_ins;
         self.progress_spins += o.progress_spins;
         self.progress_spins_preempted += o.progress_spins_preempted;
+        self.event_spins_found += o.event_spins_found;
+        self.event_spins_expired += o.event_spins_expired;
         self.async_events_unclaimed += o.async_events_unclaimed;
         self.shm_tx_packets += o.shm_tx_packets;
         self.shm_tx_ring_full += o.shm_tx_ring_full;
@@ -515,6 +525,9 @@ pub struct State {
     pool: Vec<Vec<u8>>,
     piece_pool: Vec<Vec<Piece>>,
     channels: HashMap<CqHandle, Arc<Channel>>,
+    /// CQ events the engine raised in this round, handed to their channels once the round's
+    /// packets are out ([`State::hand_out_events`]).
+    events_due: Vec<CqHandle>,
     async_events: VecDeque<AsyncEvent>,
     /// Where asynchronous events go when any subscriber exists (each C context of a device is
     /// one); otherwise they wait in `async_events`.
@@ -859,7 +872,7 @@ impl State {
     }
 
     /// Takes everything the engine has ready into `out` (sending only when 64 are waiting),
-    /// and hands out the events it raised.
+    /// and the CQ events it raised into `events_due`.
     fn collect(&mut self, now: Instant) {
         while let Some((dst, mad)) = self.cm.poll_transmit() {
             self.engine.gsi_send(dst, &mad);
@@ -896,9 +909,7 @@ impl State {
             }
         }
         while let Some(cq) = self.engine.poll_cq_event() {
-            if let Some(ch) = self.channels.get(&cq) {
-                ch.push(cq);
-            }
+            self.events_due.push(cq);
         }
         while let Some(e) = self.engine.poll_async_event() {
             self.route_async(e);
@@ -920,7 +931,19 @@ impl State {
                 self.piece_pool.push(o.pieces);
             }
         }
+        self.hand_out_events();
         self.retry_deregs();
+    }
+
+    /// Hands the CQ events raised to their channels. After the packets of the same round are
+    /// sent: waking a waiter costs a system call (the channel's eventfd), and the packet that
+    /// the event's completion went with (a ping-pong's reply, say) need not wait for it.
+    fn hand_out_events(&mut self) {
+        for cq in self.events_due.drain(..) {
+            if let Some(ch) = self.channels.get(&cq) {
+                ch.push(cq);
+            }
+        }
     }
 
     /// Whether what waits in `out` may wait for the next verb: it is there (a busy poll
@@ -1194,6 +1217,7 @@ impl NetDevice {
             pool: Vec::new(),
             piece_pool: Vec::new(),
             channels: HashMap::new(),
+            events_due: Vec::new(),
             async_events: VecDeque::new(),
             async_subscribers: Vec::new(),
             next_subscriber: 1,
@@ -1363,6 +1387,7 @@ impl NetDevice {
         };
         if hold {
             s.counters.tx_held += u64::from(held == 0);
+            s.hand_out_events();
         } else {
             s.send_out();
         }
@@ -1391,6 +1416,20 @@ impl NetDevice {
     /// does before it looks at the queue.
     pub fn progress(&self) {
         self.with(State::progress);
+    }
+
+    /// Arms `cq` for its next completion (its next solicited or unsuccessful one with
+    /// `solicited_only`): `ibv_req_notify_cq`, usually between taking an event and polling,
+    /// on the way to the reply. Arming sends and raises nothing, so it takes the lock without
+    /// a verb's round of collecting; what a busy poll held for the next verb leaves now, as
+    /// after any verb. `false` for an unknown CQ.
+    pub fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> bool {
+        let mut s = self.lock();
+        let armed = s.engine.req_notify_cq(cq, solicited_only);
+        if !s.out.is_empty() {
+            s.send_out();
+        }
+        armed
     }
 
     /// For a thread about to block (on a completion channel, say) after polling: ends the
@@ -1441,6 +1480,11 @@ impl NetDevice {
         let found = self.spin_for(|| channel.has_event());
         let e = found.then(|| channel.try_get()).flatten();
         channel.spinning(false);
+        let mut s = self.lock();
+        match e {
+            Some(_) => s.counters.event_spins_found += 1,
+            None => s.counters.event_spins_expired += 1,
+        }
         e
     }
 
@@ -1623,6 +1667,8 @@ mod tests {
             progress_look_ins: 1,
             progress_spins: 1,
             progress_spins_preempted: 1,
+            event_spins_found: 1,
+            event_spins_expired: 1,
             async_events_unclaimed: 1,
             shm_tx_packets: 1,
             shm_tx_ring_full: 1,
@@ -1640,6 +1686,88 @@ mod tests {
         for (name, v) in sum.fields() {
             assert_eq!(v, 2, "{name}");
         }
+    }
+
+    /// A fabric that sends nothing and notes, each time it is handed packets, whether
+    /// `channel` already had an event.
+    struct EventOrderWatch {
+        channel: Arc<Channel>,
+        handed: Arc<AtomicU32>,
+        handed_after_event: Arc<AtomicU32>,
+    }
+
+    impl Fabric for EventOrderWatch {
+        fn transmit(&mut self, out: &mut Vec<Outgoing>, _: &Registry, _: &mut NetCounters) {
+            let n = u32::try_from(out.len()).unwrap_or(u32::MAX);
+            self.handed.fetch_add(n, Ordering::Relaxed);
+            if self.channel.has_event() {
+                self.handed_after_event.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        fn receive(
+            &mut self,
+            _: Instant,
+            _: &mut NetCounters,
+            _: &mut crate::fabric::Sink<'_>,
+        ) -> usize {
+            0
+        }
+        fn wait_fds(&self, _: &mut Vec<RawFd>) {}
+        fn sync_multicast(&mut self, _: &[IpAddr]) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A UD SEND completes as its datagram leaves; the completion event that wakes a waiter
+    /// (an eventfd write, a system call) comes after the datagram is handed to the fabric, so
+    /// that a ping-pong's reply does not wait for it.
+    #[test]
+    fn a_completion_event_is_handed_out_after_the_packets_of_its_round() {
+        use uroce_engine::{
+            Access, AhAttr, Psn, QKey, QpCap, QpInitAttr, QpType, SendWr, UdDest, WrOpcode,
+        };
+        let options = Options { no_progress_thread: true, ..Options::default() };
+        let dev = NetDevice::open("127.0.18.10".parse().unwrap(), options).unwrap();
+        let channel = Arc::new(Channel::new().unwrap());
+        let handed = Arc::new(AtomicU32::new(0));
+        let handed_after_event = Arc::new(AtomicU32::new(0));
+        dev.with(|s| {
+            s.fabric = Box::new(EventOrderWatch {
+                channel: Arc::clone(&channel),
+                handed: Arc::clone(&handed),
+                handed_after_event: Arc::clone(&handed_after_event),
+            });
+            let e = s.engine();
+            let pd = e.alloc_pd();
+            let cq = e.create_cq(4).unwrap();
+            let init = QpInitAttr {
+                qp_type: QpType::Ud,
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                cap: QpCap { max_inline_data: 64, ..QpCap::default() },
+                sq_sig_all: true,
+                srq: None,
+                xrcd: None,
+            };
+            let qp = e.create_qp(init).unwrap();
+            e.init_qp(qp, Access::NONE, QKey(7)).unwrap();
+            e.ready_datagram_qp(qp, Psn::ZERO).unwrap();
+            let ah = e.create_ah(pd, AhAttr::new("127.0.18.11".parse().unwrap())).unwrap();
+            assert!(e.req_notify_cq(cq, false));
+            s.bind_channel(cq, Arc::clone(&channel));
+            let mut wr = SendWr::new(1, WrOpcode::Send, Vec::new());
+            wr.inline_data = Some(b"ping".to_vec());
+            wr.ud = Some(UdDest {
+                ah,
+                remote_qpn: uroce_wire::Qpn::new(2).unwrap(),
+                remote_qkey: QKey(7),
+            });
+            s.engine().post_send(qp, wr).unwrap();
+        });
+        assert_eq!(handed.load(Ordering::Relaxed), 1, "the datagram was sent");
+        assert!(channel.has_event(), "the send's completion raised the event");
+        assert_eq!(handed_after_event.load(Ordering::Relaxed), 0, "the event came first");
     }
 
     #[test]

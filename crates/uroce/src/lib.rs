@@ -538,7 +538,7 @@ impl Cq {
             if take(&mut out) > 0 {
                 return Ok(out);
             }
-            self.ctx.dev.with(|s| s.engine().req_notify_cq(self.handle, false));
+            self.ctx.dev.req_notify_cq(self.handle, false);
             // A completion may have landed between the poll and the arming.
             if take(&mut out) > 0 {
                 return Ok(out);

@@ -573,3 +573,31 @@ fn a_passive_target_spins_for_the_next_request_unless_told_not_to_or_waiting_for
     assert_eq!(spins("127.0.53.4", "127.0.53.5", None, false), 0);
     assert_eq!(spins("127.0.53.6", "127.0.53.7", Some(Duration::from_micros(50)), true), 0);
 }
+
+/// A wait for a completion event spins first (`Options::event_spin`) and counts how it
+/// ended: the event came within the spin, or the thread slept for it.
+#[test]
+fn an_event_wait_counts_whether_its_spin_found_the_event() {
+    let waited = |a: &str, b: &str, spin: Duration, send_after: Duration| {
+        let waiter = Options { event_spin: Some(spin), ..Options::default() };
+        let [s, w] = pair(a, b, QpType::Rc, [Options::default(), waiter]);
+        w.qp.post_recv(1, &w.mr, 0..64).unwrap();
+        let sender = std::thread::spawn(move || {
+            #[expect(clippy::disallowed_methods, reason = "the send must come after the spin")]
+            std::thread::sleep(send_after);
+            s.qp.send(1, &s.mr, 0..64).unwrap();
+            wait_ok(&s.cq);
+            s
+        });
+        wait_ok(&w.cq);
+        drop(sender.join().unwrap());
+        let c = w.ctx.counters().1;
+        (c.event_spins_found, c.event_spins_expired)
+    };
+    let long_spin = Duration::from_secs(20);
+    let soon = Duration::from_millis(20);
+    assert_eq!(waited("127.0.54.2", "127.0.54.3", long_spin, soon), (1, 0));
+    let short_spin = Duration::from_micros(50);
+    let late = Duration::from_millis(200);
+    assert_eq!(waited("127.0.54.4", "127.0.54.5", short_spin, late), (0, 1));
+}
