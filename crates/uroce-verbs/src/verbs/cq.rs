@@ -6,6 +6,9 @@ use super::*;
 pub(super) struct CompChannel {
     pub(super) ibv: IbvCompChannel,
     pub(super) channel: Arc<Channel>,
+    /// Whether the descriptor was in non-blocking mode when `ibv_get_cq_event` last asked
+    /// (`fcntl(F_GETFL)`: the application sets the mode on the descriptor, unseen).
+    nonblocking_seen: AtomicBool,
 }
 
 #[unsafe(no_mangle)]
@@ -22,6 +25,7 @@ pub(crate) unsafe extern "C" fn uroce_verbs_create_comp_channel(
     let boxed = Box::new(CompChannel {
         ibv: IbvCompChannel { context, fd: channel.as_raw_fd(), refcnt: 0 },
         channel,
+        nonblocking_seen: AtomicBool::new(false),
     });
     boxed.into_c()
 }
@@ -366,11 +370,7 @@ pub(super) unsafe extern "C" fn poll_cq(
 pub(super) unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_int {
     // SAFETY: the caller passes a CQ it created.
     let Some((ctx, handle)) = (unsafe { cq_parts(cq) }) else { return libc::EINVAL };
-    if ctx.net.with(|s| s.engine().req_notify_cq(handle, solicited_only != 0)) {
-        0
-    } else {
-        libc::EINVAL
-    }
+    if ctx.net.req_notify_cq(handle, solicited_only != 0) { 0 } else { libc::EINVAL }
 }
 
 /// Whether `fd` is in non-blocking mode (then waiting verbs return `EAGAIN`).
@@ -396,8 +396,16 @@ pub(super) unsafe extern "C" fn uroce_verbs_get_cq_event(
     }
     // SAFETY: a live channel (the caller's contract); a reference to its private part.
     let chan = unsafe { &(*ch).channel };
+    // SAFETY: as above.
+    let nonblocking_seen = unsafe { &(*ch).nonblocking_seen };
     // SAFETY: as above; reads a plain field.
     let fd = unsafe { (*ch).ibv.fd };
+    // The descriptor's mode, noted for the next call.
+    let nonblocking_now = || {
+        let now = nonblocking(fd);
+        nonblocking_seen.store(now, Ordering::Relaxed);
+        now
+    };
     // SAFETY: as above.
     let context = unsafe { (*ch).ibv.context };
     // SAFETY: a channel's context outlives it.
@@ -407,13 +415,19 @@ pub(super) unsafe extern "C" fn uroce_verbs_get_cq_event(
     };
     loop {
         // An event already there is returned in either mode, without asking which.
+        // The mode is asked (a system call) before spinning only if it was non-blocking last
+        // time; a channel that turned non-blocking since is found so after one spin, which
+        // an event may end, as it may end any call. A blocking wait asks before it sleeps.
         let got = if let Some(h) = chan.try_get() {
             h
-        } else if nonblocking(fd) {
+        } else if nonblocking_seen.load(Ordering::Relaxed) && nonblocking_now() {
             set_errno(libc::EAGAIN);
             return -1;
         } else if let Some(h) = ctx.net.spin_for_event(chan) {
             h
+        } else if nonblocking_now() {
+            set_errno(libc::EAGAIN);
+            return -1;
         } else {
             ctx.net.end_busy_poll();
             match chan.get(None) {
