@@ -1389,6 +1389,14 @@ impl NetDevice {
             s.counters.tx_held += u64::from(held == 0);
             s.hand_out_events();
         } else {
+            // What was held, when it is only responses (ACKs), leaves after what this verb
+            // produced (the reply it posted): through the kernel each datagram makes its own
+            // trip, and the peer waits for the reply first. Their order does not matter to
+            // the peer: a response answers its requests, the reply is one of this side's
+            // (requests keep their order: a PSN out of order would be a sequence error).
+            if held > 0 && s.out.len() > held && s.out[..held].iter().all(Outgoing::is_response) {
+                s.out.rotate_left(held);
+            }
             s.send_out();
         }
         // A thread busy-polling runs the timers itself; otherwise the progress thread must

@@ -121,6 +121,13 @@ impl Outgoing {
             .chain(core::iter::once(tail).filter(|t| !t.is_empty()))
     }
 
+    /// Whether the packet is a response (ACK, atomic ACK, RDMA READ response: the
+    /// responder's opcodes, IBA 9.2), judged by its BTH opcode.
+    pub(crate) fn is_response(&self) -> bool {
+        let info = self.bytes.first().and_then(|&b| uroce_wire::opcode::Opcode(b).info());
+        info.is_some_and(|i| i.has(uroce_wire::opcode::OpFlags::RESPONSE))
+    }
+
     /// The payload bytes sent from registered memory.
     pub(crate) fn zero_copy_bytes(&self) -> u64 {
         self.payload_at.map_or(0, |_| self.pieces.iter().map(|&(_, l)| u64::from(l)).sum())

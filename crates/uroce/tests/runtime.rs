@@ -394,7 +394,11 @@ fn a_send_to_a_silent_peer_is_retried_on_the_timer_until_retry_exceeded() {
 fn a_polled_ping_pong_sends_each_ack_with_the_reply() {
     const ROUNDS: u64 = 300;
     let udp = || Options { udp_only: true, ..Options::default() };
-    let [a, b] = pair("127.0.49.2", "127.0.49.3", QpType::Rc, [udp(), udp()]);
+    let dir = std::env::temp_dir().join(format!("uroce-ack-order-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("b.pcap");
+    let b_options = Options { pcap: Some(file.clone()), ..udp() };
+    let [a, b] = pair("127.0.49.2", "127.0.49.3", QpType::Rc, [udp(), b_options]);
     // At least `n` completions of `cq` (all it has then), busy polling; each a success.
     let poll = |cq: &Cq, n: usize| -> Vec<WcOpcode> {
         let mut out = Vec::new();
@@ -447,6 +451,35 @@ fn a_polled_ping_pong_sends_each_ack_with_the_reply() {
     // spurious tail-loss probes go alone: the bounds leave room for that.
     assert!(net.tx_held > ROUNDS / 8, "{net:?} {engine:?}");
     assert!(net.tx_datagrams - net.tx_batches > ROUNDS / 16, "{net:?} {engine:?}");
+    // In the call that takes both, the reply goes before the ACK: the peer waits for the
+    // reply. B's k-th SEND answers A's k-th message, which B's ACK of PSN a0 + k acknowledges.
+    drop(b);
+    let bytes = std::fs::read(&file).unwrap();
+    let frames = read_frames(&bytes).unwrap();
+    let mut first_seen = std::collections::HashMap::new();
+    for (at, f) in frames.iter().enumerate() {
+        let ip = f.ip_packet().unwrap();
+        // IPv4 without options, UDP: the BTH starts at byte 28; its PSN is bytes 9..12.
+        if ip[12..16] == [127, 0, 49, 3] {
+            let psn = u32::from_be_bytes([0, ip[37], ip[38], ip[39]]);
+            first_seen.entry((ip[28], psn)).or_insert(at);
+        }
+    }
+    let first_psn = |opcode: u8| {
+        let psns = first_seen.keys().filter(|(o, _)| *o == opcode).map(|&(_, p)| p);
+        psns.min_by_key(|&p| first_seen[&(opcode, p)]).unwrap()
+    };
+    let (send_only, ack) = (0x04, 0x11);
+    let (b0, a0) = (first_psn(send_only), first_psn(ack));
+    let reply_first = (0..ROUNDS as u32)
+        .filter(|k| {
+            let reply = first_seen.get(&(send_only, (b0 + k) & 0xFF_FFFF));
+            let acked = first_seen.get(&(ack, (a0 + k) & 0xFF_FFFF));
+            matches!((reply, acked), (Some(r), Some(a)) if r < a)
+        })
+        .count();
+    assert!(reply_first as u64 > ROUNDS / 8, "{reply_first} replies went before their ACK");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The work-request builder says what `ibv_post_send(3)` says: a SEND with immediate data
