@@ -14,6 +14,7 @@ use uroce_wire::{PacketRepr, Psn};
 use crate::ctx::{Ctx, flush_wc};
 use crate::memory::MemoryAccess;
 use crate::qp::Qp;
+use crate::requester;
 use crate::sg;
 use crate::time::{Duration, Instant};
 use crate::types::{QpState, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
@@ -295,25 +296,33 @@ pub(crate) fn probe_timeout(qp: &Qp) -> Option<Duration> {
     (limit >= MIN_PROBE.as_nanos()).then(|| Duration::from_nanos(wait.min(limit)))
 }
 
-/// The tail-loss probe (after TCP's, RFC 8985 §7): packets are outstanding, nothing is being
-/// resent, and no acknowledgement came for [`probe_timeout`]. The last packet sent may have
-/// been lost (no later packet shows the responder a gap, so no sequence NAK comes) or the
-/// responder's NAK or ACK may have been: the requester sends that packet again, asking for an
-/// ACK. A responder that has it answers with a duplicate ACK; one that lost it takes it, or
-/// NAKs the gap before it. Either answer moves the requester on within a round trip instead
-/// of the ACK timeout. IBA 9.7 lets a requester resend any unacknowledged packet; the probe
-/// does not count as a retry (only the ACK timer's and the NAKs' go-back-N do) and does not
-/// shrink the window.
+/// The tail-loss probe (after TCP's, RFC 8985 §7): packets are outstanding, the requester can
+/// send nothing (all is sent, or the window is full: a go-back-N resend waits for
+/// acknowledgements), and no acknowledgement came for [`probe_timeout`]. The last packet sent
+/// may have been lost (no later packet shows the responder a gap, so no sequence NAK comes) —
+/// or all of a resend, which leaves one segmented datagram where a drop before the interface
+/// takes every segment — or the responder's NAK or ACK may have been: the requester sends that
+/// packet again, asking for an ACK. A responder that has it answers with a duplicate ACK; one
+/// that lost it takes it, or NAKs the gap before it. Either answer moves the requester on
+/// within a round trip instead of the ACK timeout. IBA 9.7 lets a requester resend any
+/// unacknowledged packet; the probe does not count as a retry (only the ACK timer's and the
+/// NAKs' go-back-N do) and does not shrink the window.
 fn probe<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
     qp.req.probe_at = None;
     let sending = matches!(qp.state, QpState::Rts | QpState::Sqd);
-    let idle = qp.req.next_psn == qp.req.high_psn && qp.req.rnr_resume.is_none();
-    if !sending || !idle || !qp.req.awaits_ack() || qp.req.probes >= MAX_PROBES {
+    let all_sent = qp.req.next_psn == qp.req.high_psn;
+    let blocked = all_sent || requester::window_full(qp, ctx.config.max_inflight_pkts);
+    if !sending
+        || !blocked
+        || qp.req.rnr_resume.is_some()
+        || !qp.req.awaits_ack()
+        || qp.req.probes >= MAX_PROBES
+    {
         return;
     }
-    // The last packet: the one before `high_psn`, unless that is inside a READ's responses,
-    // where asking again for the last response is what probes.
-    let last = qp.req.high_psn.sub(1);
+    // The last packet sent, unless that is inside a READ's responses, where asking again for
+    // the last response is what probes.
+    let last = qp.req.next_psn.sub(1);
     let deadline = qp.req.ack_deadline;
     rewind(qp, now, last);
     qp.req.ack_deadline = deadline;

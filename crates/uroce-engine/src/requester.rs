@@ -16,6 +16,24 @@ use crate::sg;
 use crate::time::Instant;
 use crate::types::{QpType, SendFlags, Sge, WcStatus, WrOpcode};
 
+/// Whether `qp` has as many packets in flight as it may: sent (up to `next_psn`, which goes
+/// back on a retry) and not acknowledged, against the device's limit and the QP's loss-driven
+/// window.
+pub(crate) fn window_full(qp: &Qp, max_inflight_pkts: u32) -> bool {
+    let (inflight, window) = in_flight(qp, max_inflight_pkts);
+    inflight >= window
+}
+
+/// Packets in flight and the window they are held to (see [`window_full`]).
+fn in_flight(qp: &Qp, max_inflight_pkts: u32) -> (i32, i32) {
+    let inflight = qp.req.next_psn.distance(qp.req.una);
+    let mut window = max_inflight_pkts;
+    if qp.req.cwnd != 0 {
+        window = window.min(qp.req.cwnd);
+    }
+    (inflight, i32::try_from(window).unwrap_or(i32::MAX))
+}
+
 /// Builds the next request packet of `qp` into `buf`, if the QP may send one now.
 pub(crate) fn poll<M: MemoryAccess>(
     qp: &mut Qp,
@@ -45,14 +63,8 @@ pub(crate) fn poll<M: MemoryAccess>(
         }
     }
     let idx = qp.req.next_wqe;
-    // The window: packets sent and not acknowledged, within the device's limit and the QP's
-    // loss-driven one.
-    let inflight = qp.req.next_psn.distance(qp.req.una);
-    let mut window = ctx.config.max_inflight_pkts;
-    if qp.req.cwnd != 0 {
-        window = window.min(qp.req.cwnd);
-    }
-    if inflight >= i32::try_from(window).unwrap_or(i32::MAX) {
+    let (inflight, window) = in_flight(qp, ctx.config.max_inflight_pkts);
+    if inflight >= window {
         return None;
     }
     if !qp.req.sq.get(idx)?.started && !start_wqe(qp, ctx, idx) {
@@ -166,7 +178,7 @@ pub(crate) fn poll<M: MemoryAccess>(
     // window keeps moving (IBA 9.7).
     qp.req.since_ack_req = qp.req.since_ack_req.saturating_add(1);
     // The packet that fills the window asks too: without an ACK the window never reopens.
-    let fills_window = inflight + 1 >= i32::try_from(window).unwrap_or(i32::MAX);
+    let fills_window = inflight + 1 >= window;
     let ack_req = last || fills_window || qp.req.since_ack_req >= ctx.config.ack_req_interval;
     if ack_req {
         qp.req.since_ack_req = 0;

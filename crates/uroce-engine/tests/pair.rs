@@ -528,6 +528,41 @@ fn a_lost_nak_is_asked_for_again_by_the_probe() {
     assert_eq!(b.rcv_seq_err, 1, "one gap");
 }
 
+/// A go-back-N resend held to the halved window and lost whole (one segmented datagram, where
+/// a drop before the interface takes every segment): the requester can send nothing more
+/// (its window is full) and nothing answers. The tail-loss probe sends the last packet of the
+/// resend again, the responder NAKs the gap once more, and the WRITE completes before the
+/// ACK timeout (4.2 ms here), which was the only way on before.
+#[test]
+fn a_resend_lost_whole_with_the_window_full_is_probed_for_before_the_ack_timeout() {
+    const PACKETS: u32 = 400;
+    // The window after the first loss: half the device's 256 packets in flight.
+    const RESEND_BURST: usize = 128;
+    let mut p = Pair::new(Mtu::Mtu256);
+    let len = 256 * PACKETS as usize;
+    let data = fill(&mut p, A, 0, len, 4);
+    let mut seen = std::collections::HashSet::new();
+    let (mut first_sends, mut resends_dropped) = (0, 0);
+    p.set_filter(Box::new(move |from, pkt| {
+        if from != A {
+            return true;
+        }
+        if seen.insert(pkt.bth.psn) {
+            first_sends += 1;
+            return first_sends != 3;
+        }
+        resends_dropped += 1;
+        resends_dropped > RESEND_BURST
+    }));
+    p.post_send(A, write_wr(&p, 1, 0, 0, 256 * PACKETS));
+    p.run(Duration::from_millis(3));
+    assert_eq!(statuses(&p.cq(A)), [(1, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(B, 0, len), &data[..]);
+    let a = *p.net[A].dev.counters();
+    assert_eq!(a.ack_timeouts, 0, "{a:?}");
+    assert!(a.tail_probes >= 1 && a.seq_naks_rcvd >= 2, "{a:?}");
+}
+
 #[test]
 fn a_dead_link_ends_in_retry_exc_err_after_exactly_retry_cnt_retries() {
     let mut p = Pair::new(Mtu::Mtu1024);
