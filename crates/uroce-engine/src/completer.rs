@@ -278,10 +278,10 @@ fn advance_una(qp: &mut Qp, now: Instant, una: Psn) {
 /// The shortest wait before a tail-loss probe: well above a round trip between processes of a
 /// host (tens of microseconds) and the wake-up of a sleeping thread, far below the ACK timeouts
 /// applications set (`timeout` 14, 67 ms, is common).
-const MIN_PROBE: Duration = Duration::from_micros(500);
+const MIN_PROBE: Duration = Duration::from_micros(200);
 
 /// Probes sent, each after twice the last wait, before only the ACK timer is left.
-const MAX_PROBES: u8 = 3;
+const MAX_PROBES: u8 = 6;
 
 /// How long `qp` waits without an acknowledgement before it probes for a lost tail: twice the
 /// smoothed round trip, at least [`MIN_PROBE`], at most a quarter of the ACK timeout (the probe
@@ -559,7 +559,13 @@ pub(crate) fn on_timer<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Inst
         ctx.schedule(qp);
     }
     if qp.req.probe_at.is_some_and(|t| t <= now) {
-        probe(qp, ctx, now);
+        if qp.req.ack_deadline.is_some_and(|t| t <= now) {
+            // The ACK timer's retry, due too, resends from the oldest packet: no probe (the
+            // requester arms the next one as it sends).
+            qp.req.probe_at = None;
+        } else {
+            probe(qp, ctx, now);
+        }
     }
     if qp.req.ack_deadline.is_some_and(|t| t <= now) {
         qp.req.ack_deadline = None;

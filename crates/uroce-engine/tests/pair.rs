@@ -576,10 +576,11 @@ fn a_dead_link_ends_in_retry_exc_err_after_exactly_retry_cnt_retries() {
     let c = *p.net[A].dev.counters();
     // retry_cnt 3: three timeouts each start a retry; the fourth ends the WQE.
     assert_eq!((c.ack_timeouts, c.retry_exceeded), (4, 1));
-    // Before the first timeout the tail-loss probe sends the last SEND again, three times
-    // (each after twice the last wait): probes neither count as retries nor reset them.
-    assert_eq!(c.tail_probes, 3);
-    assert_eq!(c.retransmitted_pkts, 3 * 2 + 3, "both SENDs go again on every retry");
+    // The tail-loss probe sends the last SEND again six times in all (each after twice the
+    // last wait, at most a quarter of the ACK timeout): probes neither count as retries nor
+    // reset them.
+    assert_eq!(c.tail_probes, 6);
+    assert_eq!(c.retransmitted_pkts, 3 * 2 + 6, "both SENDs go again on every retry");
     // Four timeouts of 4.096 µs × 2^10 each.
     let timeout = Duration::from_nanos(4096 << 10);
     assert!(p.now() - t0 >= timeout.saturating_mul(4), "took {}", p.now() - t0);
