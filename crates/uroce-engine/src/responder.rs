@@ -25,8 +25,9 @@ use crate::types::{
 };
 
 /// How long after a sequence NAK a packet asking for an acknowledgement gets the NAK again:
-/// longer than the burst behind a gap takes to arrive, shorter than the requester's tail-loss
-/// probe (`completer::probe_timeout`, at least 500 µs).
+/// longer than the burst behind a gap takes to arrive, no longer than the requester's
+/// shortest tail-loss probe wait (`completer::probe_timeout`, at least 200 µs after its last
+/// packet, itself sent after the NAK arrived).
 const RENAK_AFTER: crate::time::Duration = crate::time::Duration::from_micros(200);
 
 /// A request packet for `qp` (already checked: ICRC, transport, peer, QP state).
