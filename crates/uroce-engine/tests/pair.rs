@@ -528,7 +528,7 @@ fn a_lost_nak_is_asked_for_again_by_the_probe() {
     assert_eq!(b.rcv_seq_err, 1, "one gap");
 }
 
-/// A go-back-N resend held to the halved window and lost whole (one segmented datagram, where
+/// A go-back-N resend held to the shrunk window and lost whole (one segmented datagram, where
 /// a drop before the interface takes every segment): the requester can send nothing more
 /// (its window is full) and nothing answers. The tail-loss probe sends the last packet of the
 /// resend again, the responder NAKs the gap once more, and the WRITE completes before the
@@ -536,8 +536,8 @@ fn a_lost_nak_is_asked_for_again_by_the_probe() {
 #[test]
 fn a_resend_lost_whole_with_the_window_full_is_probed_for_before_the_ack_timeout() {
     const PACKETS: u32 = 400;
-    // The window after the first loss: half the device's 256 packets in flight.
-    const RESEND_BURST: usize = 128;
+    // The window after the first loss: 7/10 of the device's 256 packets in flight.
+    const RESEND_BURST: usize = 256 * 7 / 10;
     let mut p = Pair::new(Mtu::Mtu256);
     let len = 256 * PACKETS as usize;
     let data = fill(&mut p, A, 0, len, 4);
