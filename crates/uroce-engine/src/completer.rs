@@ -503,7 +503,7 @@ fn force_retry<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, fro
     // A loss: the window shrinks to 7/10 (from the device's limit the first time), CUBIC's
     // β (RFC 9438 §4.6). Halving it, as Reno does, cost more than the loss where drops are
     // not congestion: across namespaces at 10 % random loss, `rc_bw -s 4K` kept 1.3 Gbit/s
-    // halving and 1.9–2.1 at 3/4.
+    // halving and 1.8 at 7/10.
     let current = if qp.req.cwnd == 0 {
         ctx.config.max_inflight_pkts
     } else {
