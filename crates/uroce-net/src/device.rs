@@ -122,20 +122,19 @@ impl Options {
         }
         o.realtime_progress = std::env::var("UROCE_PROGRESS_RT").is_ok_and(|v| v == "1");
         o.udp_only = std::env::var("UROCE_FABRIC").is_ok_and(|v| v == "udp");
-        let progress_spin_us =
-            std::env::var("UROCE_PROGRESS_SPIN_US").ok().map(|v| v.parse::<u64>());
-        o.progress_spin = match progress_spin_us {
-            None => Some(Duration::from_micros(DEFAULT_PROGRESS_SPIN_US)),
-            Some(Ok(0) | Err(_)) => None,
-            Some(Ok(us)) => Some(Duration::from_micros(us)),
-        };
-        let event_spin_us = std::env::var("UROCE_EVENT_SPIN_US").ok().map(|v| v.parse::<u64>());
-        o.event_spin = match event_spin_us {
-            None => Some(Duration::from_micros(DEFAULT_EVENT_SPIN_US)),
-            Some(Ok(0) | Err(_)) => None,
-            Some(Ok(us)) => Some(Duration::from_micros(us)),
-        };
+        o.progress_spin = spin_from_env("UROCE_PROGRESS_SPIN_US", DEFAULT_PROGRESS_SPIN_US);
+        o.event_spin = spin_from_env("UROCE_EVENT_SPIN_US", DEFAULT_EVENT_SPIN_US);
         Ok(o)
+    }
+}
+
+/// A spin in microseconds from environment variable `var`: `default_us` when it is unset,
+/// none when it is 0 (or not a number).
+fn spin_from_env(var: &str, default_us: u64) -> Option<Duration> {
+    match std::env::var(var).ok().map(|v| v.parse::<u64>()) {
+        None => Some(Duration::from_micros(default_us)),
+        Some(Ok(0) | Err(_)) => None,
+        Some(Ok(us)) => Some(Duration::from_micros(us)),
     }
 }
 

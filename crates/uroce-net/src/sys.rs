@@ -1058,8 +1058,9 @@ pub(crate) fn populate(addr: u64, len: u64, write: bool) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    /// The progress thread stops spinning when it sees itself preempted: a thread spinning on
-    /// a CPU another spinning thread is pinned to is preempted within the scheduler's slices.
+    /// The preemptions the progress thread counts while it spins (`progress_spins_preempted`):
+    /// a thread spinning on a CPU another spinning thread is pinned to is preempted within the
+    /// scheduler's slices.
     #[test]
     #[expect(clippy::disallowed_methods, reason = "the test spins by the wall clock")]
     fn a_thread_spinning_beside_another_on_its_cpu_counts_preemptions() {
