@@ -101,6 +101,8 @@ pub(crate) struct Shm {
     /// Inbound rings not found when looked for, by sender slot: the generation looked for.
     missing: Vec<Option<u32>>,
     seen_epoch: u32,
+    /// An inbound ring whose sender left still held records: look again next round.
+    draining: bool,
     buf: Vec<u8>,
 }
 
@@ -122,6 +124,7 @@ impl Shm {
             rounds: 0,
             missing: vec![None; SLOTS],
             seen_epoch: u32::MAX,
+            draining: false,
             buf: vec![0; MAX_PACKET],
         })
     }
@@ -327,10 +330,11 @@ impl Shm {
         let epoch = self.dir.rings_epoch(self.me.index).load(Ordering::Acquire);
         self.rounds = self.rounds.wrapping_add(1);
         // A new ring always bumps the epoch; a sender that left is noticed within 1,024
-        // rounds (its ring stays readable, and empty, meanwhile).
-        if epoch == self.seen_epoch && !self.rounds.is_multiple_of(1024) {
+        // rounds (its ring stays readable meanwhile).
+        if epoch == self.seen_epoch && !self.rounds.is_multiple_of(1024) && !self.draining {
             return;
         }
+        self.draining = false;
         if epoch != self.seen_epoch {
             self.seen_epoch = epoch;
             self.missing.iter_mut().for_each(|m| *m = None);
@@ -343,7 +347,18 @@ impl Shm {
                 b &= b - 1;
                 let s = k * 64 + bit;
                 let Ok(index) = u8::try_from(s) else { continue };
-                let Some((generation, _)) = self.dir.live(index) else {
+                let live = self.dir.live(index).map(|(generation, _)| generation);
+                if let Some(r) = &self.inbound[s]
+                    && live != Some(r.from.generation)
+                    && r.map.u64_at(TAIL).load(Ordering::Acquire) != r.head
+                {
+                    // Its sender left (or the slot has a new one) with records unread: they
+                    // were sent (a UD send completed), so they are delivered first; its
+                    // successor's ring, if any, is opened once this one is empty.
+                    self.draining = true;
+                    continue;
+                }
+                let Some(generation) = live else {
                     self.inbound[s] = None;
                     continue;
                 };
@@ -673,6 +688,48 @@ mod tests {
         for (n, pkt) in got.iter().enumerate() {
             assert!(pkt.iter().enumerate().all(|(i, &x)| x == (i as u32 ^ n as u32) as u8));
         }
+        assert_eq!(c.shm_rx_malformed, 0);
+        let _ = std::fs::remove_dir_all(&p);
+    }
+
+    /// A sender that fills a ring and leaves at once (a process that closes its device right
+    /// after its last UD send completed): everything it sent is still delivered, before the
+    /// ring of the slot's next holder. Once, the receiver forgot the ring when it noticed the
+    /// sender gone, unread records and all (`ib_send_bw -c UD` then waited for ever).
+    #[test]
+    fn records_of_a_sender_that_left_are_delivered_before_its_successors() {
+        let (dir, p) = dir("left");
+        let ip: IpAddr = "127.0.0.2".parse().expect("ip");
+        let (a, b) = (dir.claim(ip).expect("a"), dir.claim(ip).expect("b"));
+        let mut tx = Shm::new(Arc::clone(&dir), a, ip).expect("tx");
+        let mut rxs = Shm::new(Arc::clone(&dir), b, ip).expect("rx");
+        let mut c = NetCounters::default();
+        let mut got = Vec::new();
+        let take = |rxs: &mut Shm, c: &mut NetCounters, got: &mut Vec<u8>| {
+            rxs.receive(c, &mut |_: &RxInfo, bytes: &[u8], _: bool| got.push(bytes[0]));
+        };
+        let pkt = vec![1u8; 4000];
+        let mut sent = 0;
+        while tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), true, &mut c) {
+            sent += 1;
+        }
+        tx.commit(&mut c);
+        take(&mut rxs, &mut c, &mut got);
+        assert_eq!(got.len(), RX_BUDGET, "one round takes its budget");
+        dir.release(a);
+        drop(tx);
+        // The slot's next holder sends too: the receiver notices the new generation at once.
+        let a2 = dir.claim(ip).expect("a2");
+        assert_eq!(a2.index, a.index, "the slot is reused");
+        let mut tx2 = Shm::new(Arc::clone(&dir), a2, ip).expect("tx2");
+        let second = [2u8; 100];
+        assert!(tx2.push(b, &rx(ip), &mut core::iter::once(&second[..]), 100, true, &mut c));
+        tx2.commit(&mut c);
+        for _ in 0..4096 {
+            take(&mut rxs, &mut c, &mut got);
+        }
+        assert_eq!(got.len(), sent + 1, "every record of the sender that left, and the new one");
+        assert!(got[..sent].iter().all(|&x| x == 1) && got[sent] == 2, "in order");
         assert_eq!(c.shm_rx_malformed, 0);
         let _ = std::fs::remove_dir_all(&p);
     }
