@@ -579,6 +579,18 @@ impl State {
         }
     }
 
+    /// When the progress thread must run next: at the engine's or the CM's next timer, and,
+    /// while packets wait for room in a local peer's ring, at the backlog's next retry (a
+    /// verb that filled a ring leaves the rest to the thread: without this deadline the rest
+    /// waited until something else woke it).
+    fn wake_deadline(&self, now: Instant) -> Option<Instant> {
+        let retry = self.fabric.backlog_retry().map(|r| now + r);
+        match (self.next_deadline(), retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Registers `region` in `pd` with `access`.
     pub fn register(
         &mut self,
@@ -1403,7 +1415,7 @@ impl NetDevice {
         let next = if self.shared.busy_polled(now) {
             None
         } else {
-            s.next_deadline().map(Instant::as_nanos)
+            s.wake_deadline(now).map(Instant::as_nanos)
         };
         // A deadline earlier than the one the progress thread sleeps to: the kernel's timer
         // wakes it then (arming it costs a system call; waking the thread now would cost a
@@ -1531,10 +1543,42 @@ impl NetDevice {
     }
 }
 
+/// Closing a device waits for packets queued for a local peer's full ring at most this long
+/// while none of them moves (the peer stopped reading, but its process runs).
+const CLOSE_DRAIN_STALL_NS: u64 = 1_000_000_000;
+
+impl NetDevice {
+    /// Before closing: sends what waits for room in a local peer's ring. A UD or UC send
+    /// completes when its packet is handed over (copied aside if the ring was full), so an
+    /// application may close its device right after its last completion (`ib_send_bw -c UD`
+    /// does); an RNIC has put such a packet on the wire by then, and so must this device
+    /// before it goes. Gives up once nothing moved for [`CLOSE_DRAIN_STALL_NS`]; what waits
+    /// for a peer whose process is gone is let go sooner (`shm_tx_no_endpoint`).
+    fn drain_before_close(&self) {
+        let mut last_move = (self.shared.now_ns(), u64::MAX);
+        loop {
+            let mut s = self.lock();
+            s.send_out();
+            let Some(retry) = s.fabric.backlog_retry() else { return };
+            let sent = s.counters.shm_tx_packets;
+            drop(s);
+            let now = self.shared.now_ns();
+            if sent != last_move.1 {
+                last_move = (now, sent);
+            } else if now.saturating_sub(last_move.0) > CLOSE_DRAIN_STALL_NS {
+                return;
+            }
+            #[expect(clippy::disallowed_methods, reason = "a closing device waits for its peer")]
+            std::thread::sleep(Duration::from_nanos(retry.as_nanos()));
+        }
+    }
+}
+
 impl Drop for NetDevice {
     fn drop(&mut self) {
-        // What a busy poll held for a next verb that never came (an ACK, typically).
-        self.lock().send_out();
+        // What a busy poll held for a next verb that never came (an ACK, typically), and what
+        // waits for a local peer's ring.
+        self.drain_before_close();
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake.signal();
         if let Some(t) = self.thread.take() {
@@ -1613,12 +1657,7 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
                 slept_on_fabric = true;
                 s.fabric.wait_fds(&mut fds);
             }
-            let mut deadline = s.next_deadline();
-            if let Some(retry) = s.fabric.backlog_retry() {
-                // Packets wait for a ring's consumer: look again shortly.
-                let soon = now + retry;
-                deadline = Some(deadline.map_or(soon, |d| d.min(soon)));
-            }
+            let mut deadline = s.wake_deadline(now);
             if busy {
                 let look_again = now + uroce_engine::Duration::from_nanos(BUSY_POLL_GRACE_NS);
                 deadline = Some(deadline.map_or(look_again, |d| d.min(look_again)));
@@ -1775,6 +1814,108 @@ mod tests {
         assert_eq!(handed.load(Ordering::Relaxed), 1, "the datagram was sent");
         assert!(channel.has_event(), "the send's completion raised the event");
         assert_eq!(handed_after_event.load(Ordering::Relaxed), 0, "the event came first");
+    }
+
+    /// A UD QP with `recvs` receive WQEs on a fresh CQ, and a registered region of `len`.
+    fn ud_qp(
+        s: &mut State,
+        recvs: u32,
+        len: usize,
+    ) -> (uroce_wire::Qpn, PdHandle, CqHandle, MemoryRegion, u64) {
+        use uroce_engine::{Psn, QKey, QpCap, QpInitAttr, QpType};
+        let pd = s.engine().alloc_pd();
+        let cq = s.engine().create_cq(8192).unwrap();
+        let init = QpInitAttr {
+            qp_type: QpType::Ud,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap { max_send_wr: 4096, max_recv_wr: recvs.max(1), ..QpCap::default() },
+            sq_sig_all: false,
+            srq: None,
+            xrcd: None,
+        };
+        let qp = s.engine().create_qp(init).unwrap();
+        s.engine().init_qp(qp, Access::NONE, QKey(7)).unwrap();
+        s.engine().ready_datagram_qp(qp, Psn::ZERO).unwrap();
+        let region = Arc::new(RawRegion::new(len, false).unwrap());
+        let addr = region.addr();
+        let mr = s.register(pd, region, Access::LOCAL_WRITE).unwrap();
+        (qp, pd, cq, mr, addr)
+    }
+
+    /// Packets a verb could not fit in a local peer's ring wait in the backlog; the progress
+    /// thread sends them while the application does nothing more. Once, it slept without
+    /// the backlog's retry as a deadline, and the rest waited until something else woke it
+    /// (`ib_send_bw -c UD` lost the last of its 1,000 messages that way, now and then).
+    #[test]
+    fn what_a_full_ring_left_waiting_goes_without_another_verb() {
+        past_a_full_ring("127.0.18.14", "127.0.18.15", false);
+    }
+
+    /// The same, the sender closing its device at once: its UD sends have completed, so
+    /// closing sends what still waits (a NIC's link has carried it by then).
+    #[test]
+    fn closing_a_device_sends_what_waits_for_a_ring_first() {
+        past_a_full_ring("127.0.18.16", "127.0.18.17", true);
+    }
+
+    /// 3,000 UD datagrams of 2,000 bytes from `tx` to a stalled `rx`, posted in one verb;
+    /// `close`: the sender's device closes right after. Every one must arrive.
+    #[expect(clippy::disallowed_methods, reason = "a test waiting for another thread")]
+    fn past_a_full_ring(rx_ip: &str, tx_ip: &str, close: bool) {
+        use uroce_engine::{AhAttr, QKey, RecvWr, SendWr, Sge, UdDest, WrOpcode};
+        const N: u32 = 3000;
+        const LEN: u32 = 2000;
+        let rx_ip: IpAddr = rx_ip.parse().unwrap();
+        let rx = NetDevice::open(rx_ip, Options::default()).unwrap();
+        let tx = NetDevice::open(tx_ip.parse().unwrap(), Options::default()).unwrap();
+        let (rqp, rcq) = rx.with(|s| {
+            let (qp, _, cq, mr, addr) = ud_qp(s, N, N as usize * 4096);
+            for i in 0..N {
+                let sge = Sge { addr: addr + u64::from(i) * 4096, length: 4096, lkey: mr.lkey };
+                s.engine().post_recv(qp, RecvWr { wr_id: i.into(), sg_list: vec![sge] }).unwrap();
+            }
+            (qp, cq)
+        });
+        // The receiver stops reading for a while (its device lock held), as a busy process
+        // would, and the sender posts more than its ring holds.
+        let rx = Arc::new(rx);
+        let (held, hold) = std::sync::mpsc::channel();
+        let stall = std::thread::spawn({
+            let rx = Arc::clone(&rx);
+            move || {
+                rx.with(|_| {
+                    held.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(300));
+                });
+            }
+        });
+        hold.recv().unwrap();
+        tx.with(|s| {
+            let (qp, pd, _, mr, addr) = ud_qp(s, 0, LEN as usize);
+            let ah = s.engine().create_ah(pd, AhAttr::new(rx_ip)).unwrap();
+            for i in 0..N {
+                let sge = Sge { addr, length: LEN, lkey: mr.lkey };
+                let mut wr = SendWr::new(i.into(), WrOpcode::Send, vec![sge]);
+                wr.ud = Some(UdDest { ah, remote_qpn: rqp, remote_qkey: QKey(7) });
+                s.engine().post_send(qp, wr).unwrap();
+            }
+        });
+        let waiting = tx.with(|s| s.counters());
+        assert!(waiting.shm_tx_packets < u64::from(N), "the ring filled: {waiting:?}");
+        if close {
+            drop(tx);
+        }
+        stall.join().unwrap();
+        let mut got = 0usize;
+        let mut wcs = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while got < N as usize && std::time::Instant::now() < deadline {
+            got += rx.with(|s| s.engine().poll_cq(rcq, 4096, &mut wcs));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(got, N as usize, "every datagram arrived");
     }
 
     #[test]
