@@ -128,6 +128,22 @@ impl Outgoing {
         info.is_some_and(|i| i.has(uroce_wire::opcode::OpFlags::RESPONSE))
     }
 
+    /// The destination QPN and PSN of a plain ACK (an RC or XRC ACKNOWLEDGE whose AETH
+    /// syndrome says ACK, IBA 9.7.5.1), not one sent alone on purpose: what a later ACK of
+    /// the same QP makes redundant. `None` for every other packet, NAKs included.
+    pub(crate) fn plain_ack(&self) -> Option<(u32, uroce_wire::Psn)> {
+        use uroce_wire::opcode::Opcode;
+        let b = &self.bytes;
+        let opcode = *b.first()?;
+        let ack = opcode == Opcode::RC_ACKNOWLEDGE.0 || opcode == Opcode::XRC_ACKNOWLEDGE.0;
+        // AETH (after the 12-byte BTH): syndrome bits 7:5 are 000 for an ACK.
+        if !ack || self.alone || b.get(12)? >> 5 != 0 {
+            return None;
+        }
+        let psn = u32::from_be_bytes([0, *b.get(9)?, *b.get(10)?, *b.get(11)?]);
+        Some((dest_qpn(b)?, uroce_wire::Psn::new(psn)?))
+    }
+
     /// The payload bytes sent from registered memory.
     pub(crate) fn zero_copy_bytes(&self) -> u64 {
         self.payload_at.map_or(0, |_| self.pieces.iter().map(|&(_, l)| u64::from(l)).sum())
@@ -194,6 +210,12 @@ pub(crate) trait Fabric: Send {
         None
     }
 
+    /// Bytes handed to local peers that they have not read yet (a closing device waits for
+    /// them: once it is gone, a peer that never opened its ring could not find them).
+    fn unread(&self) -> u64 {
+        0
+    }
+
     /// Receives the traffic of exactly these multicast groups.
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()>;
 
@@ -227,6 +249,10 @@ macro_rules! delegate_to_inner {
 
         fn backlog_retry(&self) -> Option<uroce_engine::Duration> {
             self.inner.backlog_retry()
+        }
+
+        fn unread(&self) -> u64 {
+            self.inner.unread()
         }
 
         fn sync_multicast(&mut self, groups: &[core::net::IpAddr]) -> std::io::Result<()> {
@@ -267,6 +293,10 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
 
     fn backlog_retry(&self) -> Option<Duration> {
         (**self).backlog_retry()
+    }
+
+    fn unread(&self) -> u64 {
+        (**self).unread()
     }
 
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()> {

@@ -267,6 +267,10 @@ impl Fabric for HostFabric {
         (!self.backlog.is_empty()).then_some(self.retry)
     }
 
+    fn unread(&self) -> u64 {
+        self.shm.as_ref().map_or(0, Shm::unread)
+    }
+
     fn woken(&mut self) {
         self.woke = true;
         if let Some(shm) = &mut self.shm {

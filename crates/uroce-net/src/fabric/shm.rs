@@ -319,6 +319,14 @@ impl Shm {
         }
     }
 
+    /// Bytes published to live local endpoints and not read by them yet.
+    pub(crate) fn unread(&self) -> u64 {
+        let live =
+            |r: &&OutRing| self.dir.live(r.to.index).map(|(g, _)| g) == Some(r.to.generation);
+        let out = self.out.iter().flatten().filter(live);
+        out.map(|r| r.tail.saturating_sub(r.map.u64_at(HEAD).load(Ordering::Acquire))).sum()
+    }
+
     /// Whether the endpoint in slot `to` still runs.
     pub(crate) fn endpoint_alive(&self, to: u8) -> bool {
         self.dir.alive(to)
