@@ -319,12 +319,15 @@ impl Shm {
         }
     }
 
-    /// Bytes published to live local endpoints and not read by them yet.
+    /// Bytes published to local endpoints that still run and not read by them yet (a look
+    /// at `/proc` for each ring that holds some: for a closing device, not the data path).
     pub(crate) fn unread(&self) -> u64 {
-        let live =
-            |r: &&OutRing| self.dir.live(r.to.index).map(|(g, _)| g) == Some(r.to.generation);
-        let out = self.out.iter().flatten().filter(live);
-        out.map(|r| r.tail.saturating_sub(r.map.u64_at(HEAD).load(Ordering::Acquire))).sum()
+        let unread =
+            |r: &OutRing| r.tail.saturating_sub(r.map.u64_at(HEAD).load(Ordering::Acquire));
+        let reader_runs =
+            |r: &OutRing| self.dir.running_generation(r.to.index) == Some(r.to.generation);
+        let waiting = self.out.iter().flatten().filter(|r| unread(r) > 0 && reader_runs(r));
+        waiting.map(unread).sum()
     }
 
     /// Whether the endpoint in slot `to` still runs.
