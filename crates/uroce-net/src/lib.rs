@@ -27,7 +27,9 @@
 //!   both): no system call while both sides poll. A receiver about to sleep asks for a wake-up
 //!   (a flag in its slot) and sleeps on a FIFO that senders write one byte to; an idle
 //!   endpoint costs nothing. A full ring pauses its sender, as priority flow control pauses a
-//!   RoCE link: the packets wait in a bounded backlog, in order. Packets are whole RoCEv2
+//!   RoCE link: the packets wait in a bounded backlog, in order; a device that closes sends
+//!   its backlog and waits for running peers to read their rings first (a UD send has
+//!   completed by then, as on a NIC that has put it on the wire). Packets are whole RoCEv2
 //!   packets with their ICRC on this path too, so capture and `uroce decode` read them as any
 //!   other; `UROCE_FABRIC=udp` sends everything through the kernel instead. The counters
 //!   ([`NetCounters`]) say which path each packet took.
