@@ -126,6 +126,13 @@ impl HostDir {
         usize::from(index) * SLOT_SIZE + field
     }
 
+    /// For tests: slot `index`, generation `generation`, now held by `pid` (one that has
+    /// exited, say).
+    #[cfg(test)]
+    pub(crate) fn set_holder(&self, index: u8, generation: u32, pid: u32) {
+        self.word(index).store(join(generation, pid), Ordering::Release);
+    }
+
     fn word(&self, index: u8) -> &AtomicU64 {
         self.slots.u64_at(self.at(index, WORD))
     }

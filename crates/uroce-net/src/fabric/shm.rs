@@ -745,6 +745,34 @@ mod tests {
         let _ = std::fs::remove_dir_all(&p);
     }
 
+    /// What a closing device waits for: bytes its peers have not read, but only of peers
+    /// that still run (a killed peer's slot stays live until someone claims it).
+    #[test]
+    fn unread_bytes_count_until_read_and_not_for_a_dead_reader() {
+        let (mut tx, mut rxs, b, p) = two_endpoints("unread");
+        let ip: IpAddr = "127.0.0.2".parse().expect("ip");
+        let mut c = NetCounters::default();
+        let pkt = [3u8; 1000];
+        for _ in 0..3 {
+            assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 1000, true, &mut c));
+        }
+        tx.commit(&mut c);
+        let each = (RECORD_HEADER + 1000).next_multiple_of(64) as u64;
+        assert_eq!(tx.unread(), 3 * each);
+        rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| {});
+        assert_eq!(tx.unread(), 0, "read");
+        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 1000, true, &mut c));
+        tx.commit(&mut c);
+        assert_eq!(tx.unread(), each);
+        // The reader's process is gone (a child that has exited and been reaped).
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let pid = child.id();
+        child.wait().expect("wait");
+        tx.dir.set_holder(b.index, b.generation, pid);
+        assert_eq!(tx.unread(), 0, "nobody will read it");
+        let _ = std::fs::remove_dir_all(&p);
+    }
+
     #[test]
     fn a_full_ring_drops_and_counts_and_garbage_is_skipped_not_trusted() {
         let (mut tx, mut rxs, b, p) = two_endpoints("full");
