@@ -548,6 +548,9 @@ pub struct State {
     cm_sink: Option<CmSink>,
     /// Answers `uroce stat` and `uroce qp` (when the device joined the host directory).
     answering: Option<Answering>,
+    /// How event waits ended, found and expired: counted by the waiting thread without the
+    /// lock ([`NetDevice::spin_for_event`]), read into [`State::counters`].
+    event_spins: Arc<[AtomicU64; 2]>,
 }
 
 /// Takes the CM's events as they happen, under the device lock: it must only queue them.
@@ -561,7 +564,10 @@ impl State {
 
     /// The runtime's counters.
     pub fn counters(&self) -> NetCounters {
-        self.counters
+        let mut c = self.counters;
+        c.event_spins_found = self.event_spins[0].load(Ordering::Relaxed);
+        c.event_spins_expired = self.event_spins[1].load(Ordering::Relaxed);
+        c
     }
 
     /// The endpoint's connection manager, and the time to give its calls. What a call sends
@@ -845,7 +851,7 @@ impl State {
     /// This endpoint's counters and QPs, for a tool looking from outside.
     pub fn snapshot(&self) -> Snapshot {
         let engine = self.engine.counters().fields();
-        let net = self.counters.fields();
+        let net = self.counters().fields();
         let counters = engine.iter().chain(net.iter()).map(|&(n, v)| (n.to_owned(), v)).collect();
         let qps = self
             .engine
@@ -1118,6 +1124,8 @@ pub struct NetDevice {
     shared: Arc<Shared>,
     /// [`Options::event_spin`] in nanoseconds (0: none).
     event_spin_ns: u64,
+    /// [`State`]'s event-wait counts, shared.
+    event_spins: Arc<[AtomicU64; 2]>,
     thread: Option<JoinHandle<()>>,
     endpoint: Option<Endpoint>,
 }
@@ -1242,6 +1250,7 @@ impl NetDevice {
         // none between endpoints of this host, the UDP path's (which knows the IPv4
         // identification each GSO segment will carry), a capture's.
         engine.set_defer_icrc(true);
+        let event_spins = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
         let state = State {
             engine,
             origin,
@@ -1264,6 +1273,7 @@ impl NetDevice {
             cm,
             cm_sink: None,
             answering,
+            event_spins: Arc::clone(&event_spins),
         };
         let wake = EventFd::new().map_err(|e| OpenError::Io(local, e))?;
         let timer = sys::TimerFd::new().map_err(|e| OpenError::Io(local, e))?;
@@ -1303,7 +1313,7 @@ impl NetDevice {
         };
         let event_spin_ns =
             options.event_spin.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        Ok(Self { shared, event_spin_ns, thread, endpoint })
+        Ok(Self { shared, event_spin_ns, event_spins, thread, endpoint })
     }
 
     /// This process's slot on the host-wide device: its index (the top byte of every QPN it
@@ -1525,11 +1535,9 @@ impl NetDevice {
         let found = self.spin_for(|| channel.has_event());
         let e = found.then(|| channel.try_get()).flatten();
         channel.spinning(false);
-        let mut s = self.lock();
-        match e {
-            Some(_) => s.counters.event_spins_found += 1,
-            None => s.counters.event_spins_expired += 1,
-        }
+        // Counted without the device lock: a waiter woken by its event goes on to poll, and
+        // one more acquisition (with the progress thread perhaps holding it) would delay that.
+        self.event_spins[usize::from(e.is_none())].fetch_add(1, Ordering::Relaxed);
         e
     }
 
