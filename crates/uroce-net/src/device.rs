@@ -548,9 +548,16 @@ pub struct State {
     cm_sink: Option<CmSink>,
     /// Answers `uroce stat` and `uroce qp` (when the device joined the host directory).
     answering: Option<Answering>,
-    /// How event waits ended, found and expired: counted by the waiting thread without the
-    /// lock ([`NetDevice::spin_for_event`]), read into [`State::counters`].
-    event_spins: Arc<[AtomicU64; 2]>,
+    /// How event waits ended: counted by the waiting thread without the lock
+    /// ([`NetDevice::spin_for_event`]), read into [`State::counters`].
+    event_spins: Arc<EventSpins>,
+}
+
+/// How waits for a completion event ended (`event_spins_found`, `event_spins_expired`).
+#[derive(Default)]
+struct EventSpins {
+    found: AtomicU64,
+    expired: AtomicU64,
 }
 
 /// Takes the CM's events as they happen, under the device lock: it must only queue them.
@@ -565,8 +572,8 @@ impl State {
     /// The runtime's counters.
     pub fn counters(&self) -> NetCounters {
         let mut c = self.counters;
-        c.event_spins_found = self.event_spins[0].load(Ordering::Relaxed);
-        c.event_spins_expired = self.event_spins[1].load(Ordering::Relaxed);
+        c.event_spins_found = self.event_spins.found.load(Ordering::Relaxed);
+        c.event_spins_expired = self.event_spins.expired.load(Ordering::Relaxed);
         c
     }
 
@@ -596,10 +603,7 @@ impl State {
     /// waited until something else woke it).
     fn wake_deadline(&self, now: Instant) -> Option<Instant> {
         let retry = self.fabric.backlog_retry().map(|r| now + r);
-        match (self.next_deadline(), retry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.next_deadline().into_iter().chain(retry).min()
     }
 
     /// Registers `region` in `pd` with `access`.
@@ -952,11 +956,12 @@ impl State {
     /// stale response. Returns the packet to queue, if any.
     fn supersede_ack(&mut self, o: Outgoing) -> Option<Outgoing> {
         let Some((qpn, psn)) = o.plain_ack() else { return Some(o) };
-        let same_qp =
-            |q: &Outgoing| q.dst == o.dst && q.plain_ack().is_some_and(|(other, _)| other == qpn);
-        let Some(i) = self.out.iter().position(same_qp) else { return Some(o) };
+        let queued = self.out.iter().enumerate().find_map(|(i, q)| {
+            let (other, queued_psn) = q.plain_ack().filter(|_| q.dst == o.dst)?;
+            (other == qpn).then_some((i, queued_psn))
+        });
+        let Some((i, queued_psn)) = queued else { return Some(o) };
         self.counters.acks_superseded += 1;
-        let queued_psn = self.out[i].plain_ack().map_or(psn, |(_, p)| p);
         let (keep, gone) =
             if psn.is_before(queued_psn) { (None, o) } else { (Some(o), self.out.remove(i)) };
         self.pool.push(gone.bytes);
@@ -1125,7 +1130,7 @@ pub struct NetDevice {
     /// [`Options::event_spin`] in nanoseconds (0: none).
     event_spin_ns: u64,
     /// [`State`]'s event-wait counts, shared.
-    event_spins: Arc<[AtomicU64; 2]>,
+    event_spins: Arc<EventSpins>,
     thread: Option<JoinHandle<()>>,
     endpoint: Option<Endpoint>,
 }
@@ -1250,7 +1255,7 @@ impl NetDevice {
         // none between endpoints of this host, the UDP path's (which knows the IPv4
         // identification each GSO segment will carry), a capture's.
         engine.set_defer_icrc(true);
-        let event_spins = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let event_spins = Arc::new(EventSpins::default());
         let state = State {
             engine,
             origin,
@@ -1537,7 +1542,8 @@ impl NetDevice {
         channel.spinning(false);
         // Counted without the device lock: a waiter woken by its event goes on to poll, and
         // one more acquisition (with the progress thread perhaps holding it) would delay that.
-        self.event_spins[usize::from(e.is_none())].fetch_add(1, Ordering::Relaxed);
+        let ended = if e.is_some() { &self.event_spins.found } else { &self.event_spins.expired };
+        ended.fetch_add(1, Ordering::Relaxed);
         e
     }
 
