@@ -432,6 +432,15 @@ fn start_time(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// For tests: the pid of a child that has exited and been reaped (no process has it now).
+#[cfg(test)]
+pub(crate) fn exited_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().expect("spawn");
+    let pid = child.id();
+    child.wait().expect("wait");
+    pid
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,11 +473,7 @@ mod tests {
     fn a_dead_owners_slot_is_taken_over() {
         let p = temp_dir("dead");
         let dir = HostDir::open_at(&p, shm::effective_uid()).expect("open");
-        // A child that has exited and been reaped: its pid no longer exists.
-        let mut child = std::process::Command::new("true").spawn().expect("spawn");
-        let pid = child.id();
-        child.wait().expect("wait");
-        dir.word(FIRST_SLOT).store(join(2, pid), Ordering::Release);
+        dir.set_holder(FIRST_SLOT, 2, exited_pid());
         let s = dir.claim("127.0.0.2".parse().expect("addr")).expect("claim");
         assert_eq!((s.index, s.generation), (FIRST_SLOT, 4));
         let _ = fs::remove_dir_all(&p);
