@@ -72,7 +72,7 @@ client options:
   --json           one JSON object per result instead of the table
   --mtu M          RDMA path MTU: 256, 512, 1024, 2048 or 4096 (default: the ports' active
                    MTU, the smaller of the two sides': 4096 on loopback, 1024 on a 1500-byte link)
-  --depth N        RDMA messages in flight for streaming tests (default 32)
+  --depth N        RDMA messages in flight for streaming tests (default 128, as perftest)
   --events         RDMA: sleep on completion events instead of busy polling
   --inline N       RDMA: SENDs of at most N bytes go inline (N <= 1024)
   --post-list N    RDMA streams: post N work requests back to back (default 1)

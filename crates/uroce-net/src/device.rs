@@ -228,6 +228,9 @@ pub struct NetCounters {
     /// Posts whose packets waited for the next round of progress (a QP awaiting an ACK while
     /// a thread busy-polls: [`NetDevice::post_with`]).
     pub posts_batched: u64,
+    /// Posts that resumed a busy poll's mark, ended by the poll that drained the
+    /// application's completions, to batch the refill of its window ([`NetDevice::post_with`]).
+    pub busy_polls_resumed: u64,
     /// Busy-poll rounds that received packets and held what they produced (ACKs, mostly)
     /// for the application's next verb, so that an ACK leaves in one system call with the
     /// reply the application posts ([`NetDevice::poll_with`]).
@@ -317,6 +320,7 @@ impl NetCounters {
             ("tx_gso_segments", self.tx_gso_segments),
             ("tx_gso_refused", self.tx_gso_refused),
             ("posts_batched", self.posts_batched),
+            ("busy_polls_resumed", self.busy_polls_resumed),
             ("tx_held", self.tx_held),
             ("acks_superseded", self.acks_superseded),
             ("rx_datagrams", self.rx_datagrams),
@@ -359,6 +363,7 @@ impl core::ops::AddAssign for NetCounters {
         self.tx_gso_segments += o.tx_gso_segments;
         self.tx_gso_refused += o.tx_gso_refused;
         self.posts_batched += o.posts_batched;
+        self.busy_polls_resumed += o.busy_polls_resumed;
         self.tx_held += o.tx_held;
         self.acks_superseded += o.acks_superseded;
         self.rx_datagrams += o.rx_datagrams;
@@ -1013,6 +1018,10 @@ struct Shared {
     sleeping_until: AtomicU64,
     /// When an application thread last busy-polled (device nanoseconds).
     last_busy_poll: AtomicU64,
+    /// When a busy poll last took the last completion its application awaited, and so ended
+    /// the mark (device nanoseconds; 0: never): a post soon after resumes it
+    /// ([`NetDevice::post_with`]).
+    drained_at: AtomicU64,
     /// Application threads that found the lock taken and wait for it: the spinning progress
     /// thread ([`spin`]) leaves the lock to them instead of taking it again at once (the
     /// standard mutex is not fair, and a verb parked on it waits for a futex wake-up, tens of
@@ -1041,6 +1050,14 @@ impl Shared {
         let last = self.last_busy_poll.load(Ordering::Acquire);
         let age = now_ns.saturating_sub(last);
         (last != 0 && age < BUSY_POLL_GRACE_NS).then(|| BUSY_POLL_GRACE_NS - age)
+    }
+
+    /// Whether a busy poll ended its mark by draining the application's completions less
+    /// than [`RESUME_AFTER_DRAIN_NS`] before `now`: a post now is the application refilling
+    /// its window from what that poll handed it, and it will poll again.
+    fn just_drained(&self, now: Instant) -> bool {
+        let at = self.drained_at.load(Ordering::Acquire);
+        at != 0 && now.as_nanos().saturating_sub(at) < RESUME_AFTER_DRAIN_NS
     }
 }
 
@@ -1123,6 +1140,11 @@ const CLOCK_EVERY: u32 = 16;
 /// then leaves the sockets to it (a second reader would only steal packets and, on a small
 /// machine, the CPU) and looks in this often for timers, or to take over once polling stops.
 const BUSY_POLL_GRACE_NS: u64 = 1_000_000;
+
+/// A post this soon after a busy poll drained the application's completions (and so ended
+/// its mark) resumes the mark: a stream whose acknowledgement completed the whole window
+/// refills it at once (microseconds), and its posts batch as while polling.
+const RESUME_AFTER_DRAIN_NS: u64 = 50_000;
 
 /// A uroce device bound to one address, with its progress thread.
 pub struct NetDevice {
@@ -1289,6 +1311,7 @@ impl NetDevice {
             stop: AtomicBool::new(false),
             sleeping_until: AtomicU64::new(u64::MAX),
             last_busy_poll: AtomicU64::new(0),
+            drained_at: AtomicU64::new(0),
             verbs_waiting: AtomicU32::new(0),
             origin,
             wall_origin,
@@ -1395,11 +1418,24 @@ impl NetDevice {
     /// of small messages posted one by one leaves in one segmented send instead of a system
     /// call each (a NIC batches the same way while it is busy). Otherwise it is sent at once,
     /// as by `with`: a ping-pong's post, with nothing outstanding, costs no delay.
+    ///
+    /// A poll that takes the last completion an application awaits ends its busy-poll mark
+    /// (see [`NetDevice::poll_cq_with`]); when that application posts again right after, it
+    /// is refilling its window (a stream whose one coalesced ACK completed all of it), and the
+    /// post resumes the mark: without that, every post of the refill went out alone.
     pub fn post_with<R>(&self, qpn: uroce_wire::Qpn, f: impl FnOnce(&mut State) -> R) -> R {
         let mut s = self.lock();
-        if s.engine.awaits_ack(qpn) && self.shared.busy_polled(s.now()) {
-            s.counters.posts_batched += 1;
-            return f(&mut s);
+        let now = s.now();
+        if s.engine.awaits_ack(qpn) {
+            let resumed = !self.shared.busy_polled(now) && self.shared.just_drained(now);
+            if resumed {
+                self.shared.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
+                s.counters.busy_polls_resumed += 1;
+            }
+            if resumed || self.shared.busy_polled(now) {
+                s.counters.posts_batched += 1;
+                return f(&mut s);
+            }
         }
         drop(s);
         self.with(f)
@@ -1577,6 +1613,7 @@ impl NetDevice {
         if pending {
             self.shared.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
         } else {
+            self.shared.drained_at.store(now.as_nanos().max(1), Ordering::Release);
             self.end_busy_poll();
         }
         r
@@ -1746,6 +1783,7 @@ mod tests {
             tx_gso_segments: 1,
             tx_gso_refused: 1,
             posts_batched: 1,
+            busy_polls_resumed: 1,
             tx_held: 1,
             acks_superseded: 1,
             rx_datagrams: 1,

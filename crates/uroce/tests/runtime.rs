@@ -634,3 +634,41 @@ fn an_event_wait_counts_whether_its_spin_found_the_event() {
     let late = Duration::from_millis(200);
     assert_eq!(waited("127.0.54.4", "127.0.54.5", short_spin, late), (0, 1));
 }
+
+/// A stream whose ACK completes its whole window: the poll that takes the last completion
+/// leaves nothing pending and ends the busy poll (the application might go on to spin on
+/// memory, where only the progress thread receives), but the application refills its window
+/// at once, and those posts resume the busy poll: all but the first wait for the next poll
+/// and leave in one system call (`NetDevice::post_with`). Without the resume every post of
+/// the refill is a `sendmmsg` of its own (`tx_batches` equal to `tx_datagrams`).
+#[test]
+#[allow(clippy::disallowed_methods, reason = "a busy poll bounds its wait by the clock")]
+fn a_window_refilled_after_the_poll_that_completed_it_leaves_in_one_call() {
+    const WINDOW: u64 = 32;
+    const ROUNDS: u64 = 100;
+    let udp = || Options { udp_only: true, ..Options::default() };
+    let [a, b] = pair("127.0.55.2", "127.0.55.3", QpType::Rc, [udp(), udp()]);
+    let mut wcs = Vec::new();
+    for round in 0..ROUNDS {
+        // The receives this window's SENDs consume (it completes only once they have).
+        for k in 0..WINDOW {
+            b.qp.post_recv(round * WINDOW + k, &b.mr, 0..64).unwrap();
+        }
+        for k in 0..WINDOW {
+            a.qp.send(round * WINDOW + k, &a.mr, 64..128).unwrap();
+        }
+        wcs.clear();
+        let start = std::time::Instant::now();
+        while (wcs.len() as u64) < WINDOW {
+            a.cq.poll(&mut wcs);
+            assert!(start.elapsed() < Duration::from_secs(30), "no completion");
+        }
+        assert!(wcs.iter().all(|w| w.status == WcStatus::SUCCESS), "{wcs:?}");
+    }
+    let (engine, net) = a.ctx.counters();
+    // On an idle machine every round after the first resumes, and each window leaves in two
+    // calls (its first post alone: nothing awaited an ACK). A post preempted for longer than
+    // the resume window after its poll goes alone: the bounds leave room for that.
+    assert!(net.busy_polls_resumed > ROUNDS / 4, "{net:?} {engine:?}");
+    assert!(net.tx_datagrams - net.tx_batches > ROUNDS * WINDOW / 4, "{net:?} {engine:?}");
+}

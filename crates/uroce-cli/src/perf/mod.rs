@@ -203,7 +203,10 @@ pub(crate) struct Params {
     /// RDMA: path MTU; `None`: each side's port's active MTU, the smaller of the two once
     /// connected (as perftest chooses it), so that a 1500-byte link gets 1024.
     pub(crate) mtu: Option<uroce::Mtu>,
-    /// Messages in flight for streaming tests (send or receive queue depth).
+    /// Messages in flight for streaming tests (send or receive queue depth); by default 128,
+    /// perftest's send queue depth for its bandwidth tests (`-t`). With small messages a
+    /// window is acknowledged as a whole (one coalesced ACK per received batch), so a small
+    /// one leaves the link idle for a round trip per window.
     pub(crate) depth: u32,
     /// RDMA: sleep on completion events instead of busy polling.
     pub(crate) events: bool,
@@ -231,7 +234,7 @@ impl Default for Params {
             duration: None,
             warmup: 100,
             mtu: None,
-            depth: 32,
+            depth: 128,
             events: false,
             nodelay: true,
             busy_poll: false,
