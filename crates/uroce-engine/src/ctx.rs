@@ -316,7 +316,8 @@ impl<M: MemoryAccess> Ctx<M> {
 
     /// Builds the packet: `repr`'s own payload, or (when `pieces` is not empty) the payload
     /// in those pieces of registered memory — left in place in gather mode when the memory
-    /// lends them, else copied once into the packet.
+    /// lends them and there are at least [`GATHER_MIN_PAYLOAD`] bytes, else copied once into
+    /// the packet.
     fn emit_to(
         &mut self,
         pseudo: &PseudoHeader,
@@ -333,7 +334,8 @@ impl<M: MemoryAccess> Ctx<M> {
             buf.resize(len, 0);
             self.emit_whole(repr, pseudo, buf)?
         } else {
-            let lent: Option<Vec<&[u8]>> = if self.gather {
+            let payload: u64 = pieces.iter().map(|&(_, l)| u64::from(l)).sum();
+            let lent: Option<Vec<&[u8]>> = if self.gather && payload >= GATHER_MIN_PAYLOAD {
                 pieces.iter().map(|&(a, l)| self.mem.slice(a, l as usize)).collect()
             } else {
                 None
@@ -384,6 +386,11 @@ impl<M: MemoryAccess> Ctx<M> {
         })
     }
 }
+
+/// Payloads smaller than this are copied into their packet even in gather mode: the kernel
+/// takes each gathered piece as an I/O vector element of its own, which costs more than
+/// copying a few hundred bytes (a 64-byte SEND's packet went out as three elements).
+const GATHER_MIN_PAYLOAD: u64 = 256;
 
 /// A flushed completion.
 pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {

@@ -2232,3 +2232,26 @@ fn farewell_acks_leave_as_datagrams_of_their_own() {
     }
     assert_eq!(alone, [true, true]);
 }
+
+/// In gather mode a payload stays in registered memory, for the runtime to send from there
+/// with scatter/gather I/O, only when it is long enough to be worth an I/O vector element of
+/// its own: a small one is copied into its packet, which then comes whole.
+#[test]
+fn gather_mode_leaves_long_payloads_in_memory_and_copies_short_ones() {
+    let mut p = Pair::new(Mtu::Mtu4096);
+    let mut gathered = Vec::new();
+    for (wr_id, len) in [(1u64, 64usize), (2, 252), (3, 256), (4, 4096)] {
+        let data = fill(&mut p, A, 0, len, wr_id as u8);
+        let sge = p.sge(A, 0, len as u32);
+        p.post_send(A, SendWr::new(wr_id, WrOpcode::Send, vec![sge]));
+        let (mut buf, mut pieces) = (Vec::new(), Vec::new());
+        let tx = p.net[A].dev.poll_transmit_gather(Instant::ZERO, &mut buf, &mut pieces).unwrap();
+        match tx.payload_at {
+            // BTH, payload (a multiple of four bytes: no pad), ICRC.
+            None => assert_eq!(&buf[buf.len() - 4 - len..buf.len() - 4], &data[..], "{len}"),
+            Some(_) => assert_eq!(pieces.iter().map(|&(_, l)| l as usize).sum::<usize>(), len),
+        }
+        gathered.push((len, tx.payload_at.is_some()));
+    }
+    assert_eq!(gathered, [(64, false), (252, false), (256, true), (4096, true)]);
+}
