@@ -389,9 +389,9 @@ pub(crate) struct Requester {
     /// `max_rd_atomic` and the fence).
     pub(crate) rd_atomic_outstanding: u32,
     /// Packets the requester may have unacknowledged now (besides the device's
-    /// `max_inflight_pkts`): halved at each loss, grown by one per window of acknowledged
-    /// packets. Go-back-N resends everything after a lost packet, so on a lossy path a smaller
-    /// window wastes less. 0 until the first loss: no limit of its own.
+    /// `max_inflight_pkts`): cut to 7/10 at each loss, grown by eight per window of
+    /// acknowledged packets. Go-back-N resends everything after a lost packet, so on a lossy
+    /// path a smaller window wastes less. 0 until the first loss: no limit of its own.
     pub(crate) cwnd: u32,
     /// Packets acknowledged toward the next growth of `cwnd`.
     pub(crate) cwnd_acked: u32,

@@ -2255,3 +2255,23 @@ fn gather_mode_leaves_long_payloads_in_memory_and_copies_short_ones() {
     }
     assert_eq!(gathered, [(64, false), (252, false), (256, true), (4096, true)]);
 }
+
+/// The requester's loss-driven window: none of its own until the first loss, which cuts the
+/// device's limit (256 packets) to 7/10; then each window of packets acknowledged grows it by
+/// eight (a random drop on a datacenter path is rarely congestion, and go-back-N already
+/// pays for it: growing by one per window left a 1 %-lossy path at a third of its window).
+#[test]
+fn a_loss_cuts_the_window_to_seven_tenths_and_each_window_acknowledged_grows_it_by_eight() {
+    let window = |p: &Pair| p.net[A].dev.qp_infos()[0].window;
+    let mut p = write_20_packets(drop_once(|from, _| from == A), Duration::from_millis(50));
+    assert_eq!(window(&p), 256 * 7 / 10);
+    // One more window's worth (179 packets of 256 bytes), without loss.
+    let len = 256 * 179;
+    let data = fill(&mut p, A, 0, len, 9);
+    p.post_send(A, write_wr(&p, 2, 0, 0, len as u32));
+    p.run(Duration::from_millis(50));
+    assert_eq!(statuses(&p.cq(A)), [(2, WcStatus::SUCCESS)]);
+    assert_eq!(p.mem(B, 0, len), &data[..]);
+    let grown = window(&p) - 256 * 7 / 10;
+    assert!((7..=9).contains(&grown), "grew by {grown}");
+}
