@@ -1425,20 +1425,26 @@ impl NetDevice {
     /// post resumes the mark: without that, every post of the refill went out alone.
     pub fn post_with<R>(&self, qpn: uroce_wire::Qpn, f: impl FnOnce(&mut State) -> R) -> R {
         let mut s = self.lock();
-        let now = s.now();
         if s.engine.awaits_ack(qpn) {
-            let resumed = !self.shared.busy_polled(now) && self.shared.just_drained(now);
-            if resumed {
-                self.shared.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
-                s.counters.busy_polls_resumed += 1;
-            }
-            if resumed || self.shared.busy_polled(now) {
+            let now = s.now();
+            if self.shared.busy_polled(now) || self.resume_busy_poll(&mut s, now) {
                 s.counters.posts_batched += 1;
                 return f(&mut s);
             }
         }
         drop(s);
         self.with(f)
+    }
+
+    /// Sets the busy-poll mark again if a poll ended it by draining the application's
+    /// completions just before `now`; returns whether it did.
+    fn resume_busy_poll(&self, s: &mut State, now: Instant) -> bool {
+        if !self.shared.just_drained(now) {
+            return false;
+        }
+        self.shared.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
+        s.counters.busy_polls_resumed += 1;
+        true
     }
 
     /// As [`NetDevice::with`], for posting receive work requests: what a busy poll held for
