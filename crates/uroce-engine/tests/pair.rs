@@ -2259,7 +2259,8 @@ fn gather_mode_leaves_long_payloads_in_memory_and_copies_short_ones() {
 /// The requester's loss-driven window: none of its own until the first loss, which cuts the
 /// device's limit (256 packets) to 7/10; then each window of packets acknowledged grows it by
 /// eight (a random drop on a datacenter path is rarely congestion, and go-back-N already
-/// pays for it: growing by one per window left a 1 %-lossy path at a third of its window).
+/// pays for it: growing by one per window left a 1 %-lossy path at under a third of its
+/// window).
 #[test]
 fn a_loss_cuts_the_window_to_seven_tenths_and_each_window_acknowledged_grows_it_by_eight() {
     let window = |p: &Pair| p.net[A].dev.qp_infos()[0].window;
