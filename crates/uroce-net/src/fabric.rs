@@ -82,13 +82,11 @@ impl Outgoing {
         let pseudo = pseudo.with_ipv4_id(ip_id);
         let end = self.bytes.len() - ICRC_LEN;
         let h = self.payload_at.unwrap_or(end).min(end);
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(self.pieces.len() + 2);
-        parts.push(&self.bytes[..h]);
-        if self.payload_at.is_some() {
-            parts.extend(self.pieces.iter().filter_map(|&(a, l)| mem.slice(a, l as usize)));
-        }
-        parts.push(&self.bytes[h..end]);
-        if let Ok(crc) = icrc::compute_parts(&pseudo, &parts) {
+        let pieces = if self.payload_at.is_some() { &self.pieces[..] } else { &[] };
+        let parts = core::iter::once(&self.bytes[..h])
+            .chain(pieces.iter().filter_map(|&(a, l)| mem.slice(a, l as usize)))
+            .chain(core::iter::once(&self.bytes[h..end]));
+        if let Ok(crc) = icrc::compute_iter(&pseudo, parts) {
             self.bytes[end..].copy_from_slice(&icrc::to_wire(crc));
         }
     }

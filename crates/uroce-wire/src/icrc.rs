@@ -206,13 +206,24 @@ fn prefix_crc_of(masked_headers: &[u8]) -> u32 {
 /// The ICRC of a packet given as consecutive parts that together run from the first byte of the
 /// BTH to the last pad byte (the ICRC itself excluded). The first part must hold the whole BTH.
 pub fn compute_parts(pseudo: &PseudoHeader, parts: &[&[u8]]) -> Result<u32> {
-    let Some((first, rest)) = parts.split_first() else {
+    compute_iter(pseudo, parts.iter().copied())
+}
+
+/// [`compute_parts`] over parts an iterator yields (it is walked twice: once for the length
+/// the pseudo-header covers, once for the CRC), for a caller that would otherwise collect
+/// them into a vector per packet.
+pub fn compute_iter<'a, I>(pseudo: &PseudoHeader, parts: I) -> Result<u32>
+where
+    I: Iterator<Item = &'a [u8]> + Clone,
+{
+    let mut rest = parts.clone();
+    let Some(first) = rest.next() else {
         return Err(Error::Truncated);
     };
     if first.len() < bth::HEADER_LEN {
         return Err(Error::Truncated);
     }
-    let roce_len: usize = parts.iter().map(|p| p.len()).sum::<usize>() + ICRC_LEN;
+    let roce_len: usize = parts.map(<[u8]>::len).sum::<usize>() + ICRC_LEN;
     // The CRC is fastest over few, long calls: the masked BTH and what follows it in the first
     // part are gathered in one stack buffer.
     let mut buf = [0u8; CONTIGUOUS];
@@ -221,7 +232,7 @@ pub fn compute_parts(pseudo: &PseudoHeader, parts: &[&[u8]]) -> Result<u32> {
     buf[bth::field::ECN] = 0xFF; // BTH byte 4: FECN, BECN, resv6a
     let mut h = crc32fast::Hasher::new_with_initial(pseudo.crc_for(roce_len));
     h.update(&buf[..take]);
-    for p in core::iter::once(&&first[take..]).chain(rest) {
+    for p in core::iter::once(&first[take..]).chain(rest) {
         if !p.is_empty() {
             h.update(p);
         }

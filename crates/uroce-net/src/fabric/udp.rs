@@ -198,11 +198,15 @@ impl Udp {
             self.lens.extend(rest.iter().map(|o| o.parts(mem).map(<[u8]>::len).sum::<usize>()));
             plan(&mut self.runs, &self.lens, rest, self.gso);
             for r in &self.runs {
-                for (k, o) in rest[r.first..r.first + r.count].iter_mut().enumerate() {
+                let run = &mut rest[r.first..r.first + r.count];
+                // One destination per run (`plan`), so one pseudo-header.
+                let src = SocketAddr::new(self.addr, port);
+                let Some(Ok(pseudo)) = run.first().map(|o| self.pseudo.get(src, o.dst)) else {
+                    continue;
+                };
+                for (k, o) in run.iter_mut().enumerate() {
                     let id = if r.count > 1 { u16::try_from(k).unwrap_or(0) } else { 0 };
-                    if let Ok(pseudo) = self.pseudo.get(SocketAddr::new(self.addr, port), o.dst) {
-                        o.seal(mem, &pseudo, id);
-                    }
+                    o.seal(mem, &pseudo, id);
                 }
             }
             let Some(sock) = Self::send_sock(&self.send_socks, port) else {
