@@ -1039,6 +1039,12 @@ impl Shared {
         u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// Notes that an application thread busy-polled at `now` (never stored as 0, which means
+    /// "no mark").
+    fn mark_busy_poll(&self, now: Instant) {
+        self.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
+    }
+
     /// Whether an application thread busy-polled within the grace period before `now`.
     fn busy_polled(&self, now: Instant) -> bool {
         self.busy_poll_lapses_in(now.as_nanos()).is_some()
@@ -1442,7 +1448,7 @@ impl NetDevice {
         if !self.shared.just_drained(now) {
             return false;
         }
-        self.shared.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
+        self.shared.mark_busy_poll(now);
         s.counters.busy_polls_resumed += 1;
         true
     }
@@ -1557,7 +1563,7 @@ impl NetDevice {
         let until = self.shared.now_ns().saturating_add(self.event_spin_ns);
         loop {
             let ((), now) = self.with_at(State::progress_polled);
-            self.shared.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
+            self.shared.mark_busy_poll(now);
             if ready() {
                 return true;
             }
@@ -1617,7 +1623,7 @@ impl NetDevice {
             return r;
         }
         if pending {
-            self.shared.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
+            self.shared.mark_busy_poll(now);
         } else {
             self.shared.drained_at.store(now.as_nanos().max(1), Ordering::Release);
             self.end_busy_poll();

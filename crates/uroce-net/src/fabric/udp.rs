@@ -197,10 +197,10 @@ impl Udp {
             self.lens.clear();
             self.lens.extend(rest.iter().map(|o| o.parts(mem).map(<[u8]>::len).sum::<usize>()));
             plan(&mut self.runs, &self.lens, rest, self.gso);
+            let src = SocketAddr::new(self.addr, port);
             for r in &self.runs {
                 let run = &mut rest[r.first..r.first + r.count];
                 // One destination per run (`plan`), so one pseudo-header.
-                let src = SocketAddr::new(self.addr, port);
                 let Some(Ok(pseudo)) = run.first().map(|o| self.pseudo.get(src, o.dst)) else {
                     continue;
                 };
