@@ -270,6 +270,13 @@ pub struct NetCounters {
     /// Waits whose spin ended without the event: the thread slept on the channel, and the
     /// event will cost the progress thread's wake-up and its own.
     pub event_spins_expired: u64,
+    /// Rounds of a waiting thread (busy-polling, or spinning for an event) that found nothing
+    /// and gave the CPU up because the local peer it waits for was last seen on the same CPU
+    /// ([`State::poll_for_peer`]).
+    pub yields_to_peer: u64,
+    /// Times such a thread, still taking turns with its peer after [`MOVE_AFTER_YIELDS`]
+    /// yields, moved itself to another CPU of its affinity (which it keeps as it was).
+    pub moves_off_peer_cpu: u64,
     /// Asynchronous events no subscriber claimed (their object was destroyed meanwhile).
     pub async_events_unclaimed: u64,
     /// Packets sent to an endpoint of this host through shared memory (no system call).
@@ -337,6 +344,8 @@ impl NetCounters {
             ("progress_spins_preempted", self.progress_spins_preempted),
             ("event_spins_found", self.event_spins_found),
             ("event_spins_expired", self.event_spins_expired),
+            ("yields_to_peer", self.yields_to_peer),
+            ("moves_off_peer_cpu", self.moves_off_peer_cpu),
             ("async_events_unclaimed", self.async_events_unclaimed),
             ("shm_tx_packets", self.shm_tx_packets),
             ("shm_tx_ring_full", self.shm_tx_ring_full),
@@ -380,6 +389,8 @@ impl core::ops::AddAssign for NetCounters {
         self.progress_spins_preempted += o.progress_spins_preempted;
         self.event_spins_found += o.event_spins_found;
         self.event_spins_expired += o.event_spins_expired;
+        self.yields_to_peer += o.yields_to_peer;
+        self.moves_off_peer_cpu += o.moves_off_peer_cpu;
         self.async_events_unclaimed += o.async_events_unclaimed;
         self.shm_tx_packets += o.shm_tx_packets;
         self.shm_tx_ring_full += o.shm_tx_ring_full;
@@ -531,6 +542,11 @@ pub struct State {
     polled_rounds: u32,
     /// Set by a busy-polling round for the verb it runs in: whether it received packets.
     polled_round: Option<bool>,
+    /// Consecutive rounds of waiting threads that gave way to a peer on their CPU
+    /// ([`State::poll_for_peer`]).
+    gave_way: u32,
+    /// When a waiting thread last moved off its peer's CPU.
+    moved_at: Option<Instant>,
     pool: Vec<Vec<u8>>,
     piece_pool: Vec<Vec<Piece>>,
     channels: HashMap<CqHandle, Arc<Channel>>,
@@ -553,16 +569,20 @@ pub struct State {
     cm_sink: Option<CmSink>,
     /// Answers `uroce stat` and `uroce qp` (when the device joined the host directory).
     answering: Option<Answering>,
-    /// How event waits ended: counted by the waiting thread without the lock
-    /// ([`NetDevice::spin_for_event`]), read into [`State::counters`].
-    event_spins: Arc<EventSpins>,
+    /// What waiting threads did, counted without the lock ([`NetDevice::spin_for_event`],
+    /// [`GiveWay::act`]), read into [`State::counters`].
+    wait_counts: Arc<WaitCounts>,
 }
 
-/// How waits for a completion event ended (`event_spins_found`, `event_spins_expired`).
+/// What waiting threads did, counted without the lock: how waits for a completion event
+/// ended (`event_spins_found`, `event_spins_expired`), and what they gave up to a peer on
+/// their CPU (`yields_to_peer`, `moves_off_peer_cpu`).
 #[derive(Default)]
-struct EventSpins {
+struct WaitCounts {
     found: AtomicU64,
     expired: AtomicU64,
+    yielded: AtomicU64,
+    moved: AtomicU64,
 }
 
 /// Takes the CM's events as they happen, under the device lock: it must only queue them.
@@ -577,8 +597,10 @@ impl State {
     /// The runtime's counters.
     pub fn counters(&self) -> NetCounters {
         let mut c = self.counters;
-        c.event_spins_found = self.event_spins.found.load(Ordering::Relaxed);
-        c.event_spins_expired = self.event_spins.expired.load(Ordering::Relaxed);
+        c.event_spins_found = self.wait_counts.found.load(Ordering::Relaxed);
+        c.event_spins_expired = self.wait_counts.expired.load(Ordering::Relaxed);
+        c.yields_to_peer = self.wait_counts.yielded.load(Ordering::Relaxed);
+        c.moves_off_peer_cpu = self.wait_counts.moved.load(Ordering::Relaxed);
         c
     }
 
@@ -811,6 +833,44 @@ impl State {
         self.polled_clock = Some(now);
         let received = self.progress_at(now);
         self.polled_round = Some(received);
+    }
+
+    /// [`State::progress_polled`] for a thread that waits for a local peer (busy-polls, or
+    /// spins for a completion event) on `cpu`; says whether the thread should give its CPU
+    /// up before its next round: when the round received nothing, and the peer that sent last
+    /// was last seen polling or waiting on this same CPU.
+    ///
+    /// Two processes whose threads wake each other end up on one CPU (the kernel places a
+    /// woken thread near its waker) and stay there for milliseconds, until the load balancer
+    /// separates them. Meanwhile the peer is runnable behind the spinner, which spins until
+    /// its spin or time slice runs out (`ibv_rc_pingpong -e` took 160 µs an iteration for its
+    /// first 17 ms): a yield lets the peer answer now. When they keep sharing the CPU, the
+    /// waiter moves to another CPU itself, as the balancer would later. Each thread says where
+    /// it polls in its endpoint's slot, so a thread on a CPU of its own spins undisturbed.
+    fn poll_for_peer(&mut self, cpu: Option<u32>) -> GiveWay {
+        if let Some(cpu) = cpu {
+            self.fabric.publish_cpu(cpu);
+        }
+        self.progress_polled();
+        let Some(cpu) = cpu else { return GiveWay::No };
+        if self.fabric.peer_cpu() != Some(cpu) {
+            self.gave_way = 0;
+            return GiveWay::No;
+        }
+        if self.polled_round != Some(false) {
+            return GiveWay::No;
+        }
+        self.gave_way += 1;
+        let now = self.polled_clock.unwrap_or_else(|| self.now());
+        let moved_long_ago = self
+            .moved_at
+            .is_none_or(|t| now.as_nanos().saturating_sub(t.as_nanos()) >= MOVE_INTERVAL_NS);
+        if self.gave_way >= MOVE_AFTER_YIELDS && moved_long_ago {
+            self.gave_way = 0;
+            self.moved_at = Some(now);
+            return GiveWay::MoveOff(cpu);
+        }
+        GiveWay::Yield
     }
 
     /// Receives, runs due timers and collects what the engine has to send (the caller sends
@@ -1138,6 +1198,40 @@ const SPIN_TRICKLE: u64 = 4;
 /// parks on it: about the length of a round of progress.
 const VERB_LOCK_SPINS: u32 = 4096;
 
+/// What a waiting thread does before its next round ([`State::poll_for_peer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GiveWay {
+    /// Spins on.
+    No,
+    /// Yields its CPU to the peer waiting for it.
+    Yield,
+    /// Moves off this CPU, where it keeps taking turns with its peer.
+    MoveOff(u32),
+}
+
+impl GiveWay {
+    /// Does it (outside the device lock), and counts it in `counts`. A thread whose
+    /// affinity allows no other CPU yields instead of moving.
+    fn act(self, counts: &WaitCounts) {
+        match self {
+            Self::No => core::hint::spin_loop(),
+            Self::MoveOff(cpu) if sys::move_off_cpu(cpu) => {
+                counts.moved.fetch_add(1, Ordering::Relaxed);
+            }
+            Self::Yield | Self::MoveOff(_) => {
+                counts.yielded.fetch_add(1, Ordering::Relaxed);
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Consecutive yields to a peer on the same CPU after which a waiting thread moves off it.
+const MOVE_AFTER_YIELDS: u32 = 16;
+
+/// A waiting thread moves off its peer's CPU at most this often.
+const MOVE_INTERVAL_NS: u64 = 10_000_000;
+
 /// A busy-polling thread reads the clock on one round in this many (and whenever packets
 /// arrive).
 const CLOCK_EVERY: u32 = 16;
@@ -1157,8 +1251,8 @@ pub struct NetDevice {
     shared: Arc<Shared>,
     /// [`Options::event_spin`] in nanoseconds (0: none).
     event_spin_ns: u64,
-    /// [`State`]'s event-wait counts, shared.
-    event_spins: Arc<EventSpins>,
+    /// [`State`]'s counts of what waiting threads did, shared.
+    wait_counts: Arc<WaitCounts>,
     thread: Option<JoinHandle<()>>,
     endpoint: Option<Endpoint>,
 }
@@ -1283,7 +1377,7 @@ impl NetDevice {
         // none between endpoints of this host, the UDP path's (which knows the IPv4
         // identification each GSO segment will carry), a capture's.
         engine.set_defer_icrc(true);
-        let event_spins = Arc::new(EventSpins::default());
+        let wait_counts = Arc::new(WaitCounts::default());
         let state = State {
             engine,
             origin,
@@ -1293,6 +1387,8 @@ impl NetDevice {
             polled_clock: None,
             polled_rounds: 0,
             polled_round: None,
+            gave_way: 0,
+            moved_at: None,
             pool: Vec::new(),
             piece_pool: Vec::new(),
             channels: HashMap::new(),
@@ -1306,7 +1402,7 @@ impl NetDevice {
             cm,
             cm_sink: None,
             answering,
-            event_spins: Arc::clone(&event_spins),
+            wait_counts: Arc::clone(&wait_counts),
         };
         let wake = EventFd::new().map_err(|e| OpenError::Io(local, e))?;
         let timer = sys::TimerFd::new().map_err(|e| OpenError::Io(local, e))?;
@@ -1347,7 +1443,7 @@ impl NetDevice {
         };
         let event_spin_ns =
             options.event_spin.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        Ok(Self { shared, event_spin_ns, event_spins, thread, endpoint })
+        Ok(Self { shared, event_spin_ns, wait_counts, thread, endpoint })
     }
 
     /// This process's slot on the host-wide device: its index (the top byte of every QPN it
@@ -1562,7 +1658,7 @@ impl NetDevice {
         }
         let until = self.shared.now_ns().saturating_add(self.event_spin_ns);
         loop {
-            let ((), now) = self.with_at(State::progress_polled);
+            let (give_way, now) = self.with_at(|s| s.poll_for_peer(sys::current_cpu()));
             self.shared.mark_busy_poll(now);
             if ready() {
                 return true;
@@ -1570,7 +1666,7 @@ impl NetDevice {
             if now.as_nanos() >= until {
                 return false;
             }
-            core::hint::spin_loop();
+            give_way.act(&self.wait_counts);
         }
     }
 
@@ -1590,7 +1686,7 @@ impl NetDevice {
         channel.spinning(false);
         // Counted without the device lock: a waiter woken by its event goes on to poll, and
         // one more acquisition (with the progress thread perhaps holding it) would delay that.
-        let ended = if e.is_some() { &self.event_spins.found } else { &self.event_spins.expired };
+        let ended = if e.is_some() { &self.wait_counts.found } else { &self.wait_counts.expired };
         ended.fetch_add(1, Ordering::Relaxed);
         e
     }
@@ -1603,6 +1699,11 @@ impl NetDevice {
     /// application cannot be waiting for a completion then, but may be waiting for a one-sided
     /// operation to land in its memory (perftest's `ib_write_lat` spins on the buffer), which
     /// only the progress thread will take off the socket.
+    ///
+    /// A poll that found nothing while the local peer that sent last was last seen on this
+    /// thread's CPU yields the CPU to it, and after a run of such polls moves to another CPU
+    /// ([`State::poll_for_peer`]): two pollers taking turns on one CPU would each wait a
+    /// time slice for the other's answer.
     pub fn poll_with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         self.poll_cq_with(None, f)
     }
@@ -1613,11 +1714,11 @@ impl NetDevice {
     /// no mark; otherwise the progress thread would stay off the sockets for the grace period
     /// while the application sleeps, and every message would wait up to a millisecond.
     pub fn poll_cq_with<R>(&self, cq: Option<CqHandle>, f: impl FnOnce(&mut State) -> R) -> R {
-        let ((r, pending, armed), now) = self.with_at(|s| {
-            s.progress_polled();
+        let ((r, pending, armed, give_way), now) = self.with_at(|s| {
+            let give_way = s.poll_for_peer(sys::current_cpu());
             let r = f(s);
             let armed = cq.is_some_and(|c| s.engine.cq_armed(c));
-            (r, s.engine.has_pending_work(), armed)
+            (r, s.engine.has_pending_work(), armed, give_way)
         });
         if armed {
             return r;
@@ -1627,6 +1728,9 @@ impl NetDevice {
         } else {
             self.shared.drained_at.store(now.as_nanos().max(1), Ordering::Release);
             self.end_busy_poll();
+        }
+        if give_way != GiveWay::No {
+            give_way.act(&self.wait_counts);
         }
         r
     }
@@ -1812,6 +1916,8 @@ mod tests {
             progress_spins_preempted: 1,
             event_spins_found: 1,
             event_spins_expired: 1,
+            yields_to_peer: 1,
+            moves_off_peer_cpu: 1,
             async_events_unclaimed: 1,
             shm_tx_packets: 1,
             shm_tx_ring_full: 1,

@@ -222,6 +222,15 @@ pub(crate) trait Fabric: Send {
         "udp"
     }
 
+    /// Tells local peers that this endpoint's application thread polls on `cpu`.
+    fn publish_cpu(&self, _cpu: u32) {}
+
+    /// Where the application thread of the local peer that sent last polled or waited last,
+    /// when the fabric knows (over shared memory it does; through UDP it does not).
+    fn peer_cpu(&self) -> Option<u32> {
+        None
+    }
+
     /// The UDP source port a packet of flow `flow` (the engine's per-QP port) leaves from:
     /// the fabric may send a flow from a port of its own, and everything that sees the packet
     /// (its ICRC, a capture) must see that port.
@@ -259,6 +268,14 @@ macro_rules! delegate_to_inner {
 
         fn path_to(&self, ip: core::net::IpAddr, qpn: u32) -> &'static str {
             self.inner.path_to(ip, qpn)
+        }
+
+        fn publish_cpu(&self, cpu: u32) {
+            self.inner.publish_cpu(cpu);
+        }
+
+        fn peer_cpu(&self) -> Option<u32> {
+            self.inner.peer_cpu()
         }
 
         fn source_port(&self, flow: u16) -> u16 {
@@ -303,6 +320,14 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
 
     fn path_to(&self, ip: IpAddr, qpn: u32) -> &'static str {
         (**self).path_to(ip, qpn)
+    }
+
+    fn publish_cpu(&self, cpu: u32) {
+        (**self).publish_cpu(cpu);
+    }
+
+    fn peer_cpu(&self) -> Option<u32> {
+        (**self).peer_cpu()
     }
 
     fn source_port(&self, flow: u16) -> u16 {

@@ -56,6 +56,7 @@ const ADDR: usize = 16; // 16 bytes: the device address, IPv4-mapped for IPv4
 const INBOUND: usize = 64; // 4 × u64: bit s set when slot s has a ring to this slot
 const WAITING: usize = 96; // u32: 1 while the owner sleeps and wants a FIFO wake-up
 const RINGS_EPOCH: usize = 100; // u32: bumped whenever a ring to this slot is created
+const WAITER_CPU: usize = 104; // u32: 1 + the CPU the owner's application last polled on (0: none)
 const TOOLS_LINE: usize = 128; // the tools' cache line: the words below
 const SNAPSHOT_ASKED: usize = TOOLS_LINE; // u32: bumped by a tool that wants a snapshot
 const SNAPSHOT_DONE: usize = 132; // u32: the request the owner's latest snapshot answers
@@ -161,6 +162,7 @@ impl HostDir {
             self.slots.u64_at(self.at(index, START_TIME)).store(my_start, Ordering::Release);
             self.slots.write(self.at(index, ADDR), &mapped(addr));
             self.slots.u32_at(self.at(index, WAITING)).store(0, Ordering::Release);
+            self.slots.u32_at(self.at(index, WAITER_CPU)).store(0, Ordering::Release);
             for at in (TOOLS_LINE..SLOT_SIZE).step_by(8) {
                 self.slots.u64_at(self.at(index, at)).store(0, Ordering::Release);
             }
@@ -238,6 +240,12 @@ impl HostDir {
         Some((generation, unmapped(a)))
     }
 
+    /// Whether slot `index` is live in `generation` (one load: for the data path).
+    pub(crate) fn holds(&self, index: u8, generation: u32) -> bool {
+        let (g, pid) = split(self.word(index).load(Ordering::Acquire));
+        pid != 0 && g == generation
+    }
+
     /// Whether the process that holds slot `index` still runs (a system call and a read of
     /// `/proc`: for occasional checks, not the data path).
     pub(crate) fn alive(&self, index: u8) -> bool {
@@ -259,6 +267,13 @@ impl HostDir {
     /// Slot `index`'s sleep flag.
     pub(crate) fn waiting(&self, index: u8) -> &AtomicU32 {
         self.slots.u32_at(self.at(index, WAITING))
+    }
+
+    /// Slot `index`'s waiter CPU: 1 + the CPU on which its owner's application thread last
+    /// polled or waited for a completion (0: it has not), written by the owner only when it
+    /// changes (the line is the senders').
+    pub(crate) fn waiter_cpu(&self, index: u8) -> &AtomicU32 {
+        self.slots.u32_at(self.at(index, WAITER_CPU))
     }
 
     /// Slot `index`'s ring epoch, bumped when a ring to it appears.

@@ -959,6 +959,14 @@ pub(crate) fn thread_preemptions() -> u64 {
     u64::try_from(ru.ru_nivcsw).unwrap_or(0)
 }
 
+/// The CPU the calling thread runs on now (sched_getcpu(3): glibc reads it from the thread's
+/// rseq area or the vDSO, no system call), or `None` where the kernel cannot tell.
+pub(crate) fn current_cpu() -> Option<u32> {
+    // SAFETY: sched_getcpu(3) takes no arguments and touches no memory of ours.
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu).ok()
+}
+
 /// CPU time this process has used: (user, system).
 pub fn process_cpu_time() -> (core::time::Duration, core::time::Duration) {
     // SAFETY: rusage is plain old data; all zeroes is a valid value.
@@ -1013,6 +1021,38 @@ pub fn current_thread_cpus() -> io::Result<Vec<usize>> {
     Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
 }
 
+/// Moves the calling thread off CPU `cpu` now and leaves its affinity as it was: sets its
+/// mask without `cpu` (sched_setaffinity(2) migrates a thread off a CPU its new mask excludes
+/// before it returns), then restores the mask. `false` if the mask allows no other CPU (or
+/// cannot be read), and nothing changed.
+pub(crate) fn move_off_cpu(cpu: u32) -> bool {
+    let Ok(cpu) = usize::try_from(cpu) else { return false };
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return false;
+    }
+    let size = size_of::<libc::cpu_set_t>();
+    // SAFETY: cpu_set_t is plain old data; all zeroes is the empty set.
+    let mut mask: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: writes at most `size` bytes into the live set; pid 0 is this thread.
+    if unsafe { libc::sched_getaffinity(0, size, &raw mut mask) } != 0 {
+        return false;
+    }
+    let mut others = mask;
+    // SAFETY: `cpu` is below CPU_SETSIZE (checked above) and the set is live.
+    unsafe { libc::CPU_CLR(cpu, &mut others) };
+    // SAFETY: CPU_COUNT reads the live set.
+    if unsafe { libc::CPU_COUNT(&others) } == 0 {
+        return false;
+    }
+    // SAFETY: reads `size` bytes of the live set; pid 0 is this thread.
+    if unsafe { libc::sched_setaffinity(0, size, &raw const others) } != 0 {
+        return false;
+    }
+    // SAFETY: as above; the mask the thread had.
+    unsafe { libc::sched_setaffinity(0, size, &raw const mask) };
+    true
+}
+
 /// Pins the calling thread to CPU `cpu` (`sched_setaffinity(2)`).
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
@@ -1057,6 +1097,31 @@ pub(crate) fn populate(addr: u64, len: u64, write: bool) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `move_off_cpu` leaves the thread on another CPU of its mask, and the mask as it was;
+    /// with no other CPU in the mask it does nothing.
+    #[test]
+    fn a_thread_moves_off_a_cpu_and_keeps_its_affinity() {
+        let cpus = current_thread_cpus().unwrap();
+        let mine = std::thread::spawn(move || {
+            let here = current_cpu().unwrap();
+            let moved = move_off_cpu(here);
+            (here, moved, current_cpu().unwrap(), current_thread_cpus().unwrap())
+        });
+        let (before, moved, after, mask) = mine.join().unwrap();
+        if cpus.len() < 2 {
+            eprintln!("skipped: one CPU, nowhere to move");
+            return;
+        }
+        assert!(moved && after != before, "still on CPU {after}");
+        assert_eq!(mask, cpus, "the mask was not restored");
+        let single = std::thread::spawn(|| {
+            let here = current_cpu().unwrap();
+            pin_current_thread(usize::try_from(here).unwrap()).unwrap();
+            move_off_cpu(here)
+        });
+        assert!(!single.join().unwrap(), "moved although pinned");
+    }
 
     /// The preemptions the progress thread counts while it spins (`progress_spins_preempted`):
     /// a thread spinning on a CPU another spinning thread is pinned to is preempted within the

@@ -672,3 +672,50 @@ fn a_window_refilled_after_the_poll_that_completed_it_leaves_in_one_call() {
     assert!(net.busy_polls_resumed > ROUNDS / 4, "{net:?} {engine:?}");
     assert!(net.tx_datagrams - net.tx_batches > ROUNDS * WINDOW / 4, "{net:?} {engine:?}");
 }
+
+/// Two processes' threads that wait for each other on one CPU (where the kernel puts a thread
+/// woken by its peer, until its load balancer separates them): a thread spinning for its
+/// event holds the CPU its peer needs to answer, so the spin runs out, and it sleeps
+/// (`event_spins_expired`) before the peer can run. A waiter whose peer was last seen on its
+/// own CPU yields instead (`yields_to_peer`), and the answer comes within the spin.
+///
+/// Both test threads are pinned to CPU 0 after their devices open (their progress threads
+/// stay free), and ping-pong with completion events over shared memory; pinned, neither can
+/// move off the CPU (`moves_off_peer_cpu`), so every time they yield. Without the yield
+/// about half the waits expire (every wait of the side whose spin started first).
+#[test]
+fn waiters_that_share_a_cpu_give_way_to_each_other_instead_of_spinning_out() {
+    const ROUNDS: u64 = 300;
+    let spin = Options { event_spin: Some(Duration::from_micros(50)), ..Options::default() };
+    let [a, b] = pair("127.0.56.2", "127.0.56.3", QpType::Rc, [spin.clone(), spin]);
+    let run = |side: Side, first: bool| {
+        std::thread::spawn(move || {
+            uroce_net::pin_current_thread(0).unwrap();
+            // Each side's next receive is posted before the message it answers goes out.
+            side.qp.post_recv(0, &side.mr, 0..64).unwrap();
+            for i in 0..ROUNDS {
+                if first {
+                    side.qp.send(i, &side.mr, 64..128).unwrap();
+                }
+                // The receive and the send's completion, each through an event wait.
+                for _ in 0..2 {
+                    if wait_ok(&side.cq).opcode == WcOpcode::Recv {
+                        side.qp.post_recv(i + 1, &side.mr, 0..64).unwrap();
+                        if !first {
+                            side.qp.send(i, &side.mr, 64..128).unwrap();
+                        }
+                    }
+                }
+            }
+            side.ctx.counters().1
+        })
+    };
+    let (ta, tb) = (run(a, true), run(b, false));
+    let (ca, cb) = (ta.join().unwrap(), tb.join().unwrap());
+    let expired = ca.event_spins_expired + cb.event_spins_expired;
+    let waits = expired + ca.event_spins_found + cb.event_spins_found;
+    assert!(ca.yields_to_peer + cb.yields_to_peer > 0, "{ca:?}\n{cb:?}");
+    assert_eq!(ca.moves_off_peer_cpu + cb.moves_off_peer_cpu, 0, "{ca:?}\n{cb:?}");
+    // Bounded for a machine that preempts the test threads now and then.
+    assert!(expired * 10 < waits, "{expired} of {waits} event waits spun out\n{ca:?}\n{cb:?}");
+}

@@ -243,6 +243,7 @@ impl Fabric for HostFabric {
                 }
                 return;
             }
+            shm.received_through_udp(rx.src.ip());
             sink(rx, bytes, intact);
         });
         self.udp_hot = from_udp > 0;
@@ -283,6 +284,16 @@ impl Fabric for HostFabric {
             Some(shm) if !self.udp_only && shm.owner_of(ip, qpn).is_some() => "shm",
             _ => "udp",
         }
+    }
+
+    fn publish_cpu(&self, cpu: u32) {
+        if let Some(shm) = &self.shm {
+            shm.publish_cpu(cpu);
+        }
+    }
+
+    fn peer_cpu(&self) -> Option<u32> {
+        self.shm.as_ref().and_then(Shm::peer_cpu)
     }
 
     fn source_port(&self, flow: u16) -> u16 {

@@ -33,7 +33,7 @@ use uroce_engine::RxInfo;
 
 use super::{Outgoing, Sink};
 use crate::device::NetCounters;
-use crate::host::{HostDir, LAST_SLOT, SLOTS, SlotId, mapped, open_shared, unmapped};
+use crate::host::{FIRST_SLOT, HostDir, LAST_SLOT, SLOTS, SlotId, mapped, open_shared, unmapped};
 use crate::sys::memory::Registry;
 use crate::sys::shm::{self, Mapping};
 
@@ -55,6 +55,9 @@ const KIND_PAD: u32 = 2;
 const KIND_PACKET_NO_ICRC: u32 = 3;
 /// The largest packet a record carries (a 4096-byte MTU packet with every header is 4,140).
 const MAX_PACKET: usize = 9216;
+/// While packets through UDP come from an address no single local endpoint holds, the
+/// slots are searched for one again once in this many of those packets.
+const PEER_LOOKUP_EVERY: u32 = 4096;
 /// Records a receive takes from one ring before it moves on.
 const RX_BUDGET: usize = 64;
 
@@ -103,6 +106,13 @@ pub(crate) struct Shm {
     seen_epoch: u32,
     /// An inbound ring whose sender left still held records: look again next round.
     draining: bool,
+    /// The endpoint whose packets were received last: the peer this one most likely waits
+    /// for.
+    last_sender: Option<SlotId>,
+    /// A local endpoint's address that packets came from through UDP, and the endpoint that
+    /// holds it when one alone does; looked up again when that one leaves, or every
+    /// [`PEER_LOOKUP_EVERY`] asks while none is known.
+    udp_peer: Option<(IpAddr, Option<SlotId>, u32)>,
     buf: Vec<u8>,
 }
 
@@ -125,6 +135,8 @@ impl Shm {
             missing: vec![None; SLOTS],
             seen_epoch: u32::MAX,
             draining: false,
+            last_sender: None,
+            udp_peer: None,
             buf: vec![0; MAX_PACKET],
         })
     }
@@ -422,6 +434,9 @@ impl Shm {
             if ring.head != start {
                 ring.map.u64_at(HEAD).store(ring.head, Ordering::Release);
             }
+            if taken > 0 {
+                self.last_sender = Some(ring.from);
+            }
             total += taken;
         }
         total
@@ -435,6 +450,63 @@ impl Shm {
         let inbound = &self.inbound;
         let active = self.in_active.iter().filter_map(|&k| inbound[usize::from(k)].as_ref());
         active.clone().any(|r| r.map.u64_at(TAIL).load(Ordering::Acquire) != r.head)
+    }
+
+    /// Records that this endpoint's application thread polls on `cpu`.
+    pub(crate) fn publish_cpu(&self, cpu: u32) {
+        let word = self.dir.waiter_cpu(self.me.index);
+        let v = cpu.saturating_add(1);
+        // Stored only when it changes: the line is read by every sender.
+        if word.load(Ordering::Relaxed) != v {
+            word.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// The CPU on which the application thread of the endpoint that sent to this one last
+    /// polled or waited, if it said and still holds its slot.
+    pub(crate) fn peer_cpu(&self) -> Option<u32> {
+        let peer = self.last_sender?;
+        let v = self.dir.waiter_cpu(peer.index).load(Ordering::Relaxed);
+        (v != 0 && self.dir.holds(peer.index, peer.generation)).then(|| v - 1)
+    }
+
+    /// Packets came through UDP from `ip`: if one other endpoint of this host holds that
+    /// address, it is now the last sender ([`Shm::peer_cpu`]); otherwise none is known (a
+    /// remote host, or several processes sharing the address).
+    pub(crate) fn received_through_udp(&mut self, ip: IpAddr) {
+        let known = match self.udp_peer {
+            Some((at, Some(slot), _)) if at == ip => self.dir.holds(slot.index, slot.generation),
+            Some((at, None, asks)) if at == ip => asks % PEER_LOOKUP_EVERY != 0,
+            _ => false,
+        };
+        if !known {
+            let asks = self.udp_peer.filter(|p| p.0 == ip).map_or(0, |p| p.2);
+            self.udp_peer = Some((ip, self.sole_holder(ip), asks));
+        }
+        if let Some((_, slot, asks)) = &mut self.udp_peer {
+            *asks = asks.wrapping_add(1);
+            self.last_sender = *slot;
+        }
+    }
+
+    /// The one live endpoint other than this one whose device address is `ip`, if exactly
+    /// one is.
+    fn sole_holder(&self, ip: IpAddr) -> Option<SlotId> {
+        let mut found = None;
+        for index in FIRST_SLOT..=LAST_SLOT {
+            if index == self.me.index {
+                continue;
+            }
+            if let Some((generation, addr)) = self.dir.live(index)
+                && addr == ip
+            {
+                if found.is_some() {
+                    return None;
+                }
+                found = Some(SlotId { index, generation });
+            }
+        }
+        found
     }
 
     /// Before sleeping: ask senders for a wake-up, then look once more.
@@ -839,6 +911,56 @@ mod tests {
         assert_eq!(c.shm_wakeups_sent, 1);
         crate::sys::poll_readable(&[rxs.wake_fd()], 1000).expect("poll");
         rxs.woken();
+        let _ = std::fs::remove_dir_all(&p);
+    }
+
+    /// A receiver learns where the endpoint that sent to it last polls, once it has received
+    /// from it, and forgets it when that endpoint leaves its slot.
+    #[test]
+    fn a_receiver_sees_the_cpu_its_last_sender_polls_on() {
+        let (mut tx, mut rxs, b, p) = two_endpoints("cpu");
+        let ip: IpAddr = "127.0.0.2".parse().expect("ip");
+        let mut c = NetCounters::default();
+        tx.publish_cpu(1);
+        assert_eq!(rxs.peer_cpu(), None, "nothing received yet");
+        let pkt = [1u8; 64];
+        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
+        tx.commit(&mut c);
+        rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| {});
+        assert_eq!(rxs.peer_cpu(), Some(1));
+        tx.publish_cpu(0);
+        assert_eq!(rxs.peer_cpu(), Some(0), "CPU 0 is a CPU, not 'unknown'");
+        tx.dir.release(tx.me);
+        assert_eq!(rxs.peer_cpu(), None, "the sender left");
+        let _ = std::fs::remove_dir_all(&p);
+    }
+
+    /// Through UDP the sender is known by its address: the one local endpoint that holds
+    /// it, and nobody when none or several do.
+    #[test]
+    fn a_udp_sender_is_the_endpoint_that_alone_holds_its_address() {
+        let (dir, p) = dir("udp-peer");
+        let ip = |s: &str| -> IpAddr { s.parse().expect("ip") };
+        let me =
+            Shm::new(Arc::clone(&dir), dir.claim(ip("127.0.0.2")).expect("me"), ip("127.0.0.2"));
+        let mut me = me.expect("me");
+        let peer =
+            Shm::new(Arc::clone(&dir), dir.claim(ip("127.0.0.3")).expect("a"), ip("127.0.0.3"));
+        let peer = peer.expect("peer");
+        peer.publish_cpu(1);
+        me.received_through_udp(ip("127.0.0.3"));
+        assert_eq!(me.peer_cpu(), Some(1));
+        me.received_through_udp(ip("192.0.2.1"));
+        assert_eq!(me.peer_cpu(), None, "a remote host");
+        // Looked up afresh: the address changed.
+        let twin = dir.claim(ip("127.0.0.3")).expect("twin");
+        me.received_through_udp(ip("127.0.0.3"));
+        assert_eq!(me.peer_cpu(), None, "two endpoints share the address");
+        dir.release(twin);
+        for _ in 0..PEER_LOOKUP_EVERY {
+            me.received_through_udp(ip("127.0.0.3"));
+        }
+        assert_eq!(me.peer_cpu(), Some(1), "looked up again");
         let _ = std::fs::remove_dir_all(&p);
     }
 }
