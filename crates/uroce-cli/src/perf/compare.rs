@@ -321,6 +321,7 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     // Each path's server runs while its rows do (two uroce servers on one address would share
     // its device).
     let mut server: Option<(&Path, OwnServer, u16)> = None;
+    machine.slow_spells.calibrate();
     for (step, (path, s, test, params, size)) in runs.into_iter().enumerate() {
         if server.as_ref().is_none_or(|(p, _, _)| !core::ptr::eq(*p, path)) {
             drop(server.take());
@@ -353,8 +354,9 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
             json: true,
             stack: path.stack.clone(),
         };
-        // The machine's state right before: where a latency moves with it, the host moved.
-        let probe = super::machine::cache_line_round_trip();
+        // The machine's state right before, a slow spell of the host waited out: where a
+        // latency moves with it, the host moved.
+        let probe = machine.slow_spells.probe();
         // One measurement that fails is reported and the matrix goes on: the report holds the
         // rest, and names what is missing.
         match client::run(&plan, &mut std::io::sink()) {
@@ -400,6 +402,10 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
     let failures = failed.len();
     let mut notes = failed;
     notes.extend(cores_note);
+    if let Some(spells) = machine.slow_spells.describe() {
+        eprintln!("{spells}");
+        notes.push(format!("Machine: {spells}."));
+    }
     if args.with_peers {
         eprintln!("running sockperf, qperf and iperf3 where installed…");
         let (peer_rows, peer_notes) = super::peers::run(&sizes, secs.as_secs_f64());
