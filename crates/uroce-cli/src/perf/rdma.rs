@@ -15,6 +15,8 @@ use super::{Op, Params, Pattern, TestDef, now};
 const GRH: usize = 40;
 /// How long a side waits for one completion before it calls the test failed.
 const STALL: Duration = Duration::from_secs(10);
+/// A busy poll for a completion reads the clock once in this many empty polls.
+const EMPTY_POLLS_PER_CLOCK: u32 = 64;
 /// UC and UD may lose a message: a ping-pong round unanswered this long is counted lost and the
 /// next one starts.
 const LOST: Duration = Duration::from_millis(200);
@@ -173,17 +175,25 @@ impl Side {
         self.next_within(STALL)?.ok_or_else(|| format!("no completion for {STALL:?}"))
     }
 
-    /// The next completion within `limit`, or `None`.
+    /// The next completion within `limit` (a wait for events checks it on every return, a
+    /// busy poll once in [`EMPTY_POLLS_PER_CLOCK`] polls), or `None`.
     fn next_within(&mut self, limit: Duration) -> Result<Option<Completion>, String> {
         if self.pending.is_empty() {
             let start = now();
+            // The limit is a stall's (seconds): the clock is read once in EMPTY_POLLS_PER_CLOCK
+            // empty polls, not on each, which would lengthen every round of a busy poll.
+            let mut empty: u32 = 0;
             while self.pending.is_empty() {
                 if self.events {
                     self.queues.wait(limit, &mut self.pending)?;
                 } else {
                     self.queues.poll(&mut self.pending)?;
                 }
-                if self.pending.is_empty() && start.elapsed() > limit {
+                empty = empty.wrapping_add(1);
+                if self.pending.is_empty()
+                    && (self.events || empty.is_multiple_of(EMPTY_POLLS_PER_CLOCK))
+                    && start.elapsed() > limit
+                {
                     return Ok(None);
                 }
             }
