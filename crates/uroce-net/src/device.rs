@@ -844,8 +844,9 @@ impl State {
     /// woken thread near its waker) and stay there for milliseconds, until the load balancer
     /// separates them. Meanwhile the peer is runnable behind the spinner, which spins until
     /// its spin or time slice runs out (`ibv_rc_pingpong -e` took 160 µs an iteration for its
-    /// first 17 ms): a yield lets the peer answer now. When they keep sharing the CPU, the
-    /// waiter moves to another CPU itself, as the balancer would later. Each thread says where
+    /// first 17 ms): a yield lets the peer answer now. When they keep sharing the CPU, one of
+    /// the two (the endpoint in the higher slot) moves to another CPU, as the balancer would
+    /// later; if both did, they would share the other CPU. Each thread says where
     /// it polls in its endpoint's slot, so a thread on a CPU of its own spins undisturbed.
     fn poll_for_peer(&mut self, cpu: Option<u32>) -> GiveWay {
         if let Some(cpu) = cpu {
@@ -853,10 +854,10 @@ impl State {
         }
         self.progress_polled();
         let Some(cpu) = cpu else { return GiveWay::No };
-        if self.fabric.peer_cpu() != Some(cpu) {
+        let Some(peer) = self.fabric.peer_seen().filter(|p| p.cpu == cpu) else {
             self.gave_way = 0;
             return GiveWay::No;
-        }
+        };
         if self.polled_round != Some(false) {
             return GiveWay::No;
         }
@@ -865,7 +866,7 @@ impl State {
         let moved_long_ago = self
             .moved_at
             .is_none_or(|t| now.as_nanos().saturating_sub(t.as_nanos()) >= MOVE_INTERVAL_NS);
-        if self.gave_way >= MOVE_AFTER_YIELDS && moved_long_ago {
+        if peer.moves && self.gave_way >= MOVE_AFTER_YIELDS && moved_long_ago {
             self.gave_way = 0;
             self.moved_at = Some(now);
             return GiveWay::MoveOff(cpu);

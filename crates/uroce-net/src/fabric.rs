@@ -180,6 +180,16 @@ pub(crate) fn seal(src: SocketAddr, dst: SocketAddr, packet: &mut [u8]) {
     }
 }
 
+/// Where a local peer's application thread was last seen ([`Fabric::peer_seen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerSeen {
+    /// The CPU it last polled or waited on.
+    pub(crate) cpu: u32,
+    /// Whether this endpoint, not the peer, is the one to move when the two keep sharing a
+    /// CPU: the one in the higher slot (both deciding at once would move both, together).
+    pub(crate) moves: bool,
+}
+
 /// A way packets move. Implementations count what they do in [`NetCounters`]; a packet they
 /// cannot deliver is lost, as on a wire, and counted.
 pub(crate) trait Fabric: Send {
@@ -226,8 +236,9 @@ pub(crate) trait Fabric: Send {
     fn publish_cpu(&self, _cpu: u32) {}
 
     /// Where the application thread of the local peer that sent last polled or waited last,
-    /// when the fabric knows (over shared memory it does; through UDP it does not).
-    fn peer_cpu(&self) -> Option<u32> {
+    /// when the fabric knows (over shared memory; through UDP when one local endpoint alone
+    /// holds the sender's address).
+    fn peer_seen(&self) -> Option<PeerSeen> {
         None
     }
 
@@ -274,8 +285,8 @@ macro_rules! delegate_to_inner {
             self.inner.publish_cpu(cpu);
         }
 
-        fn peer_cpu(&self) -> Option<u32> {
-            self.inner.peer_cpu()
+        fn peer_seen(&self) -> Option<$crate::fabric::PeerSeen> {
+            self.inner.peer_seen()
         }
 
         fn source_port(&self, flow: u16) -> u16 {
@@ -326,8 +337,8 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
         (**self).publish_cpu(cpu);
     }
 
-    fn peer_cpu(&self) -> Option<u32> {
-        (**self).peer_cpu()
+    fn peer_seen(&self) -> Option<PeerSeen> {
+        (**self).peer_seen()
     }
 
     fn source_port(&self, flow: u16) -> u16 {

@@ -292,8 +292,8 @@ impl Fabric for HostFabric {
         }
     }
 
-    fn peer_cpu(&self) -> Option<u32> {
-        self.shm.as_ref().and_then(Shm::peer_cpu)
+    fn peer_seen(&self) -> Option<super::PeerSeen> {
+        self.shm.as_ref().and_then(Shm::peer_seen)
     }
 
     fn source_port(&self, flow: u16) -> u16 {

@@ -31,7 +31,7 @@ use std::sync::atomic::{Ordering, fence};
 
 use uroce_engine::RxInfo;
 
-use super::{Outgoing, Sink};
+use super::{Outgoing, PeerSeen, Sink};
 use crate::device::NetCounters;
 use crate::host::{FIRST_SLOT, HostDir, LAST_SLOT, SLOTS, SlotId, mapped, open_shared, unmapped};
 use crate::sys::memory::Registry;
@@ -462,16 +462,17 @@ impl Shm {
         }
     }
 
-    /// The CPU on which the application thread of the endpoint that sent to this one last
-    /// polled or waited, if it said and still holds its slot.
-    pub(crate) fn peer_cpu(&self) -> Option<u32> {
+    /// Where the application thread of the endpoint that sent to this one last polled or
+    /// waited, if it said and still holds its slot.
+    pub(crate) fn peer_seen(&self) -> Option<PeerSeen> {
         let peer = self.last_sender?;
         let v = self.dir.waiter_cpu(peer.index).load(Ordering::Relaxed);
-        (v != 0 && self.dir.holds(peer.index, peer.generation)).then(|| v - 1)
+        let seen = PeerSeen { cpu: v.wrapping_sub(1), moves: self.me.index > peer.index };
+        (v != 0 && self.dir.holds(peer.index, peer.generation)).then_some(seen)
     }
 
     /// Packets came through UDP from `ip`: if one other endpoint of this host holds that
-    /// address, it is now the last sender ([`Shm::peer_cpu`]); otherwise none is known (a
+    /// address, it is now the last sender ([`Shm::peer_seen`]); otherwise none is known (a
     /// remote host, or several processes sharing the address).
     pub(crate) fn received_through_udp(&mut self, ip: IpAddr) {
         let known = match self.udp_peer {
@@ -922,16 +923,17 @@ mod tests {
         let ip: IpAddr = "127.0.0.2".parse().expect("ip");
         let mut c = NetCounters::default();
         tx.publish_cpu(1);
-        assert_eq!(rxs.peer_cpu(), None, "nothing received yet");
+        assert_eq!(rxs.peer_seen().map(|p| p.cpu), None, "nothing received yet");
         let pkt = [1u8; 64];
         assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
         tx.commit(&mut c);
         rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| {});
-        assert_eq!(rxs.peer_cpu(), Some(1));
+        assert_eq!(rxs.peer_seen().map(|p| p.cpu), Some(1));
+        assert_eq!(rxs.peer_seen().map(|p| p.moves), Some(rxs.me.index > tx.me.index));
         tx.publish_cpu(0);
-        assert_eq!(rxs.peer_cpu(), Some(0), "CPU 0 is a CPU, not 'unknown'");
+        assert_eq!(rxs.peer_seen().map(|p| p.cpu), Some(0), "CPU 0 is a CPU, not 'unknown'");
         tx.dir.release(tx.me);
-        assert_eq!(rxs.peer_cpu(), None, "the sender left");
+        assert_eq!(rxs.peer_seen().map(|p| p.cpu), None, "the sender left");
         let _ = std::fs::remove_dir_all(&p);
     }
 
@@ -949,18 +951,18 @@ mod tests {
         let peer = peer.expect("peer");
         peer.publish_cpu(1);
         me.received_through_udp(ip("127.0.0.3"));
-        assert_eq!(me.peer_cpu(), Some(1));
+        assert_eq!(me.peer_seen().map(|p| p.cpu), Some(1));
         me.received_through_udp(ip("192.0.2.1"));
-        assert_eq!(me.peer_cpu(), None, "a remote host");
+        assert_eq!(me.peer_seen().map(|p| p.cpu), None, "a remote host");
         // Looked up afresh: the address changed.
         let twin = dir.claim(ip("127.0.0.3")).expect("twin");
         me.received_through_udp(ip("127.0.0.3"));
-        assert_eq!(me.peer_cpu(), None, "two endpoints share the address");
+        assert_eq!(me.peer_seen().map(|p| p.cpu), None, "two endpoints share the address");
         dir.release(twin);
         for _ in 0..PEER_LOOKUP_EVERY {
             me.received_through_udp(ip("127.0.0.3"));
         }
-        assert_eq!(me.peer_cpu(), Some(1), "looked up again");
+        assert_eq!(me.peer_seen().map(|p| p.cpu), Some(1), "looked up again");
         let _ = std::fs::remove_dir_all(&p);
     }
 }
