@@ -272,10 +272,10 @@ pub struct NetCounters {
     pub event_spins_expired: u64,
     /// Rounds of a waiting thread (busy-polling, or spinning for an event) that found nothing
     /// and gave the CPU up because the local peer it waits for was last seen on the same CPU
-    /// ([`State::poll_for_peer`]).
+    /// ([`NetDevice::poll_with`]).
     pub yields_to_peer: u64,
-    /// Times such a thread, still taking turns with its peer after [`MOVE_AFTER_YIELDS`]
-    /// yields, moved itself to another CPU of its affinity (which it keeps as it was).
+    /// Times such a thread, still taking turns with its peer after a run of yields, moved
+    /// itself to another CPU of its affinity (which it keeps as it was).
     pub moves_off_peer_cpu: u64,
     /// Asynchronous events no subscriber claimed (their object was destroyed meanwhile).
     pub async_events_unclaimed: u64,
@@ -1702,9 +1702,9 @@ impl NetDevice {
     /// only the progress thread will take off the socket.
     ///
     /// A poll that found nothing while the local peer that sent last was last seen on this
-    /// thread's CPU yields the CPU to it, and after a run of such polls moves to another CPU
-    /// ([`State::poll_for_peer`]): two pollers taking turns on one CPU would each wait a
-    /// time slice for the other's answer.
+    /// thread's CPU yields the CPU to it, and after a run of such polls one of the two moves to
+    /// another CPU: two pollers taking turns on one CPU would each wait a time slice for the
+    /// other's answer.
     pub fn poll_with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         self.poll_cq_with(None, f)
     }
