@@ -241,22 +241,43 @@ extern "C" fn uroce_rdmacm_create_event_channel() -> *mut RdmaEventChannel {
     };
     let c = Box::into_raw(Box::new(Chan { c: RdmaEventChannel { fd }, inner }));
     lock(&LIVE_CHANNELS).insert(c as usize);
+    // A new channel at a destroyed one's address is that channel no more.
+    lock(&DESTROYED_CHANNELS).retain(|&d| d != c as usize);
     // SAFETY: the box just leaked; its first field is the C structure.
     unsafe { &raw mut (*c).c }
 }
 
-/// The event channels made and not destroyed. A thread of the application may call
-/// `rdma_get_cm_event` on a channel another thread has just destroyed (rping's event thread
-/// does, when a late event races its main thread's teardown): the channel is then unknown,
-/// and the call fails with EBADF (what the kernel's read of a closed descriptor answers
-/// librdmacm) instead of reading freed memory.
+/// The event channels made and not destroyed. A call on any other channel pointer never
+/// reads the memory it points to.
 pub(crate) static LIVE_CHANNELS: std::sync::Mutex<std::collections::BTreeSet<usize>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// The most recently destroyed channels (at most [`DESTROYED_REMEMBERED`]).
+///
+/// An application thread may call `rdma_get_cm_event` on a channel another thread has just
+/// destroyed: rping (rdma-core v44) does, when its event thread, having acknowledged the
+/// last DISCONNECTED, loops back while its main thread tears down. Through librdmacm that
+/// call is a `read(2)` of the channel's descriptor: begun before the `close`, it blocks until
+/// the process exits; begun after, it fails with EBADF. The kernel's slower teardown makes
+/// the first the usual outcome, and uroce's, much faster, made the second likely on a busy
+/// machine (rping then exits with status 255: CI saw it once in ~10 runs). So a call on a
+/// channel destroyed here waits, as the read that started first does.
+static DESTROYED_CHANNELS: std::sync::Mutex<std::collections::VecDeque<usize>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+
+/// How many destroyed channels [`DESTROYED_CHANNELS`] remembers.
+const DESTROYED_REMEMBERED: usize = 1024;
 
 #[unsafe(no_mangle)]
 unsafe extern "C" fn uroce_rdmacm_destroy_event_channel(channel: *mut RdmaEventChannel) {
     // Unknown once removed: a racing `rdma_get_cm_event` cannot reach the memory freed here.
     if lock(&LIVE_CHANNELS).remove(&(channel as usize)) {
+        let mut destroyed = lock(&DESTROYED_CHANNELS);
+        if destroyed.len() == DESTROYED_REMEMBERED {
+            destroyed.pop_front();
+        }
+        destroyed.push_back(channel as usize);
+        drop(destroyed);
         // SAFETY: a channel this library made (the first field of a leaked Chan), destroyed
         // once: it has just left the set of live ones.
         drop(unsafe { Box::from_raw(channel.cast::<Chan>()) });
@@ -923,7 +944,16 @@ unsafe extern "C" fn uroce_rdmacm_get_cm_event(
         return err(libc::EINVAL);
     }
     // SAFETY: the application's channel.
-    let Some(chan) = (unsafe { chan_of(channel) }) else { return err(libc::EBADF) };
+    let Some(chan) = (unsafe { chan_of(channel) }) else {
+        if lock(&DESTROYED_CHANNELS).contains(&(channel as usize)) {
+            // As a read(2) begun before the close: no event will come, and the process
+            // ends around this thread.
+            loop {
+                std::thread::park();
+            }
+        }
+        return err(libc::EBADF);
+    };
     match events::next(&chan) {
         Ok(mut e) => {
             e.hand_out();
@@ -1254,20 +1284,34 @@ mod tests {
     use super::*;
 
     /// rping's event thread can call `rdma_get_cm_event` on a channel its main thread has just
-    /// destroyed: the call fails with EBADF, and never reads the freed channel.
+    /// destroyed: the call never reads the freed channel, and waits, as librdmacm's read of
+    /// the descriptor begun before the close does (rping exited 255 when it failed instead).
+    /// A pointer that was never a channel fails with EBADF.
     #[test]
-    fn a_destroyed_channel_is_refused_not_read() {
+    fn a_destroyed_channel_is_waited_on_not_read_and_an_unknown_one_refused() {
         let ch = uroce_rdmacm_create_event_channel();
         assert!(!ch.is_null());
         // SAFETY: the channel just made; destroyed once.
         unsafe { uroce_rdmacm_destroy_event_channel(ch) };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let addr = ch as usize;
+        std::thread::spawn(move || {
+            let mut ev = null_mut();
+            // SAFETY: a stale channel pointer, which the function only looks up.
+            let rc = unsafe { uroce_rdmacm_get_cm_event(addr as *mut _, &raw mut ev) };
+            let _ = tx.send(rc);
+        });
+        // Left waiting: the test process ends around it.
+        let waited = rx.recv_timeout(std::time::Duration::from_millis(300));
+        assert!(waited.is_err(), "returned {waited:?}");
+        let mut never = RdmaEventChannel { fd: -1 };
         let mut ev = null_mut();
-        // SAFETY: a stale channel pointer, which the function only looks up.
-        let rc = unsafe { uroce_rdmacm_get_cm_event(ch, &raw mut ev) };
+        // SAFETY: not a channel of this library: looked up, never read.
+        let rc = unsafe { uroce_rdmacm_get_cm_event(&raw mut never, &raw mut ev) };
         let errno = std::io::Error::last_os_error().raw_os_error();
         assert_eq!((rc, errno), (-1, Some(libc::EBADF)));
         // A second destroy of the same pointer is ignored, not a double free.
-        // SAFETY: as above.
+        // SAFETY: the channel destroyed above, which the function only looks up.
         unsafe { uroce_rdmacm_destroy_event_channel(ch) };
     }
 
