@@ -849,10 +849,20 @@ impl State {
     /// later; if both did, they would share the other CPU. Each thread says where
     /// it polls in its endpoint's slot, so a thread on a CPU of its own spins undisturbed.
     fn poll_for_peer(&mut self, cpu: Option<u32>) -> GiveWay {
+        self.poll_saying_where(cpu);
+        self.give_way(cpu)
+    }
+
+    /// [`State::progress_polled`], having published `cpu` as where this endpoint polls.
+    fn poll_saying_where(&mut self, cpu: Option<u32>) {
         if let Some(cpu) = cpu {
             self.fabric.publish_cpu(cpu);
         }
         self.progress_polled();
+    }
+
+    /// The decision of [`State::poll_for_peer`], after its round of progress.
+    fn give_way(&mut self, cpu: Option<u32>) -> GiveWay {
         let Some(cpu) = cpu else { return GiveWay::No };
         let Some(peer) = self.fabric.peer_seen().filter(|p| p.cpu == cpu) else {
             self.gave_way = 0;
@@ -1716,9 +1726,13 @@ impl NetDevice {
     /// while the application sleeps, and every message would wait up to a millisecond.
     pub fn poll_cq_with<R>(&self, cq: Option<CqHandle>, f: impl FnOnce(&mut State) -> R) -> R {
         let ((r, pending, armed, give_way), now) = self.with_at(|s| {
-            let give_way = s.poll_for_peer(sys::current_cpu());
+            let cpu = sys::current_cpu();
+            s.poll_saying_where(cpu);
             let r = f(s);
             let armed = cq.is_some_and(|c| s.engine.cq_armed(c));
+            // The poll of an armed CQ comes before a sleep: nothing to give way for (and a
+            // move decided there and not made would hold the next one off).
+            let give_way = if armed { GiveWay::No } else { s.give_way(cpu) };
             (r, s.engine.has_pending_work(), armed, give_way)
         });
         if armed {
