@@ -1116,6 +1116,12 @@ impl Shared {
         self.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
     }
 
+    /// Notes that a busy poll drained the application's completions at `now` (never stored
+    /// as 0, which means "never").
+    fn mark_drained(&self, now: Instant) {
+        self.drained_at.store(now.as_nanos().max(1), Ordering::Release);
+    }
+
     /// Whether an application thread busy-polled within the grace period before `now`.
     fn busy_polled(&self, now: Instant) -> bool {
         self.busy_poll_lapses_in(now.as_nanos()).is_some()
@@ -1741,7 +1747,7 @@ impl NetDevice {
         if pending {
             self.shared.mark_busy_poll(now);
         } else {
-            self.shared.drained_at.store(now.as_nanos().max(1), Ordering::Release);
+            self.shared.mark_drained(now);
             self.end_busy_poll();
         }
         if give_way != GiveWay::No {

@@ -12,7 +12,7 @@ use uroce::{Access, Context, Options};
 use super::client::{self, Plan};
 use super::machine::Machine;
 use super::report;
-use super::{Outcome, Params, find, now};
+use super::{Outcome, Params, find, median, now};
 
 /// What `uroce compare` was asked for.
 pub(crate) struct CompareArgs {
@@ -466,11 +466,6 @@ fn writable_dir(dir: &std::path::Path) -> Result<(), String> {
     std::fs::write(&probe, b"").map_err(|e| format!("--out {}: {e}", dir.display()))?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// TCP connect and accept; QP creation and connection; registration by region size.

@@ -115,7 +115,7 @@ impl Spells {
     ) -> Option<f64> {
         let start = super::now();
         let mut p = probe()?;
-        let typical = median(&self.probes).unwrap_or(p);
+        let typical = if self.probes.is_empty() { p } else { super::median(self.probes.clone()) };
         let mut tries = 0;
         while p > typical * SLOW_SPELL_FACTOR {
             if tries == SPELL_PROBES {
@@ -148,13 +148,6 @@ impl Spells {
             )
         })
     }
-}
-
-/// The median of `v`.
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
 }
 
 /// The benchmark waits between probes.

@@ -148,6 +148,12 @@ pub(crate) fn on_cpu<R: Send>(
     })
 }
 
+/// The median of `v` (the upper one of an even count); NaN for none.
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// The clock a benchmark reads.
 pub(crate) fn now() -> Instant {
     #[expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]

@@ -15,8 +15,10 @@ use super::{Op, Params, Pattern, TestDef, now};
 const GRH: usize = 40;
 /// How long a side waits for one completion before it calls the test failed.
 const STALL: Duration = Duration::from_secs(10);
-/// A busy poll for a completion reads the clock once in this many empty polls.
-const EMPTY_POLLS_PER_CLOCK: u32 = 64;
+/// The harness reads the clock once in this many polls of a busy wait for a completion, and
+/// once per this many completions of a timed stream: a read on each was a cost of the
+/// harness, not of the stack measured.
+const CLOCK_STRIDE: u32 = 64;
 /// UC and UD may lose a message: a ping-pong round unanswered this long is counted lost and the
 /// next one starts.
 const LOST: Duration = Duration::from_millis(200);
@@ -176,11 +178,11 @@ impl Side {
     }
 
     /// The next completion within `limit` (a wait for events checks it on every return, a
-    /// busy poll once in [`EMPTY_POLLS_PER_CLOCK`] polls), or `None`.
+    /// busy poll once in [`CLOCK_STRIDE`] polls), or `None`.
     fn next_within(&mut self, limit: Duration) -> Result<Option<Completion>, String> {
         if self.pending.is_empty() {
             let start = now();
-            // The limit is a stall's (seconds): the clock is read once in EMPTY_POLLS_PER_CLOCK
+            // The limit is a stall's (seconds): the clock is read once in CLOCK_STRIDE
             // empty polls, not on each, which would lengthen every round of a busy poll.
             let mut empty: u32 = 0;
             while self.pending.is_empty() {
@@ -191,7 +193,7 @@ impl Side {
                 }
                 empty = empty.wrapping_add(1);
                 if self.pending.is_empty()
-                    && (self.events || empty.is_multiple_of(EMPTY_POLLS_PER_CLOCK))
+                    && (self.events || empty.is_multiple_of(CLOCK_STRIDE))
                     && start.elapsed() > limit
                 {
                     return Ok(None);
@@ -245,9 +247,6 @@ struct Clock {
     unread: Cell<u32>,
 }
 
-/// A timed stream reads the clock once per this many completions.
-const STREAM_CLOCK_STRIDE: u32 = 64;
-
 impl Clock {
     fn new(p: &Params) -> Self {
         Self { start: now(), limit: p.duration, iters: p.iters, unread: Cell::new(0) }
@@ -259,7 +258,7 @@ impl Clock {
         }
     }
     /// [`Clock::done`] for a stream, asked once per completion: a timed one reads the clock
-    /// on every [`STREAM_CLOCK_STRIDE`]th call only. A clock read per message was 6 % of the
+    /// on every [`CLOCK_STRIDE`]th call only. A clock read per message was 6 % of the
     /// client's CPU at a million 64-byte messages a second, a cost of the harness, not of the
     /// stack measured (qperf and perftest end a timed run by a signal); the phase overruns its
     /// duration by at most that many completions, microseconds, and its rate is computed from
@@ -267,7 +266,7 @@ impl Clock {
     fn done_streaming(&self, n: u64) -> bool {
         if self.limit.is_some() {
             let calls = self.unread.get() + 1;
-            if calls < STREAM_CLOCK_STRIDE {
+            if calls < CLOCK_STRIDE {
                 self.unread.set(calls);
                 return false;
             }
