@@ -39,7 +39,8 @@ compare options:
   --sizes LIST     comma-separated sizes (default 64,1K,16K,256K,4M)
   --duration SECS  seconds per test, size and repeat (default 0.3; quick 0.1)
   --repeat N       measure every point N times, in rounds over the matrix (default 3): the
-                   report gives each point's median and its spread
+                   report gives each point's median and its spread; with 3 or more, a
+                   point whose repeats span over a quarter of their median runs twice more
   --out DIR        where the report goes (default uroce-report)
   --with-peers     also run sockperf, qperf and iperf3 for TCP, and perftest for RDMA on the
                    same devices (each when installed), for the report

@@ -310,34 +310,150 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
             runs.extend(ok.into_iter().map(|size| (path, s, test, params.clone(), size)));
         }
     }
-    let runs: Vec<_> = (0..repeat).flat_map(|_| runs.iter().cloned()).collect();
-    let total = runs.len();
-    let mut failed = Vec::new();
-    // Each point's repeats and the cache-line probes taken just before them.
-    let mut measured: Vec<(String, Vec<Outcome>, Vec<f64>)> = Vec::new();
-    // A progress line rewritten in place, only where a person watches (a log would fill with
-    // carriage returns).
-    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    // Each path's server runs while its rows do (two uroce servers on one address would share
-    // its device).
-    let mut server: Option<(&Path, OwnServer, u16)> = None;
+    let mut matrix = Matrix {
+        points: runs,
+        measured: Vec::new(),
+        failed: Vec::new(),
+        server: None,
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        step: 0,
+        total: 0,
+    };
+    matrix.measured.resize_with(matrix.points.len(), || None);
     machine.slow_spells.calibrate();
-    for (step, (path, s, test, params, size)) in runs.into_iter().enumerate() {
-        if server.as_ref().is_none_or(|(p, _, _)| !core::ptr::eq(*p, path)) {
-            drop(server.take());
+    let rounds: Vec<usize> = (0..repeat).flat_map(|_| 0..matrix.points.len()).collect();
+    matrix.total = rounds.len();
+    for k in rounds {
+        matrix.measure(k, server_addr, local, &mut machine)?;
+    }
+    // A point whose repeats disagree is measured again, twice, in rounds over every such
+    // point, and given the median of all: with three repeats, one slow and one fast leave the
+    // median to the third.
+    let unsettled = if repeat >= 3 { matrix.unsettled() } else { Vec::new() };
+    let rounds: Vec<usize> = (0..EXTRA_ROUNDS).flat_map(|_| unsettled.iter().copied()).collect();
+    matrix.total += rounds.len();
+    for k in rounds {
+        matrix.measure(k, server_addr, local, &mut machine)?;
+    }
+    machine.remeasured = unsettled.len();
+    let Matrix { measured, failed, server, progress, total, .. } = matrix;
+    let measured: Vec<_> = measured.into_iter().flatten().collect();
+    drop(server);
+    let all_probes: Vec<f64> = measured.iter().flat_map(|m| m.probes.iter().copied()).collect();
+    machine.cache_line_rt_ns = range(&all_probes);
+    rows.extend(measured.into_iter().filter_map(|runs| {
+        let mut row = median_row(runs.label, runs.repeats)?;
+        row.cache_line_rt_ns = range(&runs.probes);
+        Some(row)
+    }));
+    if progress {
+        eprint!("\r{:<80}\r", "");
+    }
+    eprintln!("measuring setup costs…");
+    let setup = setup_costs(server_addr, local, args.quick)?;
+    let crossovers = crossovers(&rows, &setup);
+    let failures = failed.len();
+    let mut notes = failed;
+    notes.extend(cores_note);
+    if let Some(spells) = machine.slow_spells.describe() {
+        eprintln!("{spells}");
+        notes.push(format!("Machine: {spells}."));
+    }
+    if machine.remeasured > 0 {
+        let line = format!(
+            "{} point(s) whose {repeat} repeats spanned more than {:.0} % of their median were \
+             measured {EXTRA_ROUNDS} more times; their rows are the median of all",
+            machine.remeasured,
+            UNSETTLED_SPREAD * 100.0
+        );
+        eprintln!("{line}");
+        notes.push(format!("Repeats: {line}."));
+    }
+    if args.with_peers {
+        eprintln!("running sockperf, qperf and iperf3 where installed…");
+        let (peer_rows, peer_notes) = super::peers::run(&sizes, secs.as_secs_f64());
+        rows.extend(peer_rows);
+        notes.extend(peer_notes);
+        eprintln!("running perftest where installed…");
+        let (peer_rows, peer_notes) =
+            super::peers::run_perftest(&perftest_on(args)?, &sizes, secs.as_secs_f64());
+        rows.extend(peer_rows);
+        notes.extend(peer_notes);
+    }
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    report::write(&args.out, &machine, &rows, &setup, &crossovers, &notes)?;
+    print!("{}", report::summary(&rows, &setup, &crossovers));
+    if failures > 0 {
+        eprintln!(
+            "uroce compare: {failures} of {total} measurements failed; the report has the \
+             others and names these"
+        );
+    }
+    Ok(args.out.clone())
+}
+
+/// A point whose repeats' figures span more than this fraction of their median is measured
+/// [`EXTRA_ROUNDS`] more times.
+const UNSETTLED_SPREAD: f64 = 0.25;
+
+/// The extra repeats of a point that did not settle.
+const EXTRA_ROUNDS: usize = 2;
+
+/// One point of the matrix: a series on a path at a size.
+type Point<'a> = (&'a Path, &'a Series, &'static super::TestDef, Params, usize);
+
+/// A point's row label, its repeats, and the cache-line probes taken just before them.
+struct PointRuns {
+    label: String,
+    repeats: Vec<Outcome>,
+    probes: Vec<f64>,
+}
+
+/// The matrix as it is measured: its points, each one's repeats so far, and the server of the
+/// path being measured.
+struct Matrix<'a> {
+    points: Vec<Point<'a>>,
+    /// Per point, what its repeats measured (`None` until one succeeds).
+    measured: Vec<Option<PointRuns>>,
+    failed: Vec<String>,
+    /// Each path's server runs while its rows do (two uroce servers on one address would
+    /// share its device).
+    server: Option<(&'a Path, OwnServer, u16)>,
+    /// A progress line rewritten in place, only where a person watches (a log would fill
+    /// with carriage returns).
+    progress: bool,
+    step: usize,
+    total: usize,
+}
+
+impl Matrix<'_> {
+    /// Measures point `k` once more.
+    fn measure(
+        &mut self,
+        k: usize,
+        server_addr: IpAddr,
+        local: IpAddr,
+        machine: &mut Machine,
+    ) -> Result<(), String> {
+        let (path, s, test, ref params, size) = self.points[k];
+        if self.server.as_ref().is_none_or(|(p, _, _)| !core::ptr::eq(*p, path)) {
+            drop(self.server.take());
             let (child, port) = start_server(server_addr, &path.server_args, &path.server_env)?;
-            server = Some((path, child, port));
+            self.server = Some((path, child, port));
         }
-        let port = server.as_ref().map_or(0, |s| s.2);
+        let port = self.server.as_ref().map_or(0, |s| s.2);
         let label = if test.transport.is_some() {
             format!("{} · {}", s.label, path.name)
         } else {
             s.label.to_string()
         };
-        let step = step + 1;
-        if progress {
+        self.step += 1;
+        if self.progress {
             eprint!(
-                "\r[{step:>3}/{total}] {:<24}{:<44}{:>8}   ",
+                "\r[{:>3}/{}] {:<24}{:<44}{:>8}   ",
+                self.step,
+                self.total,
                 s.test,
                 label,
                 super::human_size(size)
@@ -362,72 +478,48 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
         match client::run(&plan, &mut std::io::sink()) {
             Ok(mut out) => {
                 if let Some(outcome) = out.pop() {
-                    let same = |(l, o, _): &&mut (String, Vec<Outcome>, Vec<f64>)| {
-                        *l == label
-                            && o.first().is_some_and(|f| f.test == test.name && f.size == size)
-                    };
-                    match measured.iter_mut().find(same) {
-                        Some((_, repeats, probes)) => {
-                            repeats.push(outcome);
-                            probes.extend(probe);
+                    match &mut self.measured[k] {
+                        Some(runs) => {
+                            runs.repeats.push(outcome);
+                            runs.probes.extend(probe);
                         }
-                        None => measured.push((label, vec![outcome], probe.into_iter().collect())),
+                        slot @ None => {
+                            let probes = probe.into_iter().collect();
+                            *slot = Some(PointRuns { label, repeats: vec![outcome], probes });
+                        }
                     }
                 }
             }
             Err(e) => {
                 let what = format!("{} ({label}) at {}: {e}", s.test, super::human_size(size));
-                if progress {
+                if self.progress {
                     eprintln!();
                 }
                 eprintln!("uroce compare: failed: {what}");
-                failed.push(format!("Not measured: {what}"));
+                self.failed.push(format!("Not measured: {what}"));
             }
         }
+        Ok(())
     }
-    drop(server);
-    let all_probes: Vec<f64> = measured.iter().flat_map(|m| m.2.iter().copied()).collect();
-    machine.cache_line_rt_ns = range(&all_probes);
-    rows.extend(measured.into_iter().filter_map(|(label, runs, probes)| {
-        let mut row = median_row(label, runs)?;
-        row.cache_line_rt_ns = range(&probes);
-        Some(row)
-    }));
-    if progress {
-        eprint!("\r{:<80}\r", "");
+
+    /// The points whose repeats so far span more than [`UNSETTLED_SPREAD`] of their median.
+    fn unsettled(&self) -> Vec<usize> {
+        (0..self.points.len())
+            .filter(|&k| {
+                self.measured[k].as_ref().is_some_and(|runs| {
+                    let figures: Vec<f64> = runs.repeats.iter().map(|o| figure_of(o).0).collect();
+                    unsettled(&figures)
+                })
+            })
+            .collect()
     }
-    eprintln!("measuring setup costs…");
-    let setup = setup_costs(server_addr, local, args.quick)?;
-    let crossovers = crossovers(&rows, &setup);
-    let failures = failed.len();
-    let mut notes = failed;
-    notes.extend(cores_note);
-    if let Some(spells) = machine.slow_spells.describe() {
-        eprintln!("{spells}");
-        notes.push(format!("Machine: {spells}."));
-    }
-    if args.with_peers {
-        eprintln!("running sockperf, qperf and iperf3 where installed…");
-        let (peer_rows, peer_notes) = super::peers::run(&sizes, secs.as_secs_f64());
-        rows.extend(peer_rows);
-        notes.extend(peer_notes);
-        eprintln!("running perftest where installed…");
-        let (peer_rows, peer_notes) =
-            super::peers::run_perftest(&perftest_on(args)?, &sizes, secs.as_secs_f64());
-        rows.extend(peer_rows);
-        notes.extend(peer_notes);
-    }
-    std::fs::create_dir_all(&args.out)
-        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    report::write(&args.out, &machine, &rows, &setup, &crossovers, &notes)?;
-    print!("{}", report::summary(&rows, &setup, &crossovers));
-    if failures > 0 {
-        eprintln!(
-            "uroce compare: {failures} of {total} measurements failed; the report has the \
-             others and names these"
-        );
-    }
-    Ok(args.out.clone())
+}
+
+/// Whether figures `v` (two or more) span more than [`UNSETTLED_SPREAD`] of their median. A
+/// repeat in which no round was answered (an infinite latency) is unsettled too.
+fn unsettled(v: &[f64]) -> bool {
+    let Some([lo, hi]) = range(v) else { return false };
+    v.len() >= 2 && (hi - lo) > UNSETTLED_SPREAD * median(v.to_vec())
 }
 
 /// Where perftest runs for `--with-peers`: on the `--verbs` device when there is one (both
@@ -626,5 +718,20 @@ mod tests {
         let one = median_row("x".into(), vec![lat(4.0)]).unwrap();
         assert_eq!((one.outcome.latency.unwrap().p50, one.spread), (4.0, None));
         assert!(median_row("x".into(), Vec::new()).is_none());
+    }
+
+    #[test]
+    fn repeats_that_span_more_than_a_quarter_of_their_median_are_measured_again() {
+        // 4 MiB READ latency over shared memory in one run of stop 40's checks: the median of
+        // three was left to whichever the third repeat was.
+        assert!(unsettled(&[497.8, 676.5, 701.9]));
+        assert!(!unsettled(&[430.6, 451.8, 483.5]));
+        assert!(!unsettled(&[100.0, 112.0, 124.0]));
+        // A repeat with no round answered.
+        assert!(unsettled(&[2.0, 3.0, f64::INFINITY]));
+        // Bandwidth: a stream that stalled once.
+        assert!(unsettled(&[0.1, 9.0, 9.5]));
+        assert!(!unsettled(&[5.0]));
+        assert!(!unsettled(&[]));
     }
 }

@@ -20,6 +20,9 @@ pub(crate) struct Machine {
     pub(crate) cache_line_rt_ns: Option<[f64; 2]>,
     /// How the run waited out the host's slow spells ([`Spells::probe`]).
     pub(crate) slow_spells: Spells,
+    /// Points whose repeats disagreed (spanned more than a quarter of their median) and
+    /// were measured twice more.
+    pub(crate) remeasured: usize,
 }
 
 impl Machine {
@@ -51,6 +54,7 @@ impl Machine {
             settings,
             cache_line_rt_ns: None,
             slow_spells: Spells::default(),
+            remeasured: 0,
         }
     }
 

@@ -777,14 +777,14 @@ fn summary_lines(rows: &[Row], setup: &Setup, cross: &[Crossover]) -> Vec<String
     if let Some((width, r, sp)) = widest {
         let unit = if sp.latency { "µs p50" } else { "Gbit/s" };
         lines.push(format!(
-            "repeats: {} runs per point; the widest spread is {} {} at {}: {:.2} to {:.2} {unit} \
+            "repeats: the widest spread is {} {} at {}: {:.2} to {:.2} {unit} over {} runs \
              ({:.0} % of its median)",
-            sp.runs,
             r.label,
             r.outcome.test,
             human_size(r.outcome.size),
             sp.min,
             sp.max,
+            sp.runs,
             width * 100.0
         ));
     }
