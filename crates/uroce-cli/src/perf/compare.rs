@@ -310,30 +310,30 @@ pub(crate) fn run(args: &CompareArgs) -> Result<PathBuf, String> {
             runs.extend(ok.into_iter().map(|size| (path, s, test, params.clone(), size)));
         }
     }
+    let rounds: Vec<usize> = (0..repeat).flat_map(|_| 0..runs.len()).collect();
     let mut matrix = Matrix {
+        measured: runs.iter().map(|_| None).collect(),
         points: runs,
-        measured: Vec::new(),
+        server_addr,
+        local,
         failed: Vec::new(),
         server: None,
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         step: 0,
-        total: 0,
+        total: rounds.len(),
     };
-    matrix.measured.resize_with(matrix.points.len(), || None);
     machine.slow_spells.calibrate();
-    let rounds: Vec<usize> = (0..repeat).flat_map(|_| 0..matrix.points.len()).collect();
-    matrix.total = rounds.len();
     for k in rounds {
-        matrix.measure(k, server_addr, local, &mut machine)?;
+        matrix.measure(k, &mut machine)?;
     }
     // A point whose repeats disagree is measured again, twice, in rounds over every such
     // point, and given the median of all: with three repeats, one slow and one fast leave the
     // median to the third.
-    let unsettled = if repeat >= 3 { matrix.unsettled() } else { Vec::new() };
+    let unsettled = if repeat >= 3 { matrix.unsettled_points() } else { Vec::new() };
     let rounds: Vec<usize> = (0..EXTRA_ROUNDS).flat_map(|_| unsettled.iter().copied()).collect();
     matrix.total += rounds.len();
     for k in rounds {
-        matrix.measure(k, server_addr, local, &mut machine)?;
+        matrix.measure(k, &mut machine)?;
     }
     machine.remeasured = unsettled.len();
     let Matrix { measured, failed, server, progress, total, .. } = matrix;
@@ -414,6 +414,9 @@ struct PointRuns {
 /// path being measured.
 struct Matrix<'a> {
     points: Vec<Point<'a>>,
+    /// The server's device and control address, and the client's device.
+    server_addr: IpAddr,
+    local: IpAddr,
     /// Per point, what its repeats measured (`None` until one succeeds).
     measured: Vec<Option<PointRuns>>,
     failed: Vec<String>,
@@ -429,14 +432,9 @@ struct Matrix<'a> {
 
 impl Matrix<'_> {
     /// Measures point `k` once more.
-    fn measure(
-        &mut self,
-        k: usize,
-        server_addr: IpAddr,
-        local: IpAddr,
-        machine: &mut Machine,
-    ) -> Result<(), String> {
+    fn measure(&mut self, k: usize, machine: &mut Machine) -> Result<(), String> {
         let (path, s, test, ref params, size) = self.points[k];
+        let (server_addr, local) = (self.server_addr, self.local);
         if self.server.as_ref().is_none_or(|(p, _, _)| !core::ptr::eq(*p, path)) {
             drop(self.server.take());
             let (child, port) = start_server(server_addr, &path.server_args, &path.server_env)?;
@@ -503,7 +501,7 @@ impl Matrix<'_> {
     }
 
     /// The points whose repeats so far span more than [`UNSETTLED_SPREAD`] of their median.
-    fn unsettled(&self) -> Vec<usize> {
+    fn unsettled_points(&self) -> Vec<usize> {
         (0..self.points.len())
             .filter(|&k| {
                 self.measured[k].as_ref().is_some_and(|runs| {
