@@ -142,6 +142,14 @@ impl Outgoing {
         Some((dest_qpn(b)?, uroce_wire::Psn::new(psn)?))
     }
 
+    /// The packet's length if every piece of its payload is still in registered memory (the
+    /// most [`Outgoing::parts`] can come to), without looking the pieces up.
+    pub(crate) fn len_bound(&self) -> usize {
+        let pieces =
+            self.payload_at.map_or(0, |_| self.pieces.iter().map(|&(_, l)| l as usize).sum());
+        self.bytes.len() + pieces
+    }
+
     /// The payload bytes sent from registered memory.
     pub(crate) fn zero_copy_bytes(&self) -> u64 {
         self.payload_at.map_or(0, |_| self.pieces.iter().map(|&(_, l)| u64::from(l)).sum())

@@ -272,13 +272,19 @@ impl Shm {
             ring.map.write(DATA + usize::try_from(at).unwrap_or(0), &h);
             ring.tail += pad;
         }
+        // The parts first, then the header with what they came to: `len` bounds them (a part
+        // that could not be had is left out, as it is from a datagram), and the record is
+        // published only by `commit`, so the reader never sees it half written.
         let base = DATA + usize::try_from(ring.tail % cap).unwrap_or(0);
-        ring.map.write(base, &record_header(need, rx, len, icrc));
-        let mut off = base + RECORD_HEADER;
+        let mut written = 0;
         for p in parts {
-            ring.map.write(off, p);
-            off += p.len();
+            let room = len - written;
+            let p = &p[..p.len().min(room)];
+            ring.map.write(base + RECORD_HEADER + written, p);
+            written += p.len();
         }
+        let need = (RECORD_HEADER + written).next_multiple_of(64) as u64;
+        ring.map.write(base, &record_header(need, rx, written, icrc));
         ring.tail += need;
         ring.dirty = true;
         Ok(())
@@ -295,8 +301,9 @@ impl Shm {
         c: &mut NetCounters,
     ) -> Result<(), Full> {
         let rx = RxInfo::new(src, o.dst.ip());
-        let len: usize = o.parts(mem).map(<[u8]>::len).sum();
-        let pushed = self.try_push(to, &rx, &mut o.parts(mem), len, !o.icrc_deferred);
+        // The registry is asked for the payload's pieces once: the length is the most they
+        // can come to.
+        let pushed = self.try_push(to, &rx, &mut o.parts(mem), o.len_bound(), !o.icrc_deferred);
         if pushed == Err(Full::Gone) {
             c.shm_tx_no_endpoint += 1;
         }
