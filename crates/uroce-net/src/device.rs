@@ -225,6 +225,12 @@ pub struct NetCounters {
     /// Segmented sends the kernel refused (no checksum offload on the route, an old kernel):
     /// the first turns segmentation off for the device's process.
     pub tx_gso_refused: u64,
+    /// Send sockets connected to one destination (opened, evicted ones included): a
+    /// connected socket's route is cached, an unconnected one's looked up per datagram.
+    pub tx_sockets_connected: u64,
+    /// ICMP errors (port or host unreachable) a connected send socket reported on a send, for
+    /// a datagram sent before; the datagram the report held back went again at once.
+    pub tx_icmp_errors: u64,
     /// Posts whose packets waited for the next round of progress (a QP awaiting an ACK while
     /// a thread busy-polls: [`NetDevice::post_with`]).
     pub posts_batched: u64,
@@ -326,6 +332,8 @@ impl NetCounters {
             ("tx_gso_sends", self.tx_gso_sends),
             ("tx_gso_segments", self.tx_gso_segments),
             ("tx_gso_refused", self.tx_gso_refused),
+            ("tx_sockets_connected", self.tx_sockets_connected),
+            ("tx_icmp_errors", self.tx_icmp_errors),
             ("posts_batched", self.posts_batched),
             ("busy_polls_resumed", self.busy_polls_resumed),
             ("tx_held", self.tx_held),
@@ -371,6 +379,8 @@ impl core::ops::AddAssign for NetCounters {
         self.tx_gso_sends += o.tx_gso_sends;
         self.tx_gso_segments += o.tx_gso_segments;
         self.tx_gso_refused += o.tx_gso_refused;
+        self.tx_sockets_connected += o.tx_sockets_connected;
+        self.tx_icmp_errors += o.tx_icmp_errors;
         self.posts_batched += o.posts_batched;
         self.busy_polls_resumed += o.busy_polls_resumed;
         self.tx_held += o.tx_held;
@@ -1950,6 +1960,8 @@ mod tests {
             tx_gso_sends: 1,
             tx_gso_segments: 1,
             tx_gso_refused: 1,
+            tx_sockets_connected: 1,
+            tx_icmp_errors: 1,
             posts_batched: 1,
             busy_polls_resumed: 1,
             tx_held: 1,

@@ -389,7 +389,8 @@ pub(crate) enum SendStop {
 /// set, the kernel cuts it into datagrams of that many bytes, the last possibly shorter
 /// (`UDP_SEGMENT`, udp(7)).
 pub(crate) struct Datagram<'a, P: Iterator<Item = &'a [u8]>> {
-    pub(crate) dst: SocketAddr,
+    /// Where it goes; `None` from a connected socket (which has one destination).
+    pub(crate) dst: Option<SocketAddr>,
     pub(crate) parts: P,
     pub(crate) segment: Option<u16>,
 }
@@ -423,7 +424,9 @@ impl SendBatch {
         self.iovs.clear();
         self.spans.clear();
         for d in datagrams {
-            self.names.push(sockaddr_of(d.dst));
+            // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
+            let none = || (unsafe { core::mem::zeroed() }, 0);
+            self.names.push(d.dst.map_or_else(none, sockaddr_of));
             let first = self.iovs.len();
             self.iovs.extend(
                 d.parts.map(|b| libc::iovec {
@@ -441,7 +444,11 @@ impl SendBatch {
         for (i, m) in self.msgs.iter_mut().enumerate() {
             let (first, count, segment) = self.spans[i];
             m.msg_len = 0;
-            m.msg_hdr.msg_name = (&raw mut self.names[i].0).cast();
+            m.msg_hdr.msg_name = if self.names[i].1 == 0 {
+                core::ptr::null_mut()
+            } else {
+                (&raw mut self.names[i].0).cast()
+            };
             m.msg_hdr.msg_namelen = self.names[i].1;
             m.msg_hdr.msg_iov = self.iovs[first..].as_mut_ptr();
             m.msg_hdr.msg_iovlen = count;
