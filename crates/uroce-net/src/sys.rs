@@ -228,6 +228,10 @@ pub(crate) struct RecvBatch {
     iovs: Vec<libc::iovec>,
     msgs: Vec<libc::mmsghdr>,
     pub(crate) meta: Vec<RecvMeta>,
+    /// The last call found nothing: the next asks for one datagram (`recvmsg`), which returns
+    /// as soon as it has it, where `recvmmsg` goes on to look for a second and finds the queue
+    /// empty first (a trickle's every datagram, on its way to the application).
+    found_none: bool,
 }
 
 // SAFETY: the raw pointers in `iovs` and `msgs` point only into this batch's own heap buffers
@@ -247,6 +251,7 @@ impl RecvBatch {
             // SAFETY: mmsghdr is plain old data; all zeroes is a valid value.
             msgs: (0..n).map(|_| unsafe { core::mem::zeroed() }).collect(),
             meta: Vec::with_capacity(n),
+            found_none: false,
         };
         // The headers are built once: the buffers they point into never move.
         b.iovs.extend(
@@ -279,7 +284,8 @@ impl RecvBatch {
         &self.bufs[i][..self.meta[i].len]
     }
 
-    /// Receives up to the batch's size of datagrams without blocking; returns how many.
+    /// Receives up to the batch's size of datagrams without blocking (one, after a call that
+    /// found none); returns how many.
     pub(crate) fn recv(&mut self, sock: &UdpSocket) -> io::Result<usize> {
         let used = self.meta.len();
         self.reset(used);
@@ -287,22 +293,39 @@ impl RecvBatch {
         let n = self.bufs.len();
         let msgs = &mut self.msgs;
         let flags = libc::MSG_DONTWAIT;
-        // SAFETY: every mmsghdr points at a live name, iovec (into a live buffer of its stated
-        // length) and control buffer of its stated length; `n` is the number of headers.
-        let ret = unsafe {
-            libc::recvmmsg(
-                sock.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                n as libc::c_uint,
-                flags,
-                core::ptr::null_mut(),
-            )
+        let ret = if self.found_none && n > 0 {
+            let first = &mut msgs[0];
+            // SAFETY: the header points at a live name, iovec (into a live buffer of its stated
+            // length) and control buffer of its stated length.
+            let len = unsafe { libc::recvmsg(sock.as_raw_fd(), &raw mut first.msg_hdr, flags) };
+            // A datagram of no bytes is one too (it goes on, to be counted).
+            if len >= 0 {
+                first.msg_len = u32::try_from(len).unwrap_or(u32::MAX);
+                1
+            } else {
+                -1
+            }
+        } else {
+            // SAFETY: every mmsghdr points at a live name, iovec (into a live buffer of its
+            // stated length) and control buffer of its stated length; `n` is the number of
+            // headers.
+            unsafe {
+                libc::recvmmsg(
+                    sock.as_raw_fd(),
+                    msgs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    flags,
+                    core::ptr::null_mut(),
+                )
+            }
         };
         if ret < 0 {
             let e = io::Error::last_os_error();
+            self.found_none = true;
             return if e.kind() == io::ErrorKind::WouldBlock { Ok(0) } else { Err(e) };
         }
         let got = ret as usize;
+        self.found_none = got == 0;
         for (i, m) in msgs.iter().enumerate().take(got) {
             // One entry per buffer, so indices stay aligned. A datagram with no usable source
             // or cut short (too long for RoCE) is handed on empty: the engine counts it as
@@ -1104,6 +1127,27 @@ pub(crate) fn populate(addr: u64, len: u64, write: bool) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// After a call that found nothing, a receive takes the one datagram it waited for and
+    /// returns (a trickle's next packet goes on at once); the next call takes the rest in a
+    /// batch. An empty datagram counts as one either way.
+    #[test]
+    fn a_receive_after_an_empty_one_takes_one_datagram_then_batches() {
+        let rx = udp_socket("127.0.61.7:0".parse().unwrap(), false, false).unwrap();
+        let tx = UdpSocket::bind("127.0.61.8:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        let mut batch = RecvBatch::new(8, 256);
+        assert_eq!(batch.recv(&rx).unwrap(), 0);
+        for len in [0, 10, 20] {
+            tx.send_to(&[7; 20][..len], to).unwrap();
+        }
+        assert_eq!(batch.recv(&rx).unwrap(), 1);
+        assert_eq!(batch.meta[0].len, 0);
+        assert_eq!(batch.meta[0].src, tx.local_addr().unwrap());
+        assert_eq!(batch.recv(&rx).unwrap(), 2);
+        assert_eq!((batch.payload(0), batch.payload(1)), (&[7; 10][..], &[7; 20][..]));
+        assert_eq!(batch.recv(&rx).unwrap(), 0);
+    }
 
     /// `move_off_cpu` leaves the thread on another CPU of its mask, and the mask as it was;
     /// with no other CPU in the mask it does nothing.
