@@ -45,7 +45,10 @@ fn setsockopt_int(
 /// A UDP socket bound to `addr`, non-blocking, with what the RoCEv2 path needs:
 /// `IP_PMTUDISC_DO` (DF set and, on an unconnected socket, IPv4 identification 0 — which the
 /// ICRC covers, so the receiver can compute it), and the control messages that give each
-/// received datagram its destination address, TOS and TTL.
+/// received datagram its TOS and TTL (the GRH's traffic class and hop limit) — and its
+/// destination address only where `addr` does not say it (unspecified): a socket bound to one
+/// address, unicast or a multicast group, receives only what is sent to that address, and the
+/// message cost 0.18 µs of a 4.1 µs one-way loopback ping-pong.
 ///
 /// `reuse` sets `SO_REUSEADDR` (multicast group sockets: every member gets a copy); `share`
 /// sets `SO_REUSEPORT`, by which the processes of one host-wide device (one user: the kernel
@@ -74,7 +77,9 @@ pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool, share: bool) -> io::Resu
     match addr {
         SocketAddr::V4(_) => {
             setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
-            setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
+            if addr.ip().is_unspecified() {
+                setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
+            }
             setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
             setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
         }
@@ -86,7 +91,9 @@ pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool, share: bool) -> io::Resu
                 libc::IPV6_MTU_DISCOVER,
                 libc::IPV6_PMTUDISC_DO,
             )?;
-            setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+            if addr.ip().is_unspecified() {
+                setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+            }
             setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
             setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)?;
         }
