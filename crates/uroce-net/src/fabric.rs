@@ -145,9 +145,7 @@ impl Outgoing {
     /// The packet's length if every piece of its payload is still in registered memory (the
     /// most [`Outgoing::parts`] can come to), without looking the pieces up.
     pub(crate) fn len_bound(&self) -> usize {
-        let pieces =
-            self.payload_at.map_or(0, |_| self.pieces.iter().map(|&(_, l)| l as usize).sum());
-        self.bytes.len() + pieces
+        self.bytes.len() + usize::try_from(self.zero_copy_bytes()).unwrap_or(usize::MAX)
     }
 
     /// The payload bytes sent from registered memory.
