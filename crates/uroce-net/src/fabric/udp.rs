@@ -116,6 +116,12 @@ struct Run {
     segment: usize,
 }
 
+/// Whether packets to `dst` leave from a connected socket: IPv6 unicast. IPv4 stays
+/// unconnected (see the module's documentation), and a group is no one peer.
+fn connectable(dst: SocketAddr) -> bool {
+    dst.is_ipv6() && !dst.ip().is_multicast()
+}
+
 /// Cuts `run` (packets of one source port, their lengths in `lens`) into datagrams, in `runs`:
 /// with segmentation on (`gso`), each is a stretch of packets to one destination, all of one
 /// length but the last, which may be shorter (udp(7): every segment but the last is
@@ -224,8 +230,7 @@ impl Udp {
     /// least recently used past [`CONNECTED_SOCKETS`]); `None` for an IPv4 or multicast
     /// destination, or when none can be opened.
     fn connected_for(&mut self, port: u16, dst: SocketAddr, c: &mut NetCounters) -> Option<usize> {
-        // IPv4 stays unconnected: see the module's documentation.
-        if !dst.is_ipv6() || dst.ip().is_multicast() {
+        if !connectable(dst) {
             return None;
         }
         self.uses += 1;
@@ -284,13 +289,17 @@ impl Udp {
                 }
             }
             let rest = &*rest;
-            // The runs to one destination leave together, from its connected socket.
+            // The runs to one destination a socket can be connected to leave together, from
+            // that socket; a stretch of runs to others, in one call from the unconnected one.
             let mut first_run = 0;
             while first_run < self.runs.len() {
                 let dst = rest[self.runs[first_run].first].dst;
                 let runs_to_dst = self.runs[first_run..]
                     .iter()
-                    .position(|r| rest[r.first].dst != dst)
+                    .position(|r| {
+                        let to = rest[r.first].dst;
+                        if connectable(dst) { to != dst } else { connectable(to) }
+                    })
                     .unwrap_or(self.runs.len() - first_run);
                 let connected = self.connected_for(port, dst, c);
                 let sock = match connected {
@@ -303,7 +312,7 @@ impl Udp {
                 let group = &self.runs[first_run..first_run + runs_to_dst];
                 let datagrams = || {
                     group.iter().map(|r| Datagram {
-                        dst: connected.is_none().then_some(dst),
+                        dst: connected.is_none().then(|| rest[r.first].dst),
                         parts: rest[r.first..r.first + r.count].iter().flat_map(|o| o.parts(mem)),
                         segment: (r.count > 1)
                             .then(|| u16::try_from(r.segment).unwrap_or(u16::MAX)),
@@ -347,7 +356,7 @@ impl Udp {
                     } else {
                         self.lens[stopped_at.first]
                     };
-                    self.tell_too_big(len, dst);
+                    self.tell_too_big(len, rest[stopped_at.first].dst);
                 }
                 let refused_segmented = stopped_at.count > 1
                     && matches!(&stop, Some(SendStop::Refused(e))
@@ -562,7 +571,19 @@ mod tests {
         let (rx, dst) = receiver("127.0.61.3");
         send_to(&mut udp, dst, &mut c);
         assert_eq!(received_from(&rx).port(), udp.source_port(0));
-        assert_eq!((c.tx_sockets_connected, c.tx_datagrams), (0, 1));
+        assert_eq!((c.tx_sockets_connected, c.tx_datagrams, c.tx_batches), (0, 1, 1));
+        // Packets of one port to several destinations still leave in one system call.
+        let (rx2, dst2) = receiver("127.0.61.6");
+        let port = udp.source_port(0);
+        let mut out: Vec<Outgoing> = [dst, dst2, dst]
+            .iter()
+            .map(|d| Outgoing { port, ..packet(&d.to_string(), 64, false) })
+            .collect();
+        udp.transmit(&mut out, &Registry::default(), &mut c);
+        assert_eq!((c.tx_datagrams, c.tx_batches, c.tx_errors), (4, 2, 0));
+        for from in [received_from(&rx), received_from(&rx2), received_from(&rx)] {
+            assert_eq!(from.port(), port);
+        }
     }
 
     #[test]
