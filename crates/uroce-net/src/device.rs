@@ -555,6 +555,9 @@ pub struct State {
     /// Consecutive rounds of waiting threads that gave way to a peer on their CPU
     /// ([`State::poll_for_peer`]).
     gave_way: u32,
+    /// Batches handed to the fabric ([`State::send_out`]): a verb that finds it moved knows
+    /// that what was held when it began has left.
+    sends: u64,
     /// When a waiting thread last moved off its peer's CPU.
     moved_at: Option<Instant>,
     pool: Vec<Vec<u8>>,
@@ -1059,6 +1062,7 @@ impl State {
     /// deregisters the regions that waited for their work requests.
     fn send_out(&mut self) {
         if !self.out.is_empty() || self.fabric.backlog_retry().is_some() {
+            self.sends = self.sends.wrapping_add(1);
             self.fabric.transmit(&mut self.out, self.engine.memory(), &mut self.counters);
             for o in self.out.drain(..) {
                 self.pool.push(o.bytes);
@@ -1440,6 +1444,7 @@ impl NetDevice {
             polled_rounds: 0,
             polled_round: None,
             gave_way: 0,
+            sends: 0,
             moved_at: None,
             pool: Vec::new(),
             piece_pool: Vec::new(),
@@ -1618,11 +1623,14 @@ impl NetDevice {
     /// [`NetDevice::with_at`]; `keep`: a verb that sends nothing leaves held packets held.
     fn with_holding<R>(&self, f: impl FnOnce(&mut State) -> R, keep: bool) -> (R, Instant) {
         let mut s = self.lock();
-        let held = s.out.len();
+        let (held, sends) = (s.out.len(), s.sends);
         let r = f(&mut s);
         // A round of progress inside `f` has just read the clock: no need to again.
         let now = s.round_now.take().unwrap_or_else(|| s.now());
         s.collect(now);
+        // What `f` and the collecting produced may have filled a batch, which took the held
+        // packets with it: what now leads `out` came after them.
+        let held = if s.sends == sends { held } else { 0 };
         // ACK coalescing, as an RNIC's: what a busy poll that received produced (the ACKs
         // of what arrived, mostly) waits for the application's next verb, so that the reply
         // it posts to what the poll handed it leaves in the same system call. Posting a
@@ -1638,12 +1646,15 @@ impl NetDevice {
             s.counters.tx_held += u64::from(held == 0);
             s.hand_out_events();
         } else {
-            // What was held, when it is only responses (ACKs), leaves after what this verb
-            // produced (the reply it posted): through the kernel each datagram makes its own
-            // trip, and the peer waits for the reply first. Their order does not matter to
-            // the peer: a response answers its requests, the reply is one of this side's
-            // (requests keep their order: a PSN out of order would be a sequence error).
-            if held > 0 && s.out.len() > held && s.out[..held].iter().all(Outgoing::is_response) {
+            // What was held, when it is only ACKs, leaves after what this verb produced (the
+            // reply it posted): through the kernel each datagram makes its own trip, and the
+            // peer waits for the reply first. An ACK's order does not matter to the peer: one
+            // that comes after a later response of its QP is stale, and dropped. Requests and
+            // the other responses keep their order: a READ response or atomic ACK overtaken
+            // by a later response of its QP would look lost (an implied NAK, and the READ
+            // asked for again), a request out of order a sequence error.
+            if held > 0 && s.out.len() > held && s.out[..held].iter().all(Outgoing::is_acknowledge)
+            {
                 s.out.rotate_left(held);
             }
             s.send_out();

@@ -119,11 +119,14 @@ impl Outgoing {
             .chain(core::iter::once(tail).filter(|t| !t.is_empty()))
     }
 
-    /// Whether the packet is a response (ACK, atomic ACK, RDMA READ response: the
-    /// responder's opcodes, IBA 9.2), judged by its BTH opcode.
-    pub(crate) fn is_response(&self) -> bool {
-        let info = self.bytes.first().and_then(|&b| uroce_wire::opcode::Opcode(b).info());
-        info.is_some_and(|i| i.has(uroce_wire::opcode::OpFlags::RESPONSE))
+    /// Whether the packet is an ACK, NAK or RNR NAK (RC or XRC ACKNOWLEDGE, IBA 9.7.5.1):
+    /// a response that carries no data, whose late arrival a requester drops as stale. A READ
+    /// response or atomic ACK arriving after a later response of its QP is a lost response to
+    /// the requester (IBA 9.7.5.1.5: it goes back for it).
+    pub(crate) fn is_acknowledge(&self) -> bool {
+        use uroce_wire::opcode::Opcode;
+        let opcode = self.bytes.first().copied();
+        opcode == Some(Opcode::RC_ACKNOWLEDGE.0) || opcode == Some(Opcode::XRC_ACKNOWLEDGE.0)
     }
 
     /// The destination QPN and PSN of a plain ACK (an RC or XRC ACKNOWLEDGE whose AETH
