@@ -23,7 +23,7 @@ use uroce_wire::pcap::PcapWriter;
 use crate::fabric::capture::Capture;
 use crate::fabric::faulty::Faulty;
 use crate::fabric::host::HostFabric;
-use crate::fabric::shm::Shm;
+use crate::fabric::shm::{BusyMark, Shm};
 use crate::fabric::tap::Tap;
 use crate::fabric::udp::{Offloads, Udp};
 use crate::fabric::{Fabric, Outgoing};
@@ -265,6 +265,10 @@ pub struct NetCounters {
     /// Wake-ups of the progress thread that found an application thread busy-polling and
     /// went back to sleep without the device lock (counted at its next round of progress).
     pub progress_look_ins: u64,
+    /// Wake-ups of the progress thread by a local sender while an application thread's
+    /// busy-poll mark held but its stamp had gone stale (it went on to other work): the
+    /// thread took over, instead of leaving the packet until the poller came back.
+    pub progress_takeovers: u64,
     /// Times the progress thread spun for more packets after receiving ([`Options::progress_spin`]).
     pub progress_spins: u64,
     /// Spins during which the progress thread was preempted: more threads wanted the CPUs
@@ -302,6 +306,10 @@ pub struct NetCounters {
     pub shm_rx_malformed: u64,
     /// Wake-ups written to sleeping local endpoints.
     pub shm_wakeups_sent: u64,
+    /// Of those, wake-ups of a progress thread asleep beside its application's busy-polling
+    /// thread, which had stopped polling (gone on to other work, or descheduled) for longer
+    /// than `POLLER_GONE_NS`: its progress thread takes the packet over.
+    pub shm_wakeups_stopped_poller: u64,
     /// Datagrams the kernel gave this process for a QPN another process of the device owns,
     /// handed to it through shared memory (the device's port is shared).
     pub udp_rx_forwarded: u64,
@@ -348,6 +356,7 @@ impl NetCounters {
             ("fault_corruptions", self.fault_corruptions),
             ("progress_wakeups", self.progress_wakeups),
             ("progress_look_ins", self.progress_look_ins),
+            ("progress_takeovers", self.progress_takeovers),
             ("progress_spins", self.progress_spins),
             ("progress_spins_preempted", self.progress_spins_preempted),
             ("event_spins_found", self.event_spins_found),
@@ -362,6 +371,7 @@ impl NetCounters {
             ("shm_rx_packets", self.shm_rx_packets),
             ("shm_rx_malformed", self.shm_rx_malformed),
             ("shm_wakeups_sent", self.shm_wakeups_sent),
+            ("shm_wakeups_stopped_poller", self.shm_wakeups_stopped_poller),
             ("udp_rx_forwarded", self.udp_rx_forwarded),
             ("udp_polls_skipped", self.udp_polls_skipped),
         ]
@@ -395,6 +405,7 @@ impl core::ops::AddAssign for NetCounters {
         self.fault_corruptions += o.fault_corruptions;
         self.progress_wakeups += o.progress_wakeups;
         self.progress_look_ins += o.progress_look_ins;
+        self.progress_takeovers += o.progress_takeovers;
         self.progress_spins += o.progress_spins;
         self.progress_spins_preempted += o.progress_spins_preempted;
         self.event_spins_found += o.event_spins_found;
@@ -409,6 +420,7 @@ impl core::ops::AddAssign for NetCounters {
         self.shm_rx_packets += o.shm_rx_packets;
         self.shm_rx_malformed += o.shm_rx_malformed;
         self.shm_wakeups_sent += o.shm_wakeups_sent;
+        self.shm_wakeups_stopped_poller += o.shm_wakeups_stopped_poller;
         self.udp_rx_forwarded += o.udp_rx_forwarded;
         self.udp_polls_skipped += o.udp_polls_skipped;
     }
@@ -1114,6 +1126,10 @@ struct Shared {
     /// standard mutex is not fair, and a verb parked on it waits for a futex wake-up, tens of
     /// microseconds).
     verbs_waiting: AtomicU32,
+    /// The endpoint's busy-poll stamp for local senders, and the wake-up through which they
+    /// reach a progress thread that sleeps while the application polls (none without a host
+    /// directory).
+    busy_mark: Option<BusyMark>,
     /// The device clock's origin (the same instant as `State::origin`).
     origin: std::time::Instant,
     /// The wall clock at `origin`, since the Unix epoch (as the capture's timestamps).
@@ -1130,6 +1146,9 @@ impl Shared {
     /// "no mark").
     fn mark_busy_poll(&self, now: Instant) {
         self.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
+        if let Some(mark) = &self.busy_mark {
+            mark.publish(now.as_nanos());
+        }
     }
 
     /// Notes that a busy poll drained the application's completions at `now` (never stored
@@ -1409,6 +1428,10 @@ impl NetDevice {
                 (None, None)
             }
         };
+        // The device clock's origin on the host-wide clock, for stamps other processes read.
+        let mono_at_origin = sys::monotonic_ns()
+            .saturating_sub(u64::try_from(origin.elapsed().as_nanos()).unwrap_or(0));
+        let busy_mark = shm.as_ref().map(|shm| shm.busy_mark(mono_at_origin));
         let host = HostFabric::new(addr, udp, shm, options.udp_only);
         let mut fabric: Box<dyn Fabric> = match &endpoint {
             Some(e) => Box::new(Tap::new(host, Arc::clone(&e.dir), e.slot, addr)),
@@ -1473,6 +1496,7 @@ impl NetDevice {
             drained_at: AtomicU64::new(0),
             idle_polls: AtomicU32::new(0),
             verbs_waiting: AtomicU32::new(0),
+            busy_mark,
             origin,
             wall_origin,
             addr,
@@ -1704,6 +1728,9 @@ impl NetDevice {
     /// busy-poll mark [`NetDevice::poll_with`] set, so the progress thread goes back to the
     /// sockets now instead of at its next check-in.
     pub fn end_busy_poll(&self) {
+        if let Some(mark) = &self.shared.busy_mark {
+            mark.clear();
+        }
         if self.shared.last_busy_poll.swap(0, Ordering::AcqRel) != 0 {
             self.shared.wake.signal();
         }
@@ -1876,6 +1903,7 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
     let lock = || shared.state.lock().unwrap_or_else(PoisonError::into_inner);
     let mut slept_on_fabric = false;
     let mut look_ins = 0;
+    let mut taken_over = 0;
     let mut fds = Vec::new();
     while !shared.stop.load(Ordering::Acquire) {
         fds.clear();
@@ -1887,9 +1915,18 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
         // taking it from a thread that holds it almost always would cost both a context
         // switch, and on a machine with fewer cores than spinning threads a preempted lock
         // holder stalls every thread of the device for a scheduler slice (milliseconds).
+        //
+        // It sleeps beside the poller on the fabric's wake-up too: a local sender wakes it
+        // once the poller's stamp is stale (the application went on to other work, and a
+        // request for it would wait for the next look-in), and it then takes over for a round.
         let look_in = if slept_on_fabric { None } else { shared.busy_poll_lapses_in(now_ns) };
+        let mut beside_poller = None;
         let wait_ns = if let Some(lapse_ns) = look_in {
             look_ins += 1;
+            if let Some(mark) = &shared.busy_mark {
+                fds.push(mark.sleep_beside_poller());
+                beside_poller = Some(mark);
+            }
             shared.sleeping_until.store(now_ns.saturating_add(lapse_ns), Ordering::Release);
             Some(lapse_ns)
         } else {
@@ -1899,6 +1936,7 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
             }
             s.counters.progress_wakeups += 1;
             s.counters.progress_look_ins += core::mem::take(&mut look_ins);
+            s.counters.progress_takeovers += core::mem::take(&mut taken_over);
             let before = s.counters.received();
             s.progress();
             let received = s.counters.received().saturating_sub(before);
@@ -1920,14 +1958,23 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
             }
             let now = s.now();
             let busy = shared.busy_polled(now);
+            // Ask the fabric's senders for a wake-up (beside a poller: once it has stopped);
+            // if something arrived meanwhile, go round again instead of sleeping — unless
+            // the poller is there to take it (a stream it polls would otherwise have this
+            // thread take the lock from it round after round).
+            let pending = !s.fabric.prepare_sleep(busy);
+            let poller_stopped = shared.busy_mark.as_ref().is_none_or(BusyMark::poller_stopped);
+            if pending && (!busy || poller_stopped) {
+                slept_on_fabric = busy;
+                continue;
+            }
             if !busy {
-                // Ask the fabric's senders for a wake-up; if something arrived meanwhile,
-                // go round again instead of sleeping.
-                if !s.fabric.prepare_sleep() {
-                    continue;
-                }
                 slept_on_fabric = true;
                 s.fabric.wait_fds(&mut fds);
+            } else if let Some(mark) = &shared.busy_mark {
+                // Asked again if the look found packets (which took the request back).
+                fds.push(if pending { mark.sleep_beside_poller() } else { mark.wake_fd() });
+                beside_poller = Some(mark);
             }
             let mut deadline = s.wake_deadline(now);
             if busy {
@@ -1940,6 +1987,12 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
             deadline.map(|t| t.as_nanos().saturating_sub(now.as_nanos()))
         };
         let _ = sys::poll_readable_ns(&fds, wait_ns);
+        // Woken beside the poller by a sender: the next round takes the lock and receives
+        // (and empties the wake-up FIFO), even though the poller's mark has not lapsed.
+        if beside_poller.is_some_and(BusyMark::poked) {
+            slept_on_fabric = true;
+            taken_over += 1;
+        }
         shared.wake.take();
         // Every time: a wake-up before the timer's expiry clears nothing, and the expiry
         // must not be left readable.
@@ -1987,6 +2040,7 @@ mod tests {
             fault_corruptions: 1,
             progress_wakeups: 1,
             progress_look_ins: 1,
+            progress_takeovers: 1,
             progress_spins: 1,
             progress_spins_preempted: 1,
             event_spins_found: 1,
@@ -2001,6 +2055,7 @@ mod tests {
             shm_rx_packets: 1,
             shm_rx_malformed: 1,
             shm_wakeups_sent: 1,
+            shm_wakeups_stopped_poller: 1,
             udp_rx_forwarded: 1,
             udp_polls_skipped: 1,
         };

@@ -212,9 +212,11 @@ pub(crate) trait Fabric: Send {
     /// The descriptors a sleeping progress thread waits on.
     fn wait_fds(&self, fds: &mut Vec<RawFd>);
 
-    /// Called before the progress thread sleeps on [`Fabric::wait_fds`]: `false` if packets
-    /// are already waiting (sleeping now could miss them).
-    fn prepare_sleep(&mut self) -> bool {
+    /// Called before the progress thread sleeps on [`Fabric::wait_fds`] — or, `beside_poller`,
+    /// while an application thread busy-polls, on the wake-up through which local senders
+    /// reach it once that thread has stopped ([`shm::BusyMark`]): `false` if packets are
+    /// already waiting (sleeping now could miss them).
+    fn prepare_sleep(&mut self, _beside_poller: bool) -> bool {
         true
     }
 
@@ -266,8 +268,8 @@ macro_rules! delegate_to_inner {
             self.inner.wait_fds(fds);
         }
 
-        fn prepare_sleep(&mut self) -> bool {
-            self.inner.prepare_sleep()
+        fn prepare_sleep(&mut self, beside_poller: bool) -> bool {
+            self.inner.prepare_sleep(beside_poller)
         }
 
         fn woken(&mut self) {
@@ -318,8 +320,8 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
         (**self).wait_fds(fds);
     }
 
-    fn prepare_sleep(&mut self) -> bool {
-        (**self).prepare_sleep()
+    fn prepare_sleep(&mut self, beside_poller: bool) -> bool {
+        (**self).prepare_sleep(beside_poller)
     }
 
     fn woken(&mut self) {

@@ -54,9 +54,13 @@ const WORD: usize = 0; // u64: generation << 32 | pid
 const START_TIME: usize = 8; // u64: the owner's start time (clock ticks after boot)
 const ADDR: usize = 16; // 16 bytes: the device address, IPv4-mapped for IPv4
 const INBOUND: usize = 64; // 4 × u64: bit s set when slot s has a ring to this slot
-const WAITING: usize = 96; // u32: 1 while the owner sleeps and wants a FIFO wake-up
+const WAITING: usize = 96; // u32: 1 while the owner sleeps and wants a FIFO wake-up (2: see BUSY_AT)
 const RINGS_EPOCH: usize = 100; // u32: bumped whenever a ring to this slot is created
 const WAITER_CPU: usize = 104; // u32: 1 + the CPU the owner's application last polled on (0: none)
+// u64: when the owner's application thread last busy-polled (CLOCK_MONOTONIC nanoseconds, to
+// a few microseconds; 0: it does not). While one does, the owner's progress thread sleeps
+// with WAITING 2: a sender wakes it only once this stamp has gone stale.
+const BUSY_AT: usize = 112;
 const TOOLS_LINE: usize = 128; // the tools' cache line: the words below
 const SNAPSHOT_ASKED: usize = TOOLS_LINE; // u32: bumped by a tool that wants a snapshot
 const SNAPSHOT_DONE: usize = 132; // u32: the request the owner's latest snapshot answers
@@ -163,6 +167,7 @@ impl HostDir {
             self.slots.write(self.at(index, ADDR), &mapped(addr));
             self.slots.u32_at(self.at(index, WAITING)).store(0, Ordering::Release);
             self.slots.u32_at(self.at(index, WAITER_CPU)).store(0, Ordering::Release);
+            self.busy_at(index).store(0, Ordering::Release);
             for at in (TOOLS_LINE..SLOT_SIZE).step_by(8) {
                 self.slots.u64_at(self.at(index, at)).store(0, Ordering::Release);
             }
@@ -267,6 +272,13 @@ impl HostDir {
     /// Slot `index`'s sleep flag.
     pub(crate) fn waiting(&self, index: u8) -> &AtomicU32 {
         self.slots.u32_at(self.at(index, WAITING))
+    }
+
+    /// Slot `index`'s busy-poll stamp: when its owner's application thread last busy-polled
+    /// (`CLOCK_MONOTONIC` nanoseconds, 0: it does not), written by the owner at most every few
+    /// microseconds (the line is the senders').
+    pub(crate) fn busy_at(&self, index: u8) -> &AtomicU64 {
+        self.slots.u64_at(self.at(index, BUSY_AT))
     }
 
     /// Slot `index`'s waiter CPU: 1 + the CPU on which its owner's application thread last

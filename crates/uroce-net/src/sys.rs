@@ -996,6 +996,17 @@ pub(crate) fn thread_preemptions() -> u64 {
     u64::try_from(ru.ru_nivcsw).unwrap_or(0)
 }
 
+/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process of the host (through the
+/// vDSO, no system call), for stamps other processes read.
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime(2) fills the live `ts`; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
 /// The CPU the calling thread runs on now (sched_getcpu(3): glibc reads it from the thread's
 /// rseq area or the vDSO, no system call), or `None` where the kernel cannot tell.
 pub(crate) fn current_cpu() -> Option<u32> {

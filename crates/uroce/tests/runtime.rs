@@ -680,16 +680,76 @@ fn a_target_polling_with_nothing_outstanding_is_polling_and_needs_no_wake_ups() 
             r.qp.read(i, &r.mr, 0..64, t.mr.remote()).unwrap();
             wait_ok(&r.cq);
         }
-        let before = r.ctx.counters().1.shm_wakeups_sent;
+        // Wake-ups of a sleeping progress thread; those for a poller descheduled for longer
+        // than the busy-poll stamp's limit are not counted (its progress thread is meant to
+        // take those requests over).
+        let asleep = |c: uroce::NetCounters| c.shm_wakeups_sent - c.shm_wakeups_stopped_poller;
+        let before = asleep(r.ctx.counters().1);
         for i in 0..READS {
             r.qp.read(i, &r.mr, 0..4096, t.mr.remote()).unwrap();
             wait_ok(&r.cq);
         }
         stop.store(true, std::sync::atomic::Ordering::Release);
-        r.ctx.counters().1.shm_wakeups_sent - before
+        asleep(r.ctx.counters().1) - before
     });
     // Bounded for a machine that deschedules the polling thread now and then.
     assert!(wake_ups * 10 < READS, "{wake_ups} wake-ups for {READS} READs");
+}
+
+/// A target whose application thread busy-polled and then went on to other work (an MPI rank
+/// reducing what it received) still answers a READ promptly: its progress thread, asleep
+/// beside the poller, is woken by the request once the poller's stamp is stale and takes
+/// over, instead of leaving it until the poller comes back or the thread's next look-in (a
+/// millisecond after the last poll). Prints the median READ, from post to completion.
+#[test]
+fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Instant;
+    const ROUNDS: u32 = 20;
+    let [r, t] = pair("127.0.58.2", "127.0.58.3", QpType::Rc, Default::default());
+    // Rounds the target has started polling in (odd: polling, even: stopped).
+    let phase = AtomicU32::new(0);
+    let mut took = Vec::new();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut got = Vec::new();
+            for round in 0..ROUNDS {
+                // Polls long enough to count as busy polling (`IDLE_POLLS_TO_BUSY`), then
+                // stops, and waits (without a verb) until the reader's READ of this round
+                // is done.
+                for _ in 0..1000 {
+                    t.cq.poll(&mut got);
+                }
+                assert!(got.is_empty(), "{got:?}");
+                phase.store(2 * round + 2, Ordering::Release);
+                while phase.load(Ordering::Acquire) != 2 * round + 3 {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        for round in 0..ROUNDS {
+            while phase.load(Ordering::Acquire) != 2 * round + 2 {
+                std::hint::spin_loop();
+            }
+            // Long enough for the poller's stamp to go stale (200 µs), below the look-in.
+            #[expect(clippy::disallowed_methods, reason = "the target's poller must be gone")]
+            std::thread::sleep(Duration::from_micros(400));
+            #[expect(clippy::disallowed_methods, reason = "the figure printed is a timing")]
+            let posted = Instant::now();
+            r.qp.read(u64::from(round), &r.mr, 0..4096, t.mr.remote()).unwrap();
+            wait_ok(&r.cq);
+            took.push(posted.elapsed());
+            phase.store(2 * round + 3, Ordering::Release);
+        }
+    });
+    took.sort();
+    let takeovers = t.ctx.counters().1.progress_takeovers;
+    println!(
+        "READ from a target that stopped polling: median {:?}, {takeovers} takeovers",
+        took[took.len() / 2]
+    );
+    // Not every round: a round whose sleep overran the look-in finds the thread awake.
+    assert!(takeovers > 0, "the progress thread never took over for a stopped poller");
 }
 
 /// A wait for a completion event spins first (`Options::event_spin`) and counts how it

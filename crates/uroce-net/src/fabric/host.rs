@@ -260,8 +260,8 @@ impl Fabric for HostFabric {
         }
     }
 
-    fn prepare_sleep(&mut self) -> bool {
-        self.shm.as_mut().is_none_or(Shm::prepare_sleep)
+    fn prepare_sleep(&mut self, beside_poller: bool) -> bool {
+        self.shm.as_mut().is_none_or(|shm| shm.prepare_sleep(beside_poller))
     }
 
     fn backlog_retry(&self) -> Option<Duration> {

@@ -16,6 +16,15 @@
 //! clears it and writes a byte to the receiver's FIFO (`wake-T-H`), which the sleeping
 //! progress thread polls. While the receiver polls, senders make no system call.
 //!
+//! **Sleep beside a poller.** While the receiver's application thread busy-polls, that thread
+//! reads the rings, and its progress thread sleeps with `waiting` 2: a sender then wakes it
+//! only if the poller's stamp (`busy_at`, [`BusyMark`]) is older than [`POLLER_GONE_NS`] —
+//! the application has gone on to other work (an MPI rank reducing what it received) and a
+//! request for it (a READ of its memory, an atomic) would otherwise wait for its next poll or
+//! the progress thread's next look-in (a millisecond). A request that lands just before the
+//! poller stops is served by the progress thread's look-in, or sooner by its requester's
+//! tail-loss probe, whose packet finds the stamp stale.
+//!
 //! **Trust.** A record is copied out of the ring before the engine sees it and every header
 //! field is checked: another process of the same user can write anything into a ring it
 //! can open, and at worst that is a forged packet, which the engine judges as it judges
@@ -93,7 +102,7 @@ pub(crate) struct Shm {
     me: SlotId,
     /// The endpoint's device address: the destination of every packet it receives here.
     addr: IpAddr,
-    wake: OwnedFd,
+    wake: Arc<OwnedFd>,
     out: Vec<Option<OutRing>>,
     /// The slots `out` has rings to (a poll walks these, not all 256).
     out_active: Vec<u8>,
@@ -121,7 +130,7 @@ impl Shm {
     pub(crate) fn new(dir: Arc<HostDir>, me: SlotId, addr: IpAddr) -> io::Result<Self> {
         let path = dir.wake_path(me);
         shm::make_fifo(&path)?;
-        let wake = shm::open_fifo(&path, true)?;
+        let wake = Arc::new(shm::open_fifo(&path, true)?);
         Ok(Self {
             dir,
             me,
@@ -326,13 +335,30 @@ impl Shm {
             // Pairs with the receiver's fence between setting `waiting` and its last look.
             fence(Ordering::SeqCst);
             let waiting = self.dir.waiting(ring.to.index);
-            if waiting.load(Ordering::Relaxed) != 0 && waiting.swap(0, Ordering::AcqRel) != 0 {
+            let (wake, poller_stopped) = match waiting.load(Ordering::Relaxed) {
+                NOT_WAITING => (false, false),
+                SLEEPS_BESIDE_POLLER => {
+                    let take_over = poller_gone(&self.dir, ring.to.index)
+                        && waiting
+                            .compare_exchange(
+                                SLEEPS_BESIDE_POLLER,
+                                NOT_WAITING,
+                                Ordering::AcqRel,
+                                Ordering::Relaxed,
+                            )
+                            .is_ok();
+                    (take_over, take_over)
+                }
+                _ => (waiting.swap(NOT_WAITING, Ordering::AcqRel) != NOT_WAITING, false),
+            };
+            if wake {
                 if ring.wake.is_none() {
                     ring.wake = shm::open_fifo(&self.dir.wake_path(ring.to), false).ok();
                 }
                 if let Some(fd) = &ring.wake {
                     shm::poke(fd.as_raw_fd());
                     c.shm_wakeups_sent += 1;
+                    c.shm_wakeups_stopped_poller += u64::from(poller_stopped);
                 }
             }
         }
@@ -517,12 +543,20 @@ impl Shm {
         found
     }
 
-    /// Before sleeping: ask senders for a wake-up, then look once more.
-    pub(crate) fn prepare_sleep(&mut self) -> bool {
-        self.dir.waiting(self.me.index).store(1, Ordering::SeqCst);
+    /// Before sleeping: ask senders for a wake-up (`beside_poller`: once the application
+    /// thread that busy-polls has stopped, see [`BusyMark`]), then look once more.
+    pub(crate) fn prepare_sleep(&mut self, beside_poller: bool) -> bool {
+        let waiting = if beside_poller {
+            // Older wake-ups out first: one that comes after the flag is set must stay.
+            shm::drain(self.wake.as_raw_fd());
+            SLEEPS_BESIDE_POLLER
+        } else {
+            SLEEPS
+        };
+        self.dir.waiting(self.me.index).store(waiting, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if self.pending() {
-            self.dir.waiting(self.me.index).store(0, Ordering::Release);
+            self.dir.waiting(self.me.index).store(NOT_WAITING, Ordering::Release);
             return false;
         }
         true
@@ -530,13 +564,101 @@ impl Shm {
 
     /// After waking: no more wake-ups wanted; empty the FIFO.
     pub(crate) fn woken(&mut self) {
-        self.dir.waiting(self.me.index).store(0, Ordering::Release);
+        self.dir.waiting(self.me.index).store(NOT_WAITING, Ordering::Release);
         shm::drain(self.wake.as_raw_fd());
+    }
+
+    /// The handle through which this endpoint's threads publish its busy-poll stamp and its
+    /// progress thread sleeps beside a poller, without the device lock. `mono_at_origin`:
+    /// `CLOCK_MONOTONIC` at the device clock's origin.
+    pub(crate) fn busy_mark(&self, mono_at_origin: u64) -> BusyMark {
+        BusyMark {
+            dir: Arc::clone(&self.dir),
+            index: self.me.index,
+            wake: Arc::clone(&self.wake),
+            mono_at_origin,
+        }
     }
 
     /// The FIFO a sleeper waits on.
     pub(crate) fn wake_fd(&self) -> RawFd {
         self.wake.as_raw_fd()
+    }
+}
+
+/// `waiting` values: awake (or polling), asleep, asleep beside a busy-polling application
+/// thread (wake only once its stamp is stale).
+const NOT_WAITING: u32 = 0;
+const SLEEPS: u32 = 1;
+const SLEEPS_BESIDE_POLLER: u32 = 2;
+
+/// A busy-poll stamp older than this says the application thread stopped polling: its
+/// progress thread is woken for what arrives. Well above the gap between two polls of a
+/// polling loop (the stamp moves every [`STAMP_STEP_NS`], with the clock a poll reads on one
+/// round in sixteen), below the progress thread's look-in (a millisecond). Not lower: on a
+/// machine with more spinning threads than cores a poller is often descheduled for tens of
+/// microseconds, and at 30 µs its progress thread took over 2,000–3,700 times a second under
+/// a 64-byte SEND stream, taking the lock and the CPU from it (0.6× the messages a second).
+pub(crate) const POLLER_GONE_NS: u64 = 200_000;
+/// The stamp is written when it has moved this far: the line it shares with `waiting` is read
+/// by every sender, and a write per poll would take it from all of them.
+const STAMP_STEP_NS: u64 = 20_000;
+
+/// Whether slot `index`'s application thread has not busy-polled for [`POLLER_GONE_NS`].
+fn poller_gone(dir: &HostDir, index: u8) -> bool {
+    let at = dir.busy_at(index).load(Ordering::Acquire);
+    at == 0 || crate::sys::monotonic_ns().saturating_sub(at) > POLLER_GONE_NS
+}
+
+/// An endpoint's busy-poll stamp in the host directory and its wake-up FIFO: published by its
+/// application thread as it polls, slept beside by its progress thread.
+pub(crate) struct BusyMark {
+    dir: Arc<HostDir>,
+    index: u8,
+    wake: Arc<OwnedFd>,
+    mono_at_origin: u64,
+}
+
+impl BusyMark {
+    /// The application thread busy-polled at device time `now_ns`.
+    pub(crate) fn publish(&self, now_ns: u64) {
+        let now = self.mono_at_origin.saturating_add(now_ns).max(1);
+        let stamp = self.dir.busy_at(self.index);
+        if now.saturating_sub(stamp.load(Ordering::Relaxed)) >= STAMP_STEP_NS {
+            stamp.store(now, Ordering::Release);
+        }
+    }
+
+    /// The application thread stopped busy-polling.
+    pub(crate) fn clear(&self) {
+        self.dir.busy_at(self.index).store(0, Ordering::Release);
+    }
+
+    /// For the progress thread going back to sleep beside the poller without the device
+    /// lock (after a look-in): empties the FIFO of older wake-ups, asks senders for one once
+    /// the stamp is stale ([`Shm::prepare_sleep`] asks the first time, and looks at the rings
+    /// once more), and returns the FIFO to poll.
+    pub(crate) fn sleep_beside_poller(&self) -> RawFd {
+        shm::drain(self.wake.as_raw_fd());
+        self.dir.waiting(self.index).store(SLEEPS_BESIDE_POLLER, Ordering::SeqCst);
+        self.wake.as_raw_fd()
+    }
+
+    /// Whether the application thread has not busy-polled for [`POLLER_GONE_NS`] (as its
+    /// senders judge it).
+    pub(crate) fn poller_stopped(&self) -> bool {
+        poller_gone(&self.dir, self.index)
+    }
+
+    /// The FIFO a thread sleeping beside the poller polls.
+    pub(crate) fn wake_fd(&self) -> RawFd {
+        self.wake.as_raw_fd()
+    }
+
+    /// After that sleep: whether a sender woke the thread (the poller has stopped, and a
+    /// packet waits).
+    pub(crate) fn poked(&self) -> bool {
+        self.dir.waiting(self.index).load(Ordering::Acquire) != SLEEPS_BESIDE_POLLER
     }
 }
 
@@ -911,14 +1033,54 @@ mod tests {
         assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
         tx.commit(&mut c);
         assert_eq!(c.shm_wakeups_sent, 0, "nobody asked for a wake-up");
-        assert!(!rxs.prepare_sleep(), "a packet is waiting: do not sleep");
+        assert!(!rxs.prepare_sleep(false), "a packet is waiting: do not sleep");
         rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| {});
-        assert!(rxs.prepare_sleep());
+        assert!(rxs.prepare_sleep(false));
         assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
         tx.commit(&mut c);
         assert_eq!(c.shm_wakeups_sent, 1);
         crate::sys::poll_readable(&[rxs.wake_fd()], 1000).expect("poll");
         rxs.woken();
+        let _ = std::fs::remove_dir_all(&p);
+    }
+
+    /// Beside a busy-polling application thread the progress thread is woken only once that
+    /// thread's stamp is stale: never while it polls (its packets are its own to take), at
+    /// once when it stopped polling (went on to other work) or ended its mark.
+    #[test]
+    fn a_progress_thread_beside_a_poller_is_woken_only_once_the_poller_stopped() {
+        let (mut tx, rxs, b, p) = two_endpoints("beside");
+        let ip: IpAddr = "127.0.0.2".parse().expect("ip");
+        let mut c = NetCounters::default();
+        let pkt = [1u8; 64];
+        let send = |tx: &mut Shm, c: &mut NetCounters| {
+            assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, c));
+            tx.commit(c);
+        };
+        // Stamps a second ahead of the host clock: fresh however slowly the test runs.
+        let mark = rxs.busy_mark(crate::sys::monotonic_ns() + 1_000_000_000);
+        let fifo = mark.sleep_beside_poller();
+        mark.publish(1);
+        send(&mut tx, &mut c);
+        assert_eq!(c.shm_wakeups_sent, 0, "the poller takes it");
+        assert!(!mark.poked() && !crate::sys::readable_now(fifo));
+        // The poller stopped: its stamp is older than the limit when the next packet comes.
+        let stale = crate::sys::monotonic_ns() - POLLER_GONE_NS - 1;
+        rxs.dir.busy_at(b.index).store(stale, Ordering::Relaxed);
+        send(&mut tx, &mut c);
+        assert_eq!(c.shm_wakeups_sent, 1, "the poller stopped: its progress thread takes over");
+        assert_eq!(c.shm_wakeups_stopped_poller, 1);
+        assert!(mark.poked() && crate::sys::readable_now(fifo));
+        send(&mut tx, &mut c);
+        assert_eq!(c.shm_wakeups_sent, 1, "one wake-up until it sleeps again");
+        // Sleeping again beside a poller that ended its mark (about to block): woken at once.
+        assert_eq!(mark.sleep_beside_poller(), fifo);
+        assert!(!crate::sys::readable_now(fifo), "older wake-ups are emptied");
+        mark.publish(2);
+        mark.clear();
+        send(&mut tx, &mut c);
+        assert_eq!(c.shm_wakeups_sent, 2);
+        assert!(mark.poked());
         let _ = std::fs::remove_dir_all(&p);
     }
 
