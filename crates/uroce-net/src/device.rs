@@ -1728,9 +1728,9 @@ impl NetDevice {
     /// busy-poll mark [`NetDevice::poll_with`] set, so the progress thread goes back to the
     /// sockets now instead of at its next check-in.
     pub fn end_busy_poll(&self) {
-        if let Some(mark) = &self.shared.busy_mark {
-            mark.clear();
-        }
+        // The stamp stays: woken now, the progress thread asks for wake-ups as a sleeper
+        // (and looks at the rings once more) before it sleeps again. Clearing it would write
+        // the line every sender reads on every poll that ends a mark (each ping-pong message).
         if self.shared.last_busy_poll.swap(0, Ordering::AcqRel) != 0 {
             self.shared.wake.signal();
         }

@@ -58,7 +58,7 @@ const WAITING: usize = 96; // u32: 1 while the owner sleeps and wants a FIFO wak
 const RINGS_EPOCH: usize = 100; // u32: bumped whenever a ring to this slot is created
 const WAITER_CPU: usize = 104; // u32: 1 + the CPU the owner's application last polled on (0: none)
 // u64: when the owner's application thread last busy-polled (CLOCK_MONOTONIC nanoseconds, to
-// a few microseconds; 0: it does not). While one does, the owner's progress thread sleeps
+// 20 microseconds; 0: it never has). While one does, the owner's progress thread sleeps
 // with WAITING 2: a sender wakes it only once this stamp has gone stale.
 const BUSY_AT: usize = 112;
 const TOOLS_LINE: usize = 128; // the tools' cache line: the words below
@@ -275,7 +275,7 @@ impl HostDir {
     }
 
     /// Slot `index`'s busy-poll stamp: when its owner's application thread last busy-polled
-    /// (`CLOCK_MONOTONIC` nanoseconds, 0: it does not), written by the owner at most every few
+    /// (`CLOCK_MONOTONIC` nanoseconds, 0: it never has), written by the owner at most every 20
     /// microseconds (the line is the senders').
     pub(crate) fn busy_at(&self, index: u8) -> &AtomicU64 {
         self.slots.u64_at(self.at(index, BUSY_AT))
