@@ -1924,7 +1924,12 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
         let wait_ns = if let Some(lapse_ns) = look_in {
             look_ins += 1;
             if let Some(mark) = &shared.busy_mark {
-                fds.push(mark.sleep_beside_poller());
+                let Some(fifo) = mark.sleep_beside_poller() else {
+                    slept_on_fabric = true;
+                    taken_over += 1;
+                    continue;
+                };
+                fds.push(fifo);
                 beside_poller = Some(mark);
             }
             shared.sleeping_until.store(now_ns.saturating_add(lapse_ns), Ordering::Release);
@@ -1973,7 +1978,12 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
                 s.fabric.wait_fds(&mut fds);
             } else if let Some(mark) = &shared.busy_mark {
                 // Asked again if the look found packets (which took the request back).
-                fds.push(if pending { mark.sleep_beside_poller() } else { mark.wake_fd() });
+                let fifo = if pending { mark.sleep_beside_poller() } else { Some(mark.wake_fd()) };
+                let Some(fifo) = fifo else {
+                    slept_on_fabric = true;
+                    continue;
+                };
+                fds.push(fifo);
                 beside_poller = Some(mark);
             }
             let mut deadline = s.wake_deadline(now);

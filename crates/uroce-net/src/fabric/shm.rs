@@ -632,11 +632,18 @@ impl BusyMark {
     /// For the progress thread going back to sleep beside the poller without the device
     /// lock (after a look-in): empties the FIFO of older wake-ups, asks senders for one once
     /// the stamp is stale ([`Shm::prepare_sleep`] asks the first time, and looks at the rings
-    /// once more), and returns the FIFO to poll.
-    pub(crate) fn sleep_beside_poller(&self) -> RawFd {
-        shm::drain(self.wake.as_raw_fd());
-        self.dir.waiting(self.index).store(SLEEPS_BESIDE_POLLER, Ordering::SeqCst);
-        self.wake.as_raw_fd()
+    /// once more), and returns the FIFO to poll. `None`: a sender woke the thread since it
+    /// last looked (it took the flag and wrote to the FIFO just after that look): take over
+    /// now instead of sleeping on a wake-up already spent.
+    pub(crate) fn sleep_beside_poller(&self) -> Option<RawFd> {
+        let written = shm::drain(self.wake.as_raw_fd());
+        let waiting = self.dir.waiting(self.index);
+        let was = waiting.swap(SLEEPS_BESIDE_POLLER, Ordering::SeqCst);
+        if written && was == NOT_WAITING {
+            waiting.store(NOT_WAITING, Ordering::Release);
+            return None;
+        }
+        Some(self.wake.as_raw_fd())
     }
 
     /// Whether the application thread has not busy-polled for [`POLLER_GONE_NS`] (as its
@@ -1054,7 +1061,7 @@ mod tests {
         };
         // Stamps a second ahead of the host clock: fresh however slowly the test runs.
         let mark = rxs.busy_mark(crate::sys::monotonic_ns() + 1_000_000_000);
-        let fifo = mark.sleep_beside_poller();
+        let fifo = mark.sleep_beside_poller().expect("nobody woke it");
         mark.publish(1);
         send(&mut tx, &mut c);
         assert_eq!(c.shm_wakeups_sent, 0, "the poller takes it");
@@ -1068,9 +1075,12 @@ mod tests {
         assert!(mark.poked() && crate::sys::readable_now(fifo));
         send(&mut tx, &mut c);
         assert_eq!(c.shm_wakeups_sent, 1, "one wake-up until it sleeps again");
+        // A thread that missed that wake-up (it looked just before it came) takes over
+        // instead of sleeping on it.
+        assert_eq!(mark.sleep_beside_poller(), None);
+        assert!(!crate::sys::readable_now(fifo), "the wake-up is taken");
         // Asleep beside it again, once it polls again: its packets are its own again.
-        assert_eq!(mark.sleep_beside_poller(), fifo);
-        assert!(!crate::sys::readable_now(fifo), "older wake-ups are emptied");
+        assert_eq!(mark.sleep_beside_poller(), Some(fifo));
         mark.publish(2);
         send(&mut tx, &mut c);
         assert_eq!(c.shm_wakeups_sent, 1);

@@ -175,14 +175,16 @@ pub(crate) fn poke(fd: RawFd) {
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, core::ptr::null_mut()) };
 }
 
-/// Reads everything a non-blocking FIFO holds.
-pub(crate) fn drain(fd: RawFd) {
+/// Reads everything a non-blocking FIFO holds; whether it held anything.
+pub(crate) fn drain(fd: RawFd) -> bool {
     let mut buf = [0u8; 64];
+    let mut any = false;
     loop {
         // SAFETY: reads at most `buf.len()` bytes into the live local buffer.
         let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        any |= n > 0;
         if n < buf.len() as isize {
-            return;
+            return any;
         }
     }
 }
