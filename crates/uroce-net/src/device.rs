@@ -1968,8 +1968,9 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
             // the poller is there to take it (a stream it polls would otherwise have this
             // thread take the lock from it round after round).
             let pending = !s.fabric.prepare_sleep(busy);
-            let poller_stopped = shared.busy_mark.as_ref().is_none_or(BusyMark::poller_stopped);
-            if pending && (!busy || poller_stopped) {
+            // (The poller's stamp, a clock read, is looked at only when it decides.)
+            if pending && (!busy || shared.busy_mark.as_ref().is_none_or(BusyMark::poller_stopped))
+            {
                 slept_on_fabric = busy;
                 continue;
             }

@@ -133,12 +133,9 @@ impl Outgoing {
     /// syndrome says ACK, IBA 9.7.5.1), not one sent alone on purpose: what a later ACK of
     /// the same QP makes redundant. `None` for every other packet, NAKs included.
     pub(crate) fn plain_ack(&self) -> Option<(u32, uroce_wire::Psn)> {
-        use uroce_wire::opcode::Opcode;
         let b = &self.bytes;
-        let opcode = *b.first()?;
-        let ack = opcode == Opcode::RC_ACKNOWLEDGE.0 || opcode == Opcode::XRC_ACKNOWLEDGE.0;
         // AETH (after the 12-byte BTH): syndrome bits 7:5 are 000 for an ACK.
-        if !ack || self.alone || b.get(12)? >> 5 != 0 {
+        if !self.is_acknowledge() || self.alone || b.get(12)? >> 5 != 0 {
             return None;
         }
         let psn = u32::from_be_bytes([0, *b.get(9)?, *b.get(10)?, *b.get(11)?]);
