@@ -1115,6 +1115,12 @@ struct Shared {
     sleeping_until: AtomicU64,
     /// When an application thread last busy-polled (device nanoseconds).
     last_busy_poll: AtomicU64,
+    /// The progress thread's look-in while an application thread busy-polls: it sleeps on
+    /// this timer, and the poller pushes the expiry on as it polls ([`Shared::mark_busy_poll`]),
+    /// so the thread wakes once polling stops rather than every grace period.
+    look_in: sys::TimerFd,
+    /// When `look_in` expires (device nanoseconds; 0: nobody sleeps on it).
+    look_in_at: AtomicU64,
     /// When a busy poll last took the last completion its application awaited, and so ended
     /// the mark (device nanoseconds; 0: never): a post soon after resumes it
     /// ([`NetDevice::post_with`]).
@@ -1145,10 +1151,26 @@ impl Shared {
     /// Notes that an application thread busy-polled at `now` (never stored as 0, which means
     /// "no mark").
     fn mark_busy_poll(&self, now: Instant) {
-        self.last_busy_poll.store(now.as_nanos().max(1), Ordering::Release);
+        let now_ns = now.as_nanos();
+        self.last_busy_poll.store(now_ns.max(1), Ordering::Release);
         if let Some(mark) = &self.busy_mark {
-            mark.publish(now.as_nanos());
+            mark.publish(now_ns);
         }
+        // The progress thread's look-in comes nearer than half the grace: push it a grace
+        // away. A system call every half grace or so at most, where waking the thread to look
+        // (a thousand times a second) would preempt this poller on a machine with no idle
+        // core: two context switches, and on this path the tail of every latency.
+        let due = self.look_in_at.load(Ordering::Acquire);
+        if due != 0 && due < now_ns.saturating_add(BUSY_POLL_GRACE_NS / 2) {
+            self.look_in_at.store(now_ns.saturating_add(BUSY_POLL_GRACE_NS), Ordering::Release);
+            self.look_in.arm_in(BUSY_POLL_GRACE_NS);
+        }
+    }
+
+    /// Arms the look-in to expire `after_ns` from `now_ns`, for the progress thread to sleep on.
+    fn arm_look_in(&self, now_ns: u64, after_ns: u64) {
+        self.look_in_at.store(now_ns.saturating_add(after_ns).max(1), Ordering::Release);
+        self.look_in.arm_in(after_ns);
     }
 
     /// Notes that a busy poll drained the application's completions at `now` (never stored
@@ -1309,7 +1331,8 @@ const CLOCK_EVERY: u32 = 16;
 
 /// While an application thread busy-polls, it receives everything itself; the progress thread
 /// then leaves the sockets to it (a second reader would only steal packets and, on a small
-/// machine, the CPU) and looks in this often for timers, or to take over once polling stops.
+/// machine, the CPU) and takes over once no thread has polled for this long: its look-in
+/// timer, which the poller pushes on as it polls, wakes it then.
 const BUSY_POLL_GRACE_NS: u64 = 1_000_000;
 
 /// A post this soon after a busy poll drained the application's completions (and so ended
@@ -1486,6 +1509,7 @@ impl NetDevice {
         };
         let wake = EventFd::new().map_err(|e| OpenError::Io(local, e))?;
         let timer = sys::TimerFd::new().map_err(|e| OpenError::Io(local, e))?;
+        let look_in = sys::TimerFd::new().map_err(|e| OpenError::Io(local, e))?;
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             wake,
@@ -1493,6 +1517,8 @@ impl NetDevice {
             stop: AtomicBool::new(false),
             sleeping_until: AtomicU64::new(u64::MAX),
             last_busy_poll: AtomicU64::new(0),
+            look_in,
+            look_in_at: AtomicU64::new(0),
             drained_at: AtomicU64::new(0),
             idle_polls: AtomicU32::new(0),
             verbs_waiting: AtomicU32::new(0),
@@ -1932,8 +1958,14 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
                 fds.push(fifo);
                 beside_poller = Some(mark);
             }
+            // No timeout of its own: the look-in timer, which the poller pushes on while it
+            // polls, wakes the thread once the poller has stopped for about a grace (so
+            // `sleeping_until` is the earliest it wakes; verbs arm no timer while the mark
+            // holds, and the poller runs the timers).
+            shared.arm_look_in(now_ns, lapse_ns);
+            fds.push(shared.look_in.as_raw_fd());
             shared.sleeping_until.store(now_ns.saturating_add(lapse_ns), Ordering::Release);
-            Some(lapse_ns)
+            None
         } else {
             let mut s = lock();
             if core::mem::take(&mut slept_on_fabric) {
@@ -2008,6 +2040,11 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
         // Every time: a wake-up before the timer's expiry clears nothing, and the expiry
         // must not be left readable.
         shared.timer.clear();
+        if look_in.is_some() {
+            // Awake: the poller stops pushing a look-in nobody sleeps on.
+            shared.look_in_at.store(0, Ordering::Release);
+            shared.look_in.clear();
+        }
     }
 }
 
