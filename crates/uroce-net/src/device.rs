@@ -1117,7 +1117,7 @@ struct Shared {
     last_busy_poll: AtomicU64,
     /// The progress thread's look-in while an application thread busy-polls: it sleeps on
     /// this timer, and the poller pushes the expiry on as it polls ([`Shared::mark_busy_poll`]),
-    /// so the thread wakes once polling stops rather than every grace period.
+    /// so the thread wakes once polling has stopped, not every grace period.
     look_in: sys::TimerFd,
     /// When `look_in` expires (device nanoseconds; 0: nobody sleeps on it).
     look_in_at: AtomicU64,
@@ -1156,14 +1156,14 @@ impl Shared {
         if let Some(mark) = &self.busy_mark {
             mark.publish(now_ns);
         }
-        // The progress thread's look-in comes nearer than half the grace: push it a grace
-        // away. A system call every half grace or so at most, where waking the thread to look
-        // (a thousand times a second) would preempt this poller on a machine with no idle
-        // core: two context switches, and on this path the tail of every latency.
+        // The progress thread's look-in comes within a grace: push it on. A system call every
+        // few milliseconds, where waking the thread to look (a thousand times a second) would
+        // preempt this poller on a machine with no idle core: two context switches, and the
+        // tail of every latency.
         let due = self.look_in_at.load(Ordering::Acquire);
-        if due != 0 && due < now_ns.saturating_add(BUSY_POLL_GRACE_NS / 2) {
-            self.look_in_at.store(now_ns.saturating_add(BUSY_POLL_GRACE_NS), Ordering::Release);
-            self.look_in.arm_in(BUSY_POLL_GRACE_NS);
+        if due != 0 && due < now_ns.saturating_add(BUSY_POLL_GRACE_NS) {
+            self.look_in_at.store(now_ns.saturating_add(LOOK_IN_PUSH_NS), Ordering::Release);
+            self.look_in.arm_in(LOOK_IN_PUSH_NS);
         }
     }
 
@@ -1332,8 +1332,16 @@ const CLOCK_EVERY: u32 = 16;
 /// While an application thread busy-polls, it receives everything itself; the progress thread
 /// then leaves the sockets to it (a second reader would only steal packets and, on a small
 /// machine, the CPU) and takes over once no thread has polled for this long: its look-in
-/// timer, which the poller pushes on as it polls, wakes it then.
+/// timer, which the poller pushes on as it polls, wakes it then or a few milliseconds later
+/// ([`LOOK_IN_PUSH_NS`]).
 const BUSY_POLL_GRACE_NS: u64 = 1_000_000;
+
+/// How far ahead a busy poller pushes the progress thread's look-in ([`Shared::mark_busy_poll`]),
+/// so the thread takes over 1–5 ms after polling stops. Past the scheduler's next tick (4 ms
+/// at `HZ=250`): a timer due before it reprograms the CPU's timer, which a hypervisor traps
+/// (measured here: `timerfd_settime` every 0.5 ms for 1 ms ahead costs 10 µs a call, for 4.5
+/// ms ahead 1 µs; at 1 ms, pushing put 2,000 such stalls a second into a ping-pong's tail).
+const LOOK_IN_PUSH_NS: u64 = 5_000_000;
 
 /// A post this soon after a busy poll drained the application's completions (and so ended
 /// its mark) resumes the mark: a stream whose acknowledgement completed the whole window
@@ -1959,7 +1967,7 @@ fn progress_thread(shared: &Shared, spin_ns: u64) {
                 beside_poller = Some(mark);
             }
             // No timeout of its own: the look-in timer, which the poller pushes on while it
-            // polls, wakes the thread once the poller has stopped for about a grace (so
+            // polls, wakes the thread once the poller has stopped for a grace or more (so
             // `sleeping_until` is the earliest it wakes; verbs arm no timer while the mark
             // holds, and the poller runs the timers).
             shared.arm_look_in(now_ns, lapse_ns);

@@ -756,7 +756,7 @@ fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
 /// poller pushes on as it polls, and wakes only once polling stops: not once a grace period
 /// (a millisecond), when each wake-up of a thread beside a poller on a machine with no idle
 /// core preempted the poller (two context switches, and the tail of every latency: `rc_lat`
-/// p99 went from 20 to 15 µs over UDP, from 10 to 8 over shared memory).
+/// p99 went from 24 to 12 µs over UDP, from 9.5 to 4.4 over shared memory).
 #[test]
 fn a_progress_thread_beside_a_busy_poller_stays_asleep_until_polling_stops() {
     use std::sync::atomic::{AtomicBool, Ordering};
