@@ -313,6 +313,10 @@ pub struct NetCounters {
     /// Datagrams the kernel gave this process for a QPN another process of the device owns,
     /// handed to it through shared memory (the device's port is shared).
     pub udp_rx_forwarded: u64,
+    /// `UROCE_FABRIC=udp`: CM messages (QP1) for another process of this device's address
+    /// handed to it through shared memory, not sent to the port the address's processes
+    /// share (where this process's own socket may take one, and forward it never if it exits).
+    pub udp_gsi_handed_over: u64,
     /// Rounds of progress that left the sockets unread because shared memory was busy and
     /// they had been read less than 20 µs before (a system call saved each).
     pub udp_polls_skipped: u64,
@@ -373,6 +377,7 @@ impl NetCounters {
             ("shm_wakeups_sent", self.shm_wakeups_sent),
             ("shm_wakeups_stopped_poller", self.shm_wakeups_stopped_poller),
             ("udp_rx_forwarded", self.udp_rx_forwarded),
+            ("udp_gsi_handed_over", self.udp_gsi_handed_over),
             ("udp_polls_skipped", self.udp_polls_skipped),
         ]
     }
@@ -422,6 +427,7 @@ impl core::ops::AddAssign for NetCounters {
         self.shm_wakeups_sent += o.shm_wakeups_sent;
         self.shm_wakeups_stopped_poller += o.shm_wakeups_stopped_poller;
         self.udp_rx_forwarded += o.udp_rx_forwarded;
+        self.udp_gsi_handed_over += o.udp_gsi_handed_over;
         self.udp_polls_skipped += o.udp_polls_skipped;
     }
 }
@@ -2113,6 +2119,7 @@ mod tests {
             shm_wakeups_sent: 1,
             shm_wakeups_stopped_poller: 1,
             udp_rx_forwarded: 1,
+            udp_gsi_handed_over: 1,
             udp_polls_skipped: 1,
         };
         let mut sum = NetCounters::default();
