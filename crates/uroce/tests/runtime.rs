@@ -798,7 +798,7 @@ fn a_progress_thread_beside_a_busy_poller_stays_asleep_until_polling_stops() {
         assert!(took_over(), "the progress thread never took over once polling stopped");
         let look_ins = t.ctx.counters().1.progress_look_ins - before.progress_look_ins;
         // One a millisecond before (60); a few here, more only for a poller descheduled
-        // past half the grace on a loaded machine.
+        // past a grace (its look-in then fires) on a loaded machine.
         assert!(look_ins < 20, "udp_only {udp_only}: {look_ins} look-ins in {POLLING:?}");
     }
 }

@@ -170,42 +170,21 @@ impl HostFabric {
     }
 }
 
+/// Whether `o` is a CM message (QP1) for this very address: the one packet `UROCE_FABRIC=udp`
+/// still hands to another local process through its ring. Sent as a datagram to our own
+/// address it lands in any of the address's sockets (they share the port), this process's own
+/// too, which forwards it only at its next receive: never, if the process exits first. An
+/// `rdma_disconnect` just before exit then lost its DREQ, and the peer waited for
+/// `RDMA_CM_EVENT_DISCONNECTED` for ever (a process's kernel sends it for a dead process; here
+/// none can). Data still goes through UDP: a lost data packet is resent by its sender, a MAD of
+/// a sender that is gone by nobody.
+fn cm_to_own(o: &Outgoing, own: IpAddr) -> bool {
+    o.dst.ip() == own && super::dest_qpn(&o.bytes) == Some(uroce_wire::mad::GSI_QPN)
+}
+
 impl Fabric for HostFabric {
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
-        if self.udp_only
-            && let Some(shm) = self.shm.as_mut()
-        {
-            // A CM message (QP1) for another process of this very address goes as the device's
-            // own routing would hand it over. Sent as a datagram to our own address it lands
-            // in any of the address's sockets (they share the port), this process's own too,
-            // which forwards it only at its next receive: never, if the process exits first.
-            // An `rdma_disconnect` just before exit then lost its DREQ, and the peer waited
-            // for `RDMA_CM_EVENT_DISCONNECTED` for ever (a process's kernel sends it for a
-            // dead process; here none can). Data still goes through UDP: a lost data packet
-            // is resent by its sender, a MAD of a sender that is gone by nobody.
-            let own = self.addr;
-            let (udp_out, done) = (&mut self.udp_out, &mut self.done);
-            for o in out.drain(..) {
-                let to_own_gsi = o.dst.ip() == own
-                    && o.dst.port() == ROCE_V2_PORT
-                    && super::dest_qpn(&o.bytes) == Some(uroce_wire::mad::GSI_QPN);
-                let owner = to_own_gsi.then(|| shm.owner_of_packet(own, &o.bytes)).flatten();
-                let src = SocketAddr::new(own, o.port);
-                match owner {
-                    Some(slot) if shm.push_outgoing(slot, src, &o, mem, c).is_ok() => {
-                        c.udp_gsi_handed_over += 1;
-                        done.push(o);
-                    }
-                    _ => udp_out.push(o),
-                }
-            }
-            shm.commit(c);
-            core::mem::swap(out, udp_out);
-            self.udp.transmit(out, mem, c);
-            out.append(&mut self.done);
-            return;
-        }
-        if self.shm.is_none() || self.udp_only {
+        if self.shm.is_none() {
             self.udp.transmit(out, mem, c);
             return;
         }
@@ -213,12 +192,15 @@ impl Fabric for HostFabric {
         let Some(shm) = self.shm.as_mut() else { return };
         // Every packet's route first, while the headers the engine just wrote are in cache
         // (copying payloads into rings evicts them).
+        let (own, udp_only) = (self.addr, self.udp_only);
         self.routes.clear();
         self.routes.extend(out.iter().map(|o| {
-            (o.dst.port() == ROCE_V2_PORT)
-                .then(|| shm.owner_of_packet(o.dst.ip(), &o.bytes))
-                .flatten()
+            let may_be_local = o.dst.port() == ROCE_V2_PORT && (!udp_only || cm_to_own(o, own));
+            may_be_local.then(|| shm.owner_of_packet(o.dst.ip(), &o.bytes)).flatten()
         }));
+        if udp_only {
+            c.udp_gsi_handed_over += self.routes.iter().flatten().count() as u64;
+        }
         for (mut o, local) in out.drain(..).zip(self.routes.drain(..)) {
             let Some(slot) = local else {
                 self.udp_out.push(o);
