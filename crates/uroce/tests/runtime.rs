@@ -699,8 +699,8 @@ fn a_target_polling_with_nothing_outstanding_is_polling_and_needs_no_wake_ups() 
 /// A target whose application thread busy-polled and then went on to other work (an MPI rank
 /// reducing what it received) still answers a READ promptly: its progress thread, asleep
 /// beside the poller, is woken by the request once the poller's stamp is stale and takes
-/// over, instead of leaving it until the poller comes back or the thread's next look-in (a
-/// millisecond after the last poll). Prints the median READ, from post to completion.
+/// over, instead of leaving it until the poller comes back or the thread's next look-in (1–5
+/// ms after the last poll). Prints the median READ, from post to completion.
 #[test]
 fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -21,7 +21,7 @@
 //! only if the poller's stamp (`busy_at`, [`BusyMark`]) is older than [`POLLER_GONE_NS`] —
 //! the application has gone on to other work (an MPI rank reducing what it received) and a
 //! request for it (a READ of its memory, an atomic) would otherwise wait for its next poll or
-//! the progress thread's next look-in (a millisecond). A request that lands just before the
+//! the progress thread's next look-in (1–5 ms). A request that lands just before the
 //! poller stops is served by the progress thread's look-in, or sooner by its requester's
 //! tail-loss probe, whose packet finds the stamp stale.
 //!
@@ -595,7 +595,7 @@ const SLEEPS_BESIDE_POLLER: u32 = 2;
 /// A busy-poll stamp older than this says the application thread stopped polling: its
 /// progress thread is woken for what arrives. Well above the gap between two polls of a
 /// polling loop (the stamp moves every [`STAMP_STEP_NS`], with the clock a poll reads on one
-/// round in sixteen), below the progress thread's look-in (a millisecond). Not lower: on a
+/// round in sixteen), below the progress thread's look-in (1–5 ms). Not lower: on a
 /// machine with more spinning threads than cores a poller is often descheduled for tens of
 /// microseconds, and at 30 µs its progress thread took over 2,000–3,700 times a second under
 /// a 64-byte SEND stream, taking the lock and the CPU from it (0.6× the messages a second).
