@@ -784,18 +784,17 @@ fn a_progress_thread_beside_a_busy_poller_stays_asleep_until_polling_stops() {
             std::thread::sleep(POLLING);
             stop.store(true, Ordering::Release);
         });
-        // Polling stopped: the thread wakes, takes over, and counts its look-ins (it adds
-        // them up when it takes the lock).
+        // Polling stopped: a READ of the target now is answered by its progress thread, the
+        // only one left (over UDP it sleeps on the look-in alone, so a look-in that never
+        // fired would leave the request unanswered until the reader's retries ran out). It
+        // counts its look-ins as it takes the lock. (Not "a wake-up after polling stopped":
+        // a poller descheduled past the look-in has the thread take over, find nothing and
+        // sleep with no deadline while polling still goes on.)
         let woken = t.ctx.counters().1.progress_wakeups;
-        let took_over = || t.ctx.counters().1.progress_wakeups > woken;
-        for _ in 0..1000 {
-            if took_over() {
-                break;
-            }
-            #[expect(clippy::disallowed_methods, reason = "waiting for the takeover")]
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert!(took_over(), "the progress thread never took over once polling stopped");
+        r.qp.read(20, &r.mr, 0..64, t.mr.remote()).unwrap();
+        wait_ok(&r.cq);
+        let took_over = t.ctx.counters().1.progress_wakeups > woken;
+        assert!(took_over, "udp_only {udp_only}: answered without the progress thread");
         let look_ins = t.ctx.counters().1.progress_look_ins - before.progress_look_ins;
         // One a millisecond before (60); a few here, more only for a poller descheduled
         // past a grace (its look-in then fires) on a loaded machine.
