@@ -7,7 +7,8 @@
 //! An entry is 64 bytes: an owner word (the endpoint's slot generation, slot index and the
 //! entry's state), the service ID, and the address (IPv4-mapped; `::` for a wildcard bind). An
 //! entry whose endpoint is no longer live in the same generation is free. Binding takes the
-//! table's lock word (a pid; a dead holder's lock is taken over); lookups read without it.
+//! table's lock word (a pid; a dead holder's lock is taken over); lookups read without it, and
+//! an owner marks its entry listening or frees it without it.
 
 use core::net::IpAddr;
 use std::io;
@@ -27,6 +28,9 @@ const LOCK: usize = 0;
 const OWNER: usize = 0; // u64: generation << 32 | index << 8 | state
 const SERVICE: usize = 8; // u64
 const ADDR: usize = 16; // 16 bytes
+
+/// How often a lookup reads an entry that changed under it before it gives up on it.
+const READ_ATTEMPTS: usize = 8;
 
 const BOUND: u64 = 1;
 const LISTENING: u64 = 2;
@@ -101,22 +105,40 @@ impl PortTable {
     }
 
     /// Entry `i` if it is in use by an endpoint that `live` says holds its slot now.
+    ///
+    /// Read without the lock, so it may race a change of the entry: its owner marking it
+    /// listening or not, or unbinding it, which take no lock. A read that saw only the state
+    /// change keeps the entry, and one that saw the owner change reads again. (Once such a
+    /// read made a listening entry look free, a concurrent bind overwrote it, and every
+    /// connection request for the listener was rejected: nobody listened.)
     fn read(&self, i: usize, live: &dyn Fn(u8) -> Option<u32>) -> Option<Entry> {
+        let word = self.map.u64_at(Self::at(i, OWNER));
+        for _ in 0..READ_ATTEMPTS {
+            let w = word.load(Ordering::Acquire);
+            let (owner, state) = owner_of(w);
+            if state == 0 || live(owner.index) != Some(owner.generation) {
+                return None;
+            }
+            let service = self.map.u64_at(Self::at(i, SERVICE)).load(Ordering::Acquire);
+            let mut a = [0u8; 16];
+            self.map.read(Self::at(i, ADDR), &mut a);
+            // The fields are this owner's while it holds the entry (they are written only
+            // while a bind has it at state 0); only its state may have changed meanwhile.
+            let (now, state) = owner_of(word.load(Ordering::Acquire));
+            if now == owner && state != 0 {
+                return Some(Entry { owner, state, service, addr: unmapped(a) });
+            }
+        }
+        None
+    }
+
+    /// Whether entry `i` may be taken by a bind (under the lock): unused, or its endpoint's
+    /// process is gone. Judged on the owner word alone, never on a read of the fields that a
+    /// change of state could make fail.
+    fn free(&self, i: usize, live: &dyn Fn(u8) -> Option<u32>) -> Option<u64> {
         let w = self.map.u64_at(Self::at(i, OWNER)).load(Ordering::Acquire);
         let (owner, state) = owner_of(w);
-        if state == 0 || live(owner.index) != Some(owner.generation) {
-            return None;
-        }
-        let service = self.map.u64_at(Self::at(i, SERVICE)).load(Ordering::Acquire);
-        let mut a = [0u8; 16];
-        self.map.read(Self::at(i, ADDR), &mut a);
-        // The fields belong to this owner only if the word is unchanged.
-        (self.map.u64_at(Self::at(i, OWNER)).load(Ordering::Acquire) == w).then(|| Entry {
-            owner,
-            state,
-            service,
-            addr: unmapped(a),
-        })
+        (state == 0 || live(owner.index) != Some(owner.generation)).then_some(w)
     }
 
     fn lock(&self) -> LockGuard<'_> {
@@ -171,11 +193,20 @@ impl PortTable {
             }
             s
         };
-        let free = entries.iter().find(|(_, e)| e.is_none()).map(|&(i, _)| i);
-        let i = free.ok_or(BindError::Exhausted)?;
-        let word = self.map.u64_at(Self::at(i, OWNER));
-        // Claimed with state 0 first, filled, then published: readers skip state 0.
-        word.store(owner_word(owner, 0), Ordering::Release);
+        // Claimed with state 0 first, filled, then published: readers skip state 0. The claim
+        // is a compare-and-swap: the lock keeps other binds out, not an owner's unbind.
+        let (i, word) = loop {
+            let (i, w) = (0..ENTRIES)
+                .find_map(|i| self.free(i, live).map(|w| (i, w)))
+                .ok_or(BindError::Exhausted)?;
+            let word = self.map.u64_at(Self::at(i, OWNER));
+            if word
+                .compare_exchange(w, owner_word(owner, 0), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                break (i, word);
+            }
+        };
         self.map.u64_at(Self::at(i, SERVICE)).store(service, Ordering::Release);
         self.map.write(Self::at(i, ADDR), &mapped(addr));
         word.store(owner_word(owner, BOUND), Ordering::Release);
@@ -188,10 +219,11 @@ impl PortTable {
             return;
         }
         let word = self.map.u64_at(Self::at(i, OWNER));
-        let (o, state) = owner_of(word.load(Ordering::Acquire));
+        let w = word.load(Ordering::Acquire);
+        let (o, state) = owner_of(w);
         if o == owner && state != 0 {
             let next = owner_word(owner, if listening { LISTENING } else { BOUND });
-            word.store(next, Ordering::Release);
+            let _ = word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire);
         }
     }
 
@@ -293,6 +325,50 @@ mod tests {
         t.bind(b, 0x0106, 7000, ip, &live2).unwrap();
         t.unbind(ib, b);
         assert_eq!(t.listener(other, s, &live2), None);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A listener's owner marks its entry listening and not (without the lock) while another
+    /// endpoint binds: the entry is never taken for free, nor its port for unbound. (A bind
+    /// that read the entry as its state changed once overwrote it: rdma-core's
+    /// `test_rdmacm_sync_traffic` connected one run in thirty to a port nobody listened on.)
+    #[test]
+    fn an_entry_changing_state_is_never_taken_for_free() {
+        let (t, dir) = table();
+        let a = SlotId { index: 3, generation: 2 };
+        let b = SlotId { index: 4, generation: 6 };
+        let live = |i: u8| match i {
+            3 => Some(2),
+            4 => Some(6),
+            _ => None,
+        };
+        let ip: IpAddr = "127.0.0.2".parse().unwrap();
+        let (s, ia) = t.bind(a, 0x0106, 7000, ip, &live).unwrap();
+        let (s2, ia2) = t.bind(a, 0x0106, 7001, ip, &live).unwrap();
+        t.set_listening(ia2, a, true);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Acquire) {
+                    t.set_listening(ia, a, true);
+                    t.set_listening(ia, a, false);
+                }
+            });
+            // Checked after the flipping thread stops: a failed assertion here would leave it
+            // flipping, and the scope waiting for it.
+            let broken = (0..20_000).find_map(|_| {
+                if t.bind(b, 0x0106, 7000, ip, &live) != Err(BindError::InUse) {
+                    return Some("port 7000 taken for free".to_string());
+                }
+                let (_, ib) = t.bind(b, 0x0106, 0, ip, &live).unwrap();
+                t.unbind(ib, b);
+                (ib == ia || ib == ia2).then(|| format!("entry {ib} taken from its owner"))
+            });
+            stop.store(true, Ordering::Release);
+            assert_eq!(broken, None);
+        });
+        assert_eq!(t.listener(ip, s2, &live), Some(a));
+        assert!(t.read(ia, &live).is_some_and(|e| e.service == s));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
