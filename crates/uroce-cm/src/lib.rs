@@ -25,6 +25,16 @@
 //! message names the process that owns the connection ([`uroce_wire::cm::Message::receiver_id`]);
 //! REQs and SIDR_REQs are routed by service ID instead.
 //!
+//! # A process that dies
+//!
+//! `ib_cm` lives in the kernel and outlives the processes it serves: when one dies, the
+//! kernel destroys its ids, and a live connection sends its DREQ (`cm_destroy_id`). This CM
+//! dies with its process. So its owner publishes what it holds established
+//! ([`Cm::established`], again whenever [`Cm::changes`] moves), and a CM that survives it on
+//! the host releases those connections in its stead: the peer itself takes the DREQ as
+//! received ([`Cm::peer_gone`]); another endpoint of the dead one's address sends it
+//! ([`Cm::release_gone`]).
+//!
 //! # Bounds
 //!
 //! At most [`Config::max_connections`] connections exist at once, and at most
@@ -57,6 +67,25 @@ pub type CommId = u32;
 
 /// A MAD to send: to QP1 at this address.
 pub type Outgoing = (IpAddr, [u8; MAD_LEN]);
+
+/// An established connection as its CM's owner publishes it: what another CM needs to
+/// release it should the owner's process die without doing so (a DREQ's fields, IBA 12.6.11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Established {
+    /// Its comm ID.
+    pub id: CommId,
+    /// The peer's address.
+    pub remote: IpAddr,
+    /// The peer's comm ID.
+    pub remote_id: CommId,
+    /// The peer's QP.
+    pub remote_qpn: Qpn,
+}
+
+/// How often a DREQ sent for a dead process's connection is sent again ([`Cm::release_gone`]):
+/// nobody is left to hear the DREP (it goes to the dead endpoint), so a few tries, not the
+/// connection's full retries.
+const GONE_DREQ_RETRIES: u8 = 2;
 
 /// How a CM is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,6 +410,9 @@ pub struct Counters {
     pub remote_full: u64,
     /// REQs refused as stale: the QP is in a live connection already (IBA 12.9.8.3.1).
     pub stale: u64,
+    /// Connections released for a process that died holding them ([`Cm::peer_gone`],
+    /// [`Cm::release_gone`]).
+    pub released_for_gone: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -450,6 +482,8 @@ pub struct Cm {
     /// When this CM last answered a DREQ: until its peer's next retry, a DREP lost on the
     /// way can still be made good ([`Cm::answering_until`]).
     answered_at: Option<Instant>,
+    /// Bumped by everything that may change which connections are established.
+    changes: u64,
 }
 
 /// How many SIDR requests (each way) may be outstanding.
@@ -486,7 +520,89 @@ impl Cm {
             events: VecDeque::new(),
             counters: Counters::default(),
             answered_at: None,
+            changes: 0,
         }
+    }
+
+    /// A number that moves whenever the set of [`Cm::established`] connections may have
+    /// changed: the owner republishes them then.
+    pub const fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// The connections established here, as a surviving CM needs them to release each should
+    /// this one's process die ([`Cm::peer_gone`], [`Cm::release_gone`]).
+    pub fn established(&self) -> impl Iterator<Item = Established> + '_ {
+        self.conns.iter().filter(|(_, c)| c.state == ConnState::Established && !c.orphan).map(
+            |(&id, c)| Established {
+                id,
+                remote: c.remote,
+                remote_id: c.remote_id,
+                remote_qpn: c.remote_qpn,
+            },
+        )
+    }
+
+    /// `gone`, a connection that the endpoint at `from` held established when its process
+    /// died, has its other end here: this CM takes the DREQ that `ib_cm` would have sent for
+    /// it (its `cm_destroy_id` in Established, IBA 12.9.7) as received from `from`, and the
+    /// consumer hears [`Event::DisconnectRequest`]. `false` if this CM is not its peer.
+    pub fn peer_gone(&mut self, now: Instant, from: IpAddr, gone: &Established) -> bool {
+        let ours = self
+            .conns
+            .get(&gone.remote_id)
+            .is_some_and(|c| c.remote == from && c.remote_id == gone.id);
+        if !ours {
+            return false;
+        }
+        let dreq = Dreq {
+            local_comm_id: gone.id,
+            remote_comm_id: gone.remote_id,
+            remote_qpn: gone.remote_qpn,
+            private_data: &[],
+        };
+        let tid = self.alloc_tid();
+        let Ok(bytes) = (CmMad { tid, message: Message::Dreq(dreq) }).to_bytes() else {
+            return false;
+        };
+        self.counters.released_for_gone += 1;
+        self.handle_mad(now, from, &bytes);
+        true
+    }
+
+    /// `gone`, a connection that another endpoint of this CM's own address held established
+    /// when its process died, is released from here as `ib_cm` would have released it: a DREQ
+    /// under its comm ID to its peer (IBA 12.9.7), sent again [`GONE_DREQ_RETRIES`] times on
+    /// the CM's timer, with no events (the connection is this CM's orphan until then).
+    /// `false` if its comm ID is in use here.
+    pub fn release_gone(&mut self, now: Instant, gone: &Established) -> bool {
+        if self.conns.contains_key(&gone.id) {
+            return false;
+        }
+        let c = Conn {
+            remote: gone.remote,
+            remote_id: gone.remote_id,
+            state: ConnState::Established,
+            tid: 0,
+            service_id: 0,
+            passive: false,
+            remote_qpn: gone.remote_qpn,
+            sent: None,
+            wait: Duration::ZERO,
+            retries_left: 0,
+            timewait: Duration::ZERO,
+            orphan: true,
+        };
+        self.hold(gone.id, c);
+        if self.disconnect(now, gone.id).is_err() {
+            self.forget(gone.id);
+            return false;
+        }
+        if let Some(c) = self.conns.get_mut(&gone.id) {
+            c.retries_left = GONE_DREQ_RETRIES;
+        }
+        self.counters.released_for_gone += 1;
+        true
     }
 
     /// The MADs counted so far.
@@ -662,6 +778,7 @@ impl Cm {
     /// Sends a REQ (IBA 12.9.6.1): the connection is in `ReqSent` until a REP, REJ or the
     /// last retry.
     pub fn connect(&mut self, now: Instant, p: &ConnectParams) -> Result<CommId, Error> {
+        self.changes += 1;
         if self.conns.len() >= self.config.max_connections {
             return Err(Error::TooManyConnections);
         }
@@ -735,6 +852,7 @@ impl Cm {
 
     /// Sends a REP for a request (IBA 12.9.6.2): `RepSent` until the RTU.
     pub fn accept(&mut self, now: Instant, id: CommId, p: &AcceptParams) -> Result<(), Error> {
+        self.changes += 1;
         let c = self.conns.get(&id).ok_or(Error::UnknownId(id))?;
         if !matches!(c.state, ConnState::ReqRcvd | ConnState::MraReqSent) {
             return Err(Error::InvalidState(id, c.state));
@@ -803,6 +921,7 @@ impl Cm {
 
     /// Sends the RTU after a REP (IBA 12.9.6.1): the connection is established.
     pub fn ready(&mut self, id: CommId) -> Result<(), Error> {
+        self.changes += 1;
         let c = self.conns.get(&id).ok_or(Error::UnknownId(id))?;
         if c.state != ConnState::RepRcvd {
             return Err(Error::InvalidState(id, c.state));
@@ -823,6 +942,7 @@ impl Cm {
     /// The passive QP received a packet before the RTU (IBA 12.9.8.3.3, the "communication
     /// established" event): the RTU was lost, the connection is up.
     pub fn notify_established(&mut self, id: CommId) -> Result<(), Error> {
+        self.changes += 1;
         let c = self.conns.get_mut(&id).ok_or(Error::UnknownId(id))?;
         if c.state != ConnState::RepSent {
             return Err(Error::InvalidState(id, c.state));
@@ -837,6 +957,7 @@ impl Cm {
     /// Releases a connection (IBA 12.9.7): from `Established` (or a handshake the consumer
     /// gives up) sends a DREQ and waits for the DREP; after a DREQ received, sends the DREP.
     pub fn disconnect(&mut self, now: Instant, id: CommId) -> Result<(), Error> {
+        self.changes += 1;
         let c = self.conns.get(&id).ok_or(Error::UnknownId(id))?;
         let (remote, remote_id, remote_qpn) = (c.remote, c.remote_id, c.remote_qpn);
         match c.state {
@@ -872,6 +993,7 @@ impl Cm {
     /// The consumer is done with `id` (`ib_destroy_cm_id`): a request not answered is
     /// rejected, a live connection released; the CM finishes the exchange without events.
     pub fn destroy(&mut self, now: Instant, id: CommId) {
+        self.changes += 1;
         let Some(c) = self.conns.get_mut(&id) else { return };
         c.orphan = true;
         match c.state {
@@ -960,6 +1082,7 @@ impl Cm {
     /// Runs the timers due at `now`, earliest first: retransmissions, given-up handshakes,
     /// TimeWait's end, SIDR requests retried or given up.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.changes += 1;
         for id in self.timers.take_due(now) {
             if self.conns.contains_key(&id) {
                 self.conn_timeout(now, id);
@@ -1108,6 +1231,7 @@ impl Cm {
     /// Takes in a MAD received on QP1 from `from`. Nothing here panics on any input; a MAD not
     /// acted on is counted.
     pub fn handle_mad(&mut self, now: Instant, from: IpAddr, mad: &[u8]) {
+        self.changes += 1;
         self.counters.rx_mads += 1;
         let parsed = match CmMad::parse(mad) {
             Ok(p) => p,

@@ -549,3 +549,74 @@ fn malformed_and_foreign_mads_are_counted_not_acted_on() {
     assert_eq!(to, from);
     assert_eq!(&drep[16..18], &uroce_wire::cm::attr::DREP.to_be_bytes());
 }
+
+/// A process that dies holding an established connection cannot send its DREQ (the kernel's
+/// CM would). What its CM published ([`Cm::established`]) lets a survivor release it: the
+/// peer itself takes the DREQ as received and its consumer hears the release; or another
+/// endpoint of the dead one's address (here its successor) sends the DREQ under the dead
+/// connection's comm ID, a few times at most, and forgets it once answered or given up.
+#[test]
+fn a_connection_of_a_process_that_died_is_released_by_a_survivor() {
+    // The peer releases it.
+    let mut net = perfect(6);
+    let (a, b) = addrs(&net);
+    let changes = net[0].cm.changes();
+    let (ida, idb) = establish(&mut net);
+    assert_ne!(net[0].cm.changes(), changes);
+    let gone: Vec<_> = net[0].cm.established().collect();
+    assert_eq!(gone.len(), 1);
+    let gone = gone[0];
+    assert_eq!((gone.id, gone.remote, gone.remote_id), (ida, b, idb));
+    cut(&mut net, true); // A's process dies.
+    let now = net.now();
+    assert!(!net[1].cm.peer_gone(now, b, &gone), "not from the connection's peer address");
+    assert!(net[1].cm.peer_gone(now, a, &gone));
+    CmNode::has_events(&mut net);
+    assert!(
+        matches!(net[1].events.as_slice(), [Event::DisconnectRequest { id, .. }] if *id == idb)
+    );
+    net[1].events.clear();
+    let now = net.now();
+    net[1].cm.disconnect(now, idb).unwrap();
+    run_out(&mut net, 100);
+    assert_eq!(net[1].cm.established().count(), 0);
+    assert!(net[1].cm.is_empty(), "the peer's side ends in TimeWait and is forgotten");
+    assert_eq!(net[1].cm.counters().released_for_gone, 1);
+
+    // Another endpoint of A's address releases it: A's successor, with a CM of its own.
+    for lose_dreps in [false, true] {
+        let mut net = perfect(7);
+        net.record_sent(true);
+        let (ida, idb) = establish(&mut net);
+        let gone = net[0].cm.established().next().unwrap();
+        net[0].cm = Cm::new(Config::new(3, 9, 0x1003));
+        if lose_dreps {
+            net.set_filter(1, 0, |d, _| {
+                let drep =
+                    CmMad::parse(&d.payload).is_ok_and(|m| matches!(m.message, Message::Drep(_)));
+                if drep { uroce_sim::Action::Drop } else { uroce_sim::Action::Pass }
+            });
+        }
+        let now = net.now();
+        assert!(net[0].cm.release_gone(now, &gone));
+        assert!(!net[0].cm.release_gone(now, &gone), "held already");
+        assert!(net.run_until(now + Duration::from_millis(10), CmNode::has_events));
+        assert!(
+            matches!(net[1].events.as_slice(), [Event::DisconnectRequest { id, .. }] if *id == idb)
+        );
+        net[1].events.clear();
+        let now = net.now();
+        net[1].cm.disconnect(now, idb).unwrap();
+        run_out(&mut net, 100);
+        assert!(net[0].events.is_empty(), "the successor's consumer hears nothing of it");
+        assert!(net[0].cm.is_empty(), "lose_dreps {lose_dreps}: it forgets the connection");
+        let dreqs = net
+            .sent()
+            .iter()
+            .filter(|s| s.from == 0)
+            .filter_map(|s| CmMad::parse(&s.datagram.payload).ok())
+            .filter(|m| matches!(m.message, Message::Dreq(d) if d.local_comm_id == ida))
+            .count();
+        assert_eq!(dreqs, if lose_dreps { 3 } else { 1 }, "lose_dreps {lose_dreps}");
+    }
+}
