@@ -29,6 +29,7 @@ use crate::fabric::udp::{Offloads, Udp};
 use crate::fabric::{Fabric, Outgoing};
 use crate::host::{HostDir, SlotId};
 use crate::inspect::{Answering, QpSnapshot, Snapshot};
+use crate::last_will::LastWill;
 use crate::sys::memory::Registry;
 use crate::sys::{self, EventFd, RawRegion};
 use uroce_engine::faults::Faults;
@@ -317,6 +318,9 @@ pub struct NetCounters {
     /// handed to it through shared memory, not sent to the port the address's processes
     /// share (where this process's own socket may take one, and forward it never if it exits).
     pub udp_gsi_handed_over: u64,
+    /// RDMA CM connections of processes that died holding them, released by this endpoint
+    /// from their last wills (the DREQ their kernel would have sent, `crate::last_will`).
+    pub cm_released_for_dead: u64,
     /// Rounds of progress that left the sockets unread because shared memory was busy and
     /// they had been read less than 20 µs before (a system call saved each).
     pub udp_polls_skipped: u64,
@@ -378,6 +382,7 @@ impl NetCounters {
             ("shm_wakeups_stopped_poller", self.shm_wakeups_stopped_poller),
             ("udp_rx_forwarded", self.udp_rx_forwarded),
             ("udp_gsi_handed_over", self.udp_gsi_handed_over),
+            ("cm_released_for_dead", self.cm_released_for_dead),
             ("udp_polls_skipped", self.udp_polls_skipped),
         ]
     }
@@ -428,6 +433,7 @@ impl core::ops::AddAssign for NetCounters {
         self.shm_wakeups_stopped_poller += o.shm_wakeups_stopped_poller;
         self.udp_rx_forwarded += o.udp_rx_forwarded;
         self.udp_gsi_handed_over += o.udp_gsi_handed_over;
+        self.cm_released_for_dead += o.cm_released_for_dead;
         self.udp_polls_skipped += o.udp_polls_skipped;
     }
 }
@@ -600,6 +606,9 @@ pub struct State {
     cm_sink: Option<CmSink>,
     /// Answers `uroce stat` and `uroce qp` (when the device joined the host directory).
     answering: Option<Answering>,
+    /// The CM's established connections, published for a survivor to release should this
+    /// process die, and the look at the wills of those that did (with a host directory).
+    last_will: Option<LastWill>,
     /// What waiting threads did, counted without the lock ([`NetDevice::spin_for_event`],
     /// [`GiveWay::act`]), read into [`State::counters`].
     wait_counts: Arc<WaitCounts>,
@@ -661,7 +670,8 @@ impl State {
     /// waited until something else woke it).
     fn wake_deadline(&self, now: Instant) -> Option<Instant> {
         let retry = self.fabric.backlog_retry().map(|r| now + r);
-        self.next_deadline().into_iter().chain(retry).min()
+        let look = self.last_will.as_ref().and_then(|w| w.next_look(&self.cm));
+        self.next_deadline().into_iter().chain(retry).chain(look).min()
     }
 
     /// Registers `region` in `pd` with `access`.
@@ -949,6 +959,11 @@ impl State {
         if self.cm.poll_timeout().is_some_and(|t| t <= now) {
             self.cm.handle_timeout(now);
         }
+        if let Some(will) = self.last_will.as_mut()
+            && will.next_look(&self.cm).is_some_and(|t| t <= now)
+        {
+            self.counters.cm_released_for_dead += will.look(now, &mut self.cm) as u64;
+        }
         self.collect(now);
         if let Some(asked) = self.answering.as_ref().and_then(Answering::asked) {
             let snap = self.snapshot();
@@ -1054,6 +1069,9 @@ impl State {
             if let Some(sink) = self.cm_sink.as_mut() {
                 sink(e);
             }
+        }
+        if let Some(will) = self.last_will.as_mut() {
+            will.publish(&self.cm);
         }
     }
 
@@ -1475,6 +1493,7 @@ impl NetDevice {
             None => Box::new(host),
         };
         let answering = endpoint.as_ref().map(|e| Answering::new(Arc::clone(&e.dir), e.slot));
+        let last_will = endpoint.as_ref().map(|e| LastWill::new(Arc::clone(&e.dir), e.slot, addr));
         if let Some(pcap) = pcap {
             fabric = Box::new(Capture::new(fabric, pcap, addr, origin, wall_origin));
         }
@@ -1519,6 +1538,7 @@ impl NetDevice {
             cm,
             cm_sink: None,
             answering,
+            last_will,
             wait_counts: Arc::clone(&wait_counts),
         };
         let wake = EventFd::new().map_err(|e| OpenError::Io(local, e))?;
@@ -2120,6 +2140,7 @@ mod tests {
             shm_wakeups_stopped_poller: 1,
             udp_rx_forwarded: 1,
             udp_gsi_handed_over: 1,
+            cm_released_for_dead: 1,
             udp_polls_skipped: 1,
         };
         let mut sum = NetCounters::default();

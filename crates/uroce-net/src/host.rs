@@ -18,6 +18,8 @@
 //!   `uroce qp` asks for one ([`crate::inspect`]).
 //! - `cap-S-G-K-N`: the ring into which slot S copies its packets for capture session N, named
 //!   in its capture word K (up to four `uroce capture` at once).
+//! - `conns-S-G`: slot S's last will, the CM connections it holds established, for a survivor
+//!   to release should its process die ([`crate::last_will`]).
 //!
 //! A slot's word is `generation << 32 | pid`: free when the pid is 0, being set up while the
 //! generation is odd, live otherwise. Claiming takes a free slot, or the slot of a process that
@@ -61,6 +63,7 @@ const WAITER_CPU: usize = 104; // u32: 1 + the CPU the owner's application last 
 // 20 microseconds; 0: it never has). While one does, the owner's progress thread sleeps
 // with WAITING 2: a sender wakes it only once this stamp has gone stale.
 const BUSY_AT: usize = 112;
+const WILL: usize = 120; // u32: connections in the owner's last will (`conns-S-G`; 0: none)
 const TOOLS_LINE: usize = 128; // the tools' cache line: the words below
 const SNAPSHOT_ASKED: usize = TOOLS_LINE; // u32: bumped by a tool that wants a snapshot
 const SNAPSHOT_DONE: usize = 132; // u32: the request the owner's latest snapshot answers
@@ -146,7 +149,11 @@ impl HostDir {
     pub(crate) fn claim(&self, addr: IpAddr) -> io::Result<SlotId> {
         let me = std::process::id();
         let my_start = start_time(me).unwrap_or(0);
-        for index in FIRST_SLOT..=LAST_SLOT {
+        // A dead process's slot that holds a last will with connections not yet released is
+        // taken only when no other is left: its successor's claim would clear the will.
+        let slots = FIRST_SLOT..=LAST_SLOT;
+        for (index, wills_too) in slots.clone().map(|i| (i, false)).chain(slots.map(|i| (i, true)))
+        {
             let word = self.word(index);
             let w = word.load(Ordering::Acquire);
             let (generation, pid) = split(w);
@@ -156,6 +163,9 @@ impl HostDir {
             if pid != 0 {
                 let start = self.slots.u64_at(self.at(index, START_TIME)).load(Ordering::Acquire);
                 if owner_alive(pid, start) {
+                    continue;
+                }
+                if !wills_too && self.will(index).load(Ordering::Acquire) != 0 {
                     continue;
                 }
             }
@@ -168,6 +178,7 @@ impl HostDir {
             self.slots.u32_at(self.at(index, WAITING)).store(0, Ordering::Release);
             self.slots.u32_at(self.at(index, WAITER_CPU)).store(0, Ordering::Release);
             self.busy_at(index).store(0, Ordering::Release);
+            self.will(index).store(0, Ordering::Release);
             for at in (TOOLS_LINE..SLOT_SIZE).step_by(8) {
                 self.slots.u64_at(self.at(index, at)).store(0, Ordering::Release);
             }
@@ -199,7 +210,7 @@ impl HostDir {
                 (Some("ring"), &[s, g, t, h]) => {
                     (s == u32::from(index) && g != live) || (t == u32::from(index) && h != live)
                 }
-                (Some("wake" | "snap"), &[t, h]) | (Some("cap"), &[t, h, _, _]) => {
+                (Some("wake" | "snap" | "conns"), &[t, h]) | (Some("cap"), &[t, h, _, _]) => {
                     t == u32::from(index) && h != live
                 }
                 _ => false,
@@ -340,6 +351,28 @@ impl HostDir {
     pub(crate) fn ring_path(&self, from: SlotId, to: SlotId) -> PathBuf {
         self.path
             .join(format!("ring-{}-{}-{}-{}", from.index, from.generation, to.index, to.generation))
+    }
+
+    /// The path of slot `of`'s last will ([`crate::last_will`]).
+    pub(crate) fn will_path(&self, of: SlotId) -> PathBuf {
+        self.path.join(format!("conns-{}-{}", of.index, of.generation))
+    }
+
+    /// Slot `index`'s will count: how many connections its owner's last will holds (0: none).
+    pub(crate) fn will(&self, index: u8) -> &AtomicU32 {
+        self.slots.u32_at(self.at(index, WILL))
+    }
+
+    /// The endpoints whose process died with connections in its last will, and their
+    /// addresses: a load or two per slot, a system call only for those with a will.
+    pub(crate) fn dead_with_will(&self) -> Vec<(SlotId, IpAddr)> {
+        (FIRST_SLOT..=LAST_SLOT)
+            .filter(|&i| self.will(i).load(Ordering::Acquire) != 0)
+            .filter_map(|i| {
+                let (generation, addr) = self.live(i)?;
+                (!self.alive(i)).then_some((SlotId { index: i, generation }, addr))
+            })
+            .collect()
     }
 
     /// The path of slot `to`'s wake-up FIFO.

@@ -43,7 +43,12 @@
 //!   removed then, and nothing of it is ever mistaken for its successor's (every ring and FIFO
 //!   name carries both endpoints' generations). Packets to it wait in its ring, then in its
 //!   senders' backlogs, until their RC QPs give up with `RETRY_EXC_ERR`, as with a vanished
-//!   host; its UC and UD peers lose those packets. No other endpoint is affected.
+//!   host; its UC and UD peers lose those packets. No other endpoint is affected. The RDMA CM
+//!   connections it held established are released for it, as the kernel releases a dead
+//!   process's on a real RNIC: each endpoint publishes them as its last will
+//!   (`src/last_will.rs`), and one that survives it looks at the wills of the dead once a
+//!   second while it holds connections: the peer hears the DREQ, or another endpoint of the
+//!   same address sends it.
 //! - **Isolation.** Another user cannot enter the directory (0700, checked on open) nor join
 //!   the port's group. A process of the same user sees only packets: what it writes into a
 //!   ring is judged by the engine exactly as a packet from the wire (ICRC, QPN, PSN, rkeys and
@@ -136,6 +141,7 @@ mod device;
 mod fabric;
 mod host;
 pub mod inspect;
+mod last_will;
 pub mod mappings;
 mod ports;
 #[allow(unsafe_code, reason = "all system calls and raw memory access live in this module")]

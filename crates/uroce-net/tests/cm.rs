@@ -146,3 +146,80 @@ fn endpoints_of_one_address_hand_their_cm_messages_over_even_over_udp() {
     // and goes through UDP); REP and DREQ from B.
     assert!(handed(&a) >= 3 && handed(&b) >= 2, "{} {}", handed(&a), handed(&b));
 }
+
+/// Run as a child process by [`a_connection_of_a_killed_process_is_released_for_its_peer`]
+/// (`UROCE_TEST_VICTIM=ADDR,PEER,SERVICE`; without it, it does nothing): connects from ADDR
+/// to the listener at PEER, says "established", and waits to be killed.
+#[test]
+fn victim_role() {
+    let Ok(spec) = std::env::var("UROCE_TEST_VICTIM") else { return };
+    let mut it = spec.split(',');
+    let (addr, peer) = (it.next().unwrap(), it.next().unwrap().parse().unwrap());
+    let service: u64 = it.next().unwrap().parse().unwrap();
+    let (a, arx) = open(addr, false);
+    let id = a.with(|s| {
+        let (cm, now) = s.cm();
+        cm.connect(now, &params(peer, a.addr(), service))
+    });
+    let id = id.unwrap();
+    assert!(matches!(next(&arx), Event::Reply { .. }));
+    a.with(|s| s.cm().0.ready(id)).unwrap();
+    assert_eq!(next(&arx), Event::Established { id });
+    println!("established");
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// A process killed while it holds an established connection cannot send the DREQ that the
+/// kernel's CM sends for a dying process on a real RNIC; its peer would have waited for
+/// `Disconnected` for ever. The connection was in its last will, and the peer, looking at
+/// the wills of the dead once a second while it holds connections, hears the release.
+#[test]
+fn a_connection_of_a_killed_process_is_released_for_its_peer() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let (b, brx) = open("127.0.14.7", false);
+    let binding = b.bind_port(PortSpace::Tcp.value(), 0, b.addr()).unwrap();
+    let service = PortSpace::Tcp.service_id(0) | u64::from(binding.port());
+    binding.set_listening(true);
+    b.with(|s| s.cm().0.listen(service, 8)).unwrap();
+    let mut victim = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "victim_role", "--nocapture", "--test-threads=1"])
+        .env("UROCE_TEST_VICTIM", format!("127.0.14.6,{},{service}", b.addr()))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let Event::Request { id: idb, .. } = next(&brx) else { panic!("no request") };
+    let accept = AcceptParams {
+        qpn: Qpn::from_masked(0x22),
+        starting_psn: Psn::from_masked(0x5678),
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        srq: false,
+        private_data: Vec::new(),
+    };
+    b.with(|s| {
+        let (cm, now) = s.cm();
+        cm.accept(now, idb, &accept)
+    })
+    .unwrap();
+    assert_eq!(next(&brx), Event::Established { id: idb });
+    let mut said = String::new();
+    let mut out = BufReader::new(victim.stdout.take().unwrap());
+    while !said.contains("established") {
+        said.clear();
+        assert!(out.read_line(&mut said).unwrap() > 0, "the victim ended early");
+    }
+    victim.kill().unwrap(); // SIGKILL: no exit handler runs.
+    victim.wait().unwrap();
+    let killed = Instant::now();
+    assert!(matches!(next(&brx), Event::DisconnectRequest { id, .. } if id == idb));
+    eprintln!("released {:?} after the kill", killed.elapsed());
+    assert_eq!(b.with(|s| s.counters().cm_released_for_dead), 1);
+    // Answered as any release: the DREP goes to the dead endpoint, and B's side ends.
+    b.with(|s| {
+        let (cm, now) = s.cm();
+        cm.disconnect(now, idb)
+    })
+    .unwrap();
+}
