@@ -550,6 +550,17 @@ fn malformed_and_foreign_mads_are_counted_not_acted_on() {
     assert_eq!(&drep[16..18], &uroce_wire::cm::attr::DREP.to_be_bytes());
 }
 
+/// B heard that connection `idb` was released (and nothing else), answers, and runs out.
+fn answer_release(net: &mut Fabric<CmNode>, idb: CommId) {
+    assert!(
+        matches!(net[1].events.as_slice(), [Event::DisconnectRequest { id, .. }] if *id == idb)
+    );
+    net[1].events.clear();
+    let now = net.now();
+    net[1].cm.disconnect(now, idb).unwrap();
+    run_out(net, 100);
+}
+
 /// A process that dies holding an established connection cannot send its DREQ (the kernel's
 /// CM would). What its CM published ([`Cm::established`]) lets a survivor release it: the
 /// peer itself takes the DREQ as received and its consumer hears the release; or another
@@ -572,13 +583,7 @@ fn a_connection_of_a_process_that_died_is_released_by_a_survivor() {
     assert!(!net[1].cm.peer_gone(now, b, &gone), "not from the connection's peer address");
     assert!(net[1].cm.peer_gone(now, a, &gone));
     CmNode::has_events(&mut net);
-    assert!(
-        matches!(net[1].events.as_slice(), [Event::DisconnectRequest { id, .. }] if *id == idb)
-    );
-    net[1].events.clear();
-    let now = net.now();
-    net[1].cm.disconnect(now, idb).unwrap();
-    run_out(&mut net, 100);
+    answer_release(&mut net, idb);
     assert_eq!(net[1].cm.established().count(), 0);
     assert!(net[1].cm.is_empty(), "the peer's side ends in TimeWait and is forgotten");
     assert_eq!(net[1].cm.counters().released_for_gone, 1);
@@ -601,13 +606,7 @@ fn a_connection_of_a_process_that_died_is_released_by_a_survivor() {
         assert!(net[0].cm.release_gone(now, &gone));
         assert!(!net[0].cm.release_gone(now, &gone), "held already");
         assert!(net.run_until(now + Duration::from_millis(10), CmNode::has_events));
-        assert!(
-            matches!(net[1].events.as_slice(), [Event::DisconnectRequest { id, .. }] if *id == idb)
-        );
-        net[1].events.clear();
-        let now = net.now();
-        net[1].cm.disconnect(now, idb).unwrap();
-        run_out(&mut net, 100);
+        answer_release(&mut net, idb);
         assert!(net[0].events.is_empty(), "the successor's consumer hears nothing of it");
         assert!(net[0].cm.is_empty(), "lose_dreps {lose_dreps}: it forgets the connection");
         let dreqs = net

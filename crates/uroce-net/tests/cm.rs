@@ -51,6 +51,18 @@ fn params(remote: IpAddr, local: IpAddr, service_id: u64) -> ConnectParams {
     }
 }
 
+fn accept_params(private_data: &[u8]) -> AcceptParams {
+    AcceptParams {
+        qpn: Qpn::from_masked(0x22),
+        starting_psn: Psn::from_masked(0x5678),
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        srq: false,
+        private_data: private_data.to_vec(),
+    }
+}
+
 fn handshake(a_addr: &str, b_addr: &str, udp_only: bool) -> (NetDevice, NetDevice) {
     let (a, arx) = open(a_addr, udp_only);
     let (b, brx) = open(b_addr, udp_only);
@@ -68,15 +80,7 @@ fn handshake(a_addr: &str, b_addr: &str, udp_only: bool) -> (NetDevice, NetDevic
     let Event::Request { id: idb, from, info } = next(&brx) else { panic!("no request") };
     assert_eq!(from, a.addr());
     assert_eq!((info.remote_qpn, &info.private_data[..5]), (Qpn::from_masked(0x11), &b"hello"[..]));
-    let accept = AcceptParams {
-        qpn: Qpn::from_masked(0x22),
-        starting_psn: Psn::from_masked(0x5678),
-        responder_resources: 1,
-        initiator_depth: 1,
-        rnr_retry_count: 7,
-        srq: false,
-        private_data: b"welcome".to_vec(),
-    };
+    let accept = accept_params(b"welcome");
     b.with(|s| {
         let (cm, now) = s.cm();
         cm.accept(now, idb, &accept)
@@ -189,15 +193,7 @@ fn a_connection_of_a_killed_process_is_released_for_its_peer() {
         .spawn()
         .unwrap();
     let Event::Request { id: idb, .. } = next(&brx) else { panic!("no request") };
-    let accept = AcceptParams {
-        qpn: Qpn::from_masked(0x22),
-        starting_psn: Psn::from_masked(0x5678),
-        responder_resources: 1,
-        initiator_depth: 1,
-        rnr_retry_count: 7,
-        srq: false,
-        private_data: Vec::new(),
-    };
+    let accept = accept_params(b"");
     b.with(|s| {
         let (cm, now) = s.cm();
         cm.accept(now, idb, &accept)
