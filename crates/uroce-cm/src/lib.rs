@@ -572,7 +572,7 @@ impl Cm {
 
     /// `gone`, a connection that another endpoint of this CM's own address held established
     /// when its process died, is released from here as `ib_cm` would have released it: a DREQ
-    /// under its comm ID to its peer (IBA 12.9.7), sent again [`GONE_DREQ_RETRIES`] times on
+    /// under its comm ID to its peer (IBA 12.9.7), sent again twice at most on
     /// the CM's timer, with no events (the connection is this CM's orphan until then).
     /// `false` if its comm ID is in use here.
     pub fn release_gone(&mut self, now: Instant, gone: &Established) -> bool {

@@ -16,9 +16,11 @@
 //!   under the dead connection's comm ID, as the dead one's kernel would have
 //!   ([`Cm::release_gone`]).
 //!
-//! What it leaves: a dead endpoint whose device has no survivor on the host and whose peers
-//! are elsewhere (nobody left to send from its address); connections past [`ENTRIES`]; a
-//! will whose slot a new process claimed before anyone looked (the claim removes it).
+//! What it leaves: a dead endpoint whose peers are elsewhere and whose address has no survivor
+//! on the host that holds connections (nobody looks, or nobody can send from its address);
+//! connections past [`ENTRIES`]; handshakes under way (a kernel would REJ them); a will whose
+//! slot a new process claimed anyway (only when every other slot was taken: the claim
+//! removes it).
 
 use core::net::IpAddr;
 use std::sync::Arc;
