@@ -437,6 +437,38 @@ fn bad_input_is_one_line_and_status_2() {
     fails_with(&["server", "--addr", "192.0.2.1", "--port", "19802"], "192.0.2.1");
 }
 
+/// A UD ping-pong counts a round its peer does not answer as lost and goes on; a server that
+/// dies answers none again, and the client must end (with an error naming why) instead of
+/// spinning for ever on a count of answered rounds it will never reach.
+#[test]
+fn a_ud_ping_pong_whose_server_dies_ends_with_an_error() {
+    let _one_at_a_time = exclusive();
+    let server = Server::start("127.0.0.45", 19805);
+    let mut client = Command::new(env!("CARGO_BIN_EXE_uroce"))
+        .args(["client", "127.0.0.45", "--port", "19805", "--local", "127.0.0.46"])
+        .args(["ud_lat", "-s", "64", "-n", "1000000000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    #[expect(clippy::disallowed_methods, reason = "the client runs a while before the kill")]
+    std::thread::sleep(Duration::from_secs(1));
+    drop(server); // SIGKILL
+    let status = (0..600).find_map(|_| {
+        #[expect(clippy::disallowed_methods, reason = "a bounded wait for the client to end")]
+        std::thread::sleep(Duration::from_millis(100));
+        client.try_wait().unwrap()
+    });
+    if status.is_none() {
+        let _ = client.kill();
+    }
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut client.stderr.take().unwrap(), &mut err).unwrap();
+    let status = status.expect("the client still ran 60 s after its server died");
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("the peer stopped answering"), "{err}");
+}
+
 #[test]
 fn a_version_mismatch_is_refused_on_both_sides() {
     // A client speaking another version: the server says why.

@@ -306,19 +306,32 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
                 }
                 wait_answer(side, test.op, size, mark(seq))
             };
+            // UC and UD rounds may be lost, but a peer that answers none for a stall's time
+            // is gone (a server killed under a count-bound run left its client spinning for
+            // ever: the count is of answered rounds).
+            let mut unanswered: u32 = 0;
+            let mut answered = |ok: bool| {
+                unanswered = if ok { 0 } else { unanswered + 1 };
+                if LOST * unanswered < STALL {
+                    return Ok(());
+                }
+                Err(format!("the peer stopped answering: {unanswered} rounds in a row unanswered"))
+            };
             for _ in 0..p.warmup {
-                round(side, seq)?;
+                answered(round(side, seq)?)?;
                 seq += 1;
             }
             let clock = Clock::new(p);
             while !clock.done(m.msgs) {
                 let t0 = now();
-                if round(side, seq)? {
+                let ok = round(side, seq)?;
+                if ok {
                     m.samples.push(u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX));
                     m.msgs += 1;
                 } else {
                     m.lost += 1;
                 }
+                answered(ok)?;
                 seq += 1;
             }
             m.seconds = clock.start.elapsed().as_secs_f64();
