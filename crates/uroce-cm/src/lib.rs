@@ -68,6 +68,11 @@ pub type CommId = u32;
 /// A MAD to send: to QP1 at this address.
 pub type Outgoing = (IpAddr, [u8; MAD_LEN]);
 
+/// The [`Config::id_prefix`] in comm ID `id`: on a host, the endpoint whose CM allocated it.
+pub const fn id_prefix_of(id: CommId) -> u8 {
+    (id >> 24) as u8
+}
+
 /// An established connection as its CM's owner publishes it: what another CM needs to
 /// release it should the owner's process die without doing so (a DREQ's fields, IBA 12.6.11).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

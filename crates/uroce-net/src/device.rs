@@ -1186,8 +1186,7 @@ impl Shared {
         // tail of every latency.
         let due = self.look_in_at.load(Ordering::Acquire);
         if due != 0 && due < now_ns.saturating_add(BUSY_POLL_GRACE_NS) {
-            self.look_in_at.store(now_ns.saturating_add(LOOK_IN_PUSH_NS), Ordering::Release);
-            self.look_in.arm_in(LOOK_IN_PUSH_NS);
+            self.arm_look_in(now_ns, LOOK_IN_PUSH_NS);
         }
     }
 

@@ -145,9 +145,9 @@ impl LastWill {
                     remote_id: t.u32_at(at + REMOTE_ID).load(Ordering::Relaxed),
                     remote_qpn: Qpn::from_masked(t.u32_at(at + REMOTE_QPN).load(Ordering::Relaxed)),
                 };
-                // The CM's comm IDs carry its endpoint's slot in their top byte.
-                let peer =
-                    gone.remote == self.addr && gone.remote_id >> 24 == u32::from(self.me.index);
+                // The CM's comm IDs carry its endpoint's slot as their prefix.
+                let peer = gone.remote == self.addr
+                    && uroce_cm::id_prefix_of(gone.remote_id) == self.me.index;
                 if !peer && addr != self.addr {
                     left += 1;
                     continue;

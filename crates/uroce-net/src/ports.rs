@@ -80,6 +80,13 @@ const fn owner_of(w: u64) -> (SlotId, u64) {
     (SlotId { index: (w >> 8) as u8, generation: (w >> 32) as u32 }, w & 0xFF)
 }
 
+/// Whether owner word `w` leaves its entry unused: no bind holds it (state 0), or its owner's
+/// slot is no longer live in the generation `live` says.
+fn vacant(w: u64, live: &dyn Fn(u8) -> Option<u32>) -> bool {
+    let (owner, state) = owner_of(w);
+    state == 0 || live(owner.index) != Some(owner.generation)
+}
+
 /// One entry as read.
 struct Entry {
     owner: SlotId,
@@ -115,10 +122,10 @@ impl PortTable {
         let word = self.map.u64_at(Self::at(i, OWNER));
         for _ in 0..READ_ATTEMPTS {
             let w = word.load(Ordering::Acquire);
-            let (owner, state) = owner_of(w);
-            if state == 0 || live(owner.index) != Some(owner.generation) {
+            if vacant(w, live) {
                 return None;
             }
+            let (owner, _) = owner_of(w);
             let service = self.map.u64_at(Self::at(i, SERVICE)).load(Ordering::Acquire);
             let mut a = [0u8; 16];
             self.map.read(Self::at(i, ADDR), &mut a);
@@ -137,8 +144,7 @@ impl PortTable {
     /// change of state could make fail.
     fn free(&self, i: usize, live: &dyn Fn(u8) -> Option<u32>) -> Option<u64> {
         let w = self.map.u64_at(Self::at(i, OWNER)).load(Ordering::Acquire);
-        let (owner, state) = owner_of(w);
-        (state == 0 || live(owner.index) != Some(owner.generation)).then_some(w)
+        vacant(w, live).then_some(w)
     }
 
     fn lock(&self) -> LockGuard<'_> {

@@ -184,7 +184,7 @@ impl Shm {
             uroce_wire::cm::Message::Req(r) => self.dir.ports.listener(ip, r.service_id, &live),
             uroce_wire::cm::Message::SidrReq(r) => self.dir.ports.listener(ip, r.service_id, &live),
             other => {
-                let index = u8::try_from(other.receiver_id()? >> 24).ok()?;
+                let index = uroce_cm::id_prefix_of(other.receiver_id()?);
                 let (generation, addr) = self.dir.live(index)?;
                 (addr == ip).then_some(SlotId { index, generation })
             }
