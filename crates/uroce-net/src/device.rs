@@ -288,6 +288,12 @@ pub struct NetCounters {
     /// Times such a thread, still taking turns with its peer after a run of yields, moved
     /// itself to another CPU of its affinity (which it keeps as it was).
     pub moves_off_peer_cpu: u64,
+    /// Busy polls that drained the application's completions, ended its busy-poll mark and
+    /// woke the progress thread to go back to the sockets ([`NetDevice::poll_with`]).
+    pub busy_polls_ended: u64,
+    /// Busy polls that ended the mark so and left the progress thread asleep: all its traffic
+    /// was local lately, and local senders wake the thread once the poller's stamp lapses.
+    pub busy_polls_ended_quietly: u64,
     /// Asynchronous events no subscriber claimed (their object was destroyed meanwhile).
     pub async_events_unclaimed: u64,
     /// Packets sent to an endpoint of this host through shared memory (no system call).
@@ -371,6 +377,8 @@ impl NetCounters {
             ("event_spins_expired", self.event_spins_expired),
             ("yields_to_peer", self.yields_to_peer),
             ("moves_off_peer_cpu", self.moves_off_peer_cpu),
+            ("busy_polls_ended", self.busy_polls_ended),
+            ("busy_polls_ended_quietly", self.busy_polls_ended_quietly),
             ("async_events_unclaimed", self.async_events_unclaimed),
             ("shm_tx_packets", self.shm_tx_packets),
             ("shm_tx_ring_full", self.shm_tx_ring_full),
@@ -422,6 +430,8 @@ impl core::ops::AddAssign for NetCounters {
         self.event_spins_expired += o.event_spins_expired;
         self.yields_to_peer += o.yields_to_peer;
         self.moves_off_peer_cpu += o.moves_off_peer_cpu;
+        self.busy_polls_ended += o.busy_polls_ended;
+        self.busy_polls_ended_quietly += o.busy_polls_ended_quietly;
         self.async_events_unclaimed += o.async_events_unclaimed;
         self.shm_tx_packets += o.shm_tx_packets;
         self.shm_tx_ring_full += o.shm_tx_ring_full;
@@ -614,15 +624,18 @@ pub struct State {
     wait_counts: Arc<WaitCounts>,
 }
 
-/// What waiting threads did, counted without the lock: how waits for a completion event
-/// ended (`event_spins_found`, `event_spins_expired`), and what they gave up to a peer on
-/// their CPU (`yields_to_peer`, `moves_off_peer_cpu`).
+/// What polling and waiting threads did, counted without the lock: how waits for a completion
+/// event ended (`event_spins_found`, `event_spins_expired`), what they gave up to a peer on
+/// their CPU (`yields_to_peer`, `moves_off_peer_cpu`), and how busy polls ended their mark
+/// (`busy_polls_ended`, `busy_polls_ended_quietly`).
 #[derive(Default)]
 struct WaitCounts {
     found: AtomicU64,
     expired: AtomicU64,
     yielded: AtomicU64,
     moved: AtomicU64,
+    ended: AtomicU64,
+    ended_quietly: AtomicU64,
 }
 
 /// Takes the CM's events as they happen, under the device lock: it must only queue them.
@@ -641,6 +654,8 @@ impl State {
         c.event_spins_expired = self.wait_counts.expired.load(Ordering::Relaxed);
         c.yields_to_peer = self.wait_counts.yielded.load(Ordering::Relaxed);
         c.moves_off_peer_cpu = self.wait_counts.moved.load(Ordering::Relaxed);
+        c.busy_polls_ended = self.wait_counts.ended.load(Ordering::Relaxed);
+        c.busy_polls_ended_quietly = self.wait_counts.ended_quietly.load(Ordering::Relaxed);
         c
     }
 
@@ -1785,14 +1800,16 @@ impl NetDevice {
 
     /// For a thread about to block (on a completion channel, say) after polling: ends the
     /// busy-poll mark [`NetDevice::poll_with`] set, so the progress thread goes back to the
-    /// sockets now instead of at its next check-in.
-    pub fn end_busy_poll(&self) {
+    /// sockets now instead of at its next check-in. Returns whether there was a mark to end.
+    pub fn end_busy_poll(&self) -> bool {
         // The stamp stays: woken now, the progress thread asks for wake-ups as a sleeper
         // (and looks at the rings once more) before it sleeps again. Clearing it would write
         // the line every sender reads on every poll that ends a mark (each ping-pong message).
-        if self.shared.last_busy_poll.swap(0, Ordering::AcqRel) != 0 {
+        let ended = self.shared.last_busy_poll.swap(0, Ordering::AcqRel) != 0;
+        if ended {
             self.shared.wake.signal();
         }
+        ended
     }
 
     /// For a thread about to block for an event: busy-polls (rounds of progress in this
@@ -1864,7 +1881,7 @@ impl NetDevice {
     /// no mark; otherwise the progress thread would stay off the sockets for the grace period
     /// while the application sleeps, and every message would wait up to a millisecond.
     pub fn poll_cq_with<R>(&self, cq: Option<CqHandle>, f: impl FnOnce(&mut State) -> R) -> R {
-        let ((r, pending, armed, give_way), now) = self.with_at(|s| {
+        let ((r, pending, armed, give_way, peers_wake), now) = self.with_at(|s| {
             let cpu = sys::current_cpu();
             s.poll_saying_where(cpu);
             let r = f(s);
@@ -1872,7 +1889,11 @@ impl NetDevice {
             // The poll of an armed CQ comes before a sleep: nothing to give way for (and a
             // move decided there and not made would hold the next one off).
             let give_way = if armed { GiveWay::No } else { s.give_way(cpu) };
-            (r, s.engine.has_pending_work(), armed, give_way)
+            // (What the round produced may be held for the next verb: only the woken thread
+            // would send it, were the application to go on to other work.)
+            let now = s.round_now.unwrap_or_else(|| s.now());
+            let peers_wake = s.out.is_empty() && s.fabric.peers_wake_a_stopped_poller(now);
+            (r, s.engine.has_pending_work(), armed, give_way, peers_wake)
         });
         if armed {
             return r;
@@ -1884,8 +1905,18 @@ impl NetDevice {
             self.shared.mark_drained(now);
             if idly {
                 self.shared.mark_busy_poll(now);
-            } else {
-                self.end_busy_poll();
+            } else if peers_wake {
+                // Ends the mark without waking the progress thread: a loop that polls a long
+                // operation to its end (a 512 KiB READ, an MPI rendezvous) and posts the next
+                // one at once woke it for nothing every time (4,500 times a second, each a
+                // context switch that took a CPU from a spinning thread). Should the
+                // application have gone on to other work instead, its local peers' next
+                // packet finds its stamp lapsed and wakes the thread.
+                if self.shared.last_busy_poll.swap(0, Ordering::AcqRel) != 0 {
+                    self.wait_counts.ended_quietly.fetch_add(1, Ordering::Relaxed);
+                }
+            } else if self.end_busy_poll() {
+                self.wait_counts.ended.fetch_add(1, Ordering::Relaxed);
             }
         }
         if give_way != GiveWay::No {
@@ -2128,6 +2159,8 @@ mod tests {
             event_spins_expired: 1,
             yields_to_peer: 1,
             moves_off_peer_cpu: 1,
+            busy_polls_ended: 1,
+            busy_polls_ended_quietly: 1,
             async_events_unclaimed: 1,
             shm_tx_packets: 1,
             shm_tx_ring_full: 1,

@@ -240,6 +240,15 @@ pub(crate) trait Fabric: Send {
         "udp"
     }
 
+    /// Whether everything that reached this endpoint lately came from local peers, which wake
+    /// its progress thread themselves once its application thread stops polling (they see the
+    /// poller's stamp lapse, [`shm::BusyMark`]): a poll that ends its busy-poll mark then need
+    /// not wake the thread. A datagram through the kernel's sockets, whose sender cannot see
+    /// the stamp, would wait for the thread's next look-in instead.
+    fn peers_wake_a_stopped_poller(&self, _now: Instant) -> bool {
+        false
+    }
+
     /// Tells local peers that this endpoint's application thread polls on `cpu`.
     fn publish_cpu(&self, _cpu: u32) {}
 
@@ -287,6 +296,10 @@ macro_rules! delegate_to_inner {
 
         fn path_to(&self, ip: core::net::IpAddr, qpn: u32) -> &'static str {
             self.inner.path_to(ip, qpn)
+        }
+
+        fn peers_wake_a_stopped_poller(&self, now: uroce_engine::Instant) -> bool {
+            self.inner.peers_wake_a_stopped_poller(now)
         }
 
         fn publish_cpu(&self, cpu: u32) {
@@ -339,6 +352,10 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
 
     fn path_to(&self, ip: IpAddr, qpn: u32) -> &'static str {
         (**self).path_to(ip, qpn)
+    }
+
+    fn peers_wake_a_stopped_poller(&self, now: Instant) -> bool {
+        (**self).peers_wake_a_stopped_poller(now)
     }
 
     fn publish_cpu(&self, cpu: u32) {

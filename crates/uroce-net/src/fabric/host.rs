@@ -61,6 +61,8 @@ pub(crate) struct HostFabric {
     /// When the sockets were last read, and whether that read found datagrams.
     udp_polled: Instant,
     udp_hot: bool,
+    /// When the sockets last delivered a datagram to this endpoint (not one forwarded).
+    udp_delivered_at: Option<Instant>,
     /// Until when shared memory counts as busy (it delivered a packet recently).
     shm_busy_until: Instant,
     /// The progress thread woke from a sleep on the sockets: read them.
@@ -72,6 +74,9 @@ pub(crate) struct HostFabric {
 const UDP_POLL_INTERVAL: Duration = Duration::from_micros(20);
 /// How long shared memory counts as busy after it delivered a packet.
 const SHM_BUSY: Duration = Duration::from_micros(200);
+/// After this long with no datagram for the endpoint from its sockets, its traffic counts as
+/// local only ([`Fabric::peers_wake_a_stopped_poller`]).
+const UDP_QUIET: Duration = Duration::from_millis(10);
 
 /// Packets the backlog holds before it drops, in all and for one endpoint.
 pub(crate) const BACKLOG: usize = 16_384;
@@ -98,6 +103,7 @@ impl HostFabric {
             routes: Vec::new(),
             udp_polled: zero,
             udp_hot: true,
+            udp_delivered_at: None,
             shm_busy_until: zero,
             woke: true,
         }
@@ -249,6 +255,7 @@ impl Fabric for HostFabric {
         }
         self.udp_polled = now;
         let mut side = NetCounters::default();
+        let mut delivered = false;
         let from_udp = self.udp.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8], intact| {
             if let Some(slot) = shm.owner_of_packet(rx.dst, bytes) {
                 // From the wire, with its ICRC: the owner checks it.
@@ -259,8 +266,12 @@ impl Fabric for HostFabric {
                 return;
             }
             shm.received_through_udp(rx.src.ip());
+            delivered = true;
             sink(rx, bytes, intact);
         });
+        if delivered {
+            self.udp_delivered_at = Some(now);
+        }
         self.udp_hot = from_udp > 0;
         n += from_udp;
         shm.commit(&mut side);
@@ -299,6 +310,12 @@ impl Fabric for HostFabric {
             Some(shm) if !self.udp_only && shm.owner_of(ip, qpn).is_some() => "shm",
             _ => "udp",
         }
+    }
+
+    fn peers_wake_a_stopped_poller(&self, now: Instant) -> bool {
+        self.shm.is_some()
+            && !self.udp_only
+            && self.udp_delivered_at.is_none_or(|at| now >= at + UDP_QUIET)
     }
 
     fn publish_cpu(&self, cpu: u32) {
