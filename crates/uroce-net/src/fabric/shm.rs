@@ -5,8 +5,9 @@
 //! single-producer single-consumer byte ring, a file `ring-S-G-T-H` of the host directory that
 //! the sender creates and the receiver finds through the inbound bitmap of its slot. A record
 //! is a 64-byte header (length, the datagram's addresses, TOS and TTL) and the whole RoCEv2
-//! packet, padded to 64 bytes; the producer publishes a batch with one store of its tail, the
-//! consumer frees a batch with one store of its head.
+//! packet, padded to 64 bytes; the producer publishes a batch with one store of its tail (and
+//! a long batch every [`PUBLISH_EVERY`] bytes on the way, so the consumer can start on it),
+//! the consumer frees a batch with one store of its head.
 //!
 //! **Bounds.** A ring holds [`RING_BYTES`]. A packet that does not fit is dropped and counted
 //! (`shm_tx_ring_full`), as a full switch queue drops: RC retransmits, UC and UD lose it.
@@ -69,6 +70,11 @@ const MAX_PACKET: usize = 9216;
 const PEER_LOOKUP_EVERY: u32 = 4096;
 /// Records a receive takes from one ring before it moves on.
 const RX_BUDGET: usize = 64;
+/// A batch publishes its tail whenever this many of its bytes are unpublished, not only at its
+/// end ([`Shm::commit`]): the receiver copies the first packets of a READ response out while
+/// the sender still copies the last ones in. A batch is up to 64 packets (256 KiB), and a
+/// 512 KiB READ waited for the first 256 KiB to be written before its reader could start.
+const PUBLISH_EVERY: u64 = 16 << 10;
 
 /// Why a packet could not be queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +93,8 @@ struct OutRing {
     /// The consumer's head as last read (it only grows, so a stale value only underestimates
     /// the free space).
     head: u64,
+    /// The tail as last published.
+    published: u64,
     dirty: bool,
 }
 
@@ -220,7 +228,7 @@ impl Shm {
         self.dir.inbound(to.index, bit / 64).fetch_or(1 << (bit % 64), Ordering::AcqRel);
         self.dir.rings_epoch(to.index).fetch_add(1, Ordering::AcqRel);
         let wake = shm::open_fifo(&self.dir.wake_path(to), false).ok();
-        Ok(OutRing { to, map, wake, tail, head, dirty: false })
+        Ok(OutRing { to, map, wake, tail, head, published: tail, dirty: false })
     }
 
     /// Queues `packet` (with its datagram metadata) for the local endpoint `to`.
@@ -296,6 +304,10 @@ impl Shm {
         ring.map.write(base, &record_header(need, rx, written, icrc));
         ring.tail += need;
         ring.dirty = true;
+        if ring.tail - ring.published >= PUBLISH_EVERY {
+            ring.map.u64_at(TAIL).store(ring.tail, Ordering::Release);
+            ring.published = ring.tail;
+        }
         Ok(())
     }
 
@@ -332,6 +344,7 @@ impl Shm {
             let Some(ring) = out[usize::from(k)].as_mut().filter(|r| r.dirty) else { continue };
             ring.dirty = false;
             ring.map.u64_at(TAIL).store(ring.tail, Ordering::Release);
+            ring.published = ring.tail;
             // Pairs with the receiver's fence between setting `waiting` and its last look.
             fence(Ordering::SeqCst);
             let waiting = self.dir.waiting(ring.to.index);
@@ -904,6 +917,38 @@ mod tests {
             assert!(pkt.iter().enumerate().all(|(i, &x)| x == (i as u32 ^ n as u32) as u8));
         }
         assert_eq!(c.shm_rx_malformed, 0);
+        let _ = std::fs::remove_dir_all(&p);
+    }
+
+    /// A long batch is published as it is written, not only at its commit: the reader takes
+    /// the first packets of a large READ response while the rest are still being written.
+    /// Only the commit looks for a sleeping reader to wake.
+    #[test]
+    fn a_long_batch_is_readable_before_its_commit() {
+        let (mut tx, mut rxs, b, p) = two_endpoints("early");
+        let ip: IpAddr = "127.0.0.2".parse().expect("ip");
+        let mut c = NetCounters::default();
+        let pkt = vec![7u8; 4096];
+        let mut got = 0;
+        let mut take = |rxs: &mut Shm, c: &mut NetCounters| {
+            rxs.receive(c, &mut |_: &RxInfo, bytes: &[u8], _: bool| {
+                assert_eq!(bytes.len(), 4096);
+                got += 1;
+            });
+            got
+        };
+        // Fewer bytes than the step stay unpublished until the commit.
+        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 4096, true, &mut c));
+        assert_eq!(take(&mut rxs, &mut c), 0);
+        for _ in 1..16 {
+            assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 4096, true, &mut c));
+        }
+        let early = take(&mut rxs, &mut c);
+        assert!(early >= 12, "{early} of 16 packets readable before the commit");
+        assert!(rxs.prepare_sleep(false), "nothing unread: the reader may sleep");
+        tx.commit(&mut c);
+        assert_eq!(c.shm_wakeups_sent, 1, "the commit wakes the reader that went to sleep");
+        assert_eq!(take(&mut rxs, &mut c), 16);
         let _ = std::fs::remove_dir_all(&p);
     }
 
