@@ -87,11 +87,11 @@ pub(crate) fn endpoints_of(host: &Host, devices: &[IpAddr]) -> Vec<EndpointRef> 
 fn nothing_to_see(host: &Host, devices: &[IpAddr]) -> String {
     let me = nix::unistd::geteuid().as_raw();
     let what = if devices.is_empty() {
-        "no uroce device".to_owned()
+        "a uroce device".to_owned()
     } else {
         format!("device {}", list(devices))
     };
-    let mut s = format!("{what} is in use by uid {me} on this host (network namespace)");
+    let mut s = format!("no process of uid {me} on this host (network namespace) has {what} open");
     if !host.others().is_empty() {
         let uids: Vec<String> = host.others().iter().map(|(u, _)| u.to_string()).collect();
         s.push_str(&format!(
