@@ -47,6 +47,8 @@ pub struct Device<M> {
     pub(crate) watch: QpWatch,
     /// A CQ has been armed for a notification: the application waits for completion events.
     events_requested: bool,
+    /// Completions handed to the application by [`Device::poll_cq`], ever.
+    completions_taken: u64,
     /// Multicast groups and the QPs attached to each, in attach order.
     pub(crate) mcast: BTreeMap<IpAddr, Vec<Qpn>>,
     /// ICRC prefixes for datagrams reaching UD QPs, by (source, destination): a UD QP hears
@@ -117,6 +119,7 @@ impl<M: MemoryAccess> Device<M> {
             next_xrcd: 1,
             farewell: VecDeque::new(),
             events_requested: false,
+            completions_taken: 0,
         }
     }
 
@@ -365,7 +368,14 @@ impl<M: MemoryAccess> Device<M> {
             out.push(wc);
             n += 1;
         }
+        self.completions_taken += n as u64;
         n
+    }
+
+    /// How many completions [`Device::poll_cq`] has handed out, ever: a runtime tells by it
+    /// whether a poll gave the application something to react to.
+    pub fn completions_taken(&self) -> u64 {
+        self.completions_taken
     }
 
     /// Arms `cq` to notify its next completion, or with `solicited_only` its next solicited or

@@ -586,6 +586,10 @@ pub struct State {
     polled_rounds: u32,
     /// Set by a busy-polling round for the verb it runs in: whether it received packets.
     polled_round: Option<bool>,
+    /// Packets held for the next verb were left in place by `ibv_req_notify_cq` (see
+    /// [`NetDevice::req_notify_cq`]): the poll that follows keeps them if it hands the
+    /// application completions.
+    hold_over_arming: bool,
     /// Consecutive rounds of waiting threads that gave way to a peer on their CPU
     /// ([`State::poll_for_peer`]).
     gave_way: u32,
@@ -1536,6 +1540,7 @@ impl NetDevice {
             polled_clock: None,
             polled_rounds: 0,
             polled_round: None,
+            hold_over_arming: false,
             gave_way: 0,
             sends: 0,
             moved_at: None,
@@ -1722,6 +1727,8 @@ impl NetDevice {
     fn with_holding<R>(&self, f: impl FnOnce(&mut State) -> R, keep: bool) -> (R, Instant) {
         let mut s = self.lock();
         let (held, sends) = (s.out.len(), s.sends);
+        let (taken, over_arming) =
+            (s.engine.completions_taken(), core::mem::take(&mut s.hold_over_arming));
         let r = f(&mut s);
         // A round of progress inside `f` has just read the clock: no need to again.
         let now = s.round_now.take().unwrap_or_else(|| s.now());
@@ -1735,9 +1742,16 @@ impl NetDevice {
         // receive that sends nothing leaves held packets waiting; any other verb sends them,
         // and so does the next poll whatever it finds: nothing waits longer than one poll
         // round (or, should the application stop calling verbs, the progress thread's next
-        // look-in, `BUSY_POLL_GRACE_NS`; closing the device sends them too).
+        // look-in, `BUSY_POLL_GRACE_NS`; closing the device sends them too). Between an
+        // event and its poll, arming the CQ kept them: that poll keeps them once more if it
+        // hands over completions and produced nothing itself (the event's completions, to
+        // which the application replies next).
+        let handed = s.engine.completions_taken() > taken;
         let hold = match s.polled_round.take() {
-            Some(received) => received && held == 0 && s.may_hold(),
+            Some(received) => {
+                (received && held == 0 && s.may_hold())
+                    || (over_arming && !received && handed && held > 0 && s.out.len() == held)
+            }
             None => keep && held > 0 && s.out.len() == held,
         };
         if hold {
@@ -1787,12 +1801,15 @@ impl NetDevice {
     /// Arms `cq` for its next completion (its next solicited or unsuccessful one with
     /// `solicited_only`): `ibv_req_notify_cq`, usually between taking an event and polling,
     /// on the way to the reply. Arming sends and raises nothing, so it takes the lock without
-    /// a verb's round of collecting; what a busy poll held for the next verb leaves now, as
-    /// after any verb. `false` for an unknown CQ.
+    /// a verb's round of collecting, and leaves what a busy poll (the event's wait) held for
+    /// the next verb: the poll that follows, if it hands over completions, keeps it for the
+    /// reply to them, so that `ibv_rc_pingpong -e`'s ACK leaves with its answer, as when
+    /// polling, instead of in a system call of its own. `false` for an unknown CQ.
     pub fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> bool {
         let mut s = self.lock();
         let armed = s.engine.req_notify_cq(cq, solicited_only);
-        if !s.out.is_empty() {
+        s.hold_over_arming = !s.out.is_empty() && s.may_hold();
+        if !s.hold_over_arming && !s.out.is_empty() {
             s.send_out();
         }
         armed
@@ -2315,6 +2332,88 @@ mod tests {
             assert!(wrapped.is_some() && s.out.is_empty());
             assert_eq!(s.counters.acks_superseded, 3);
         });
+    }
+
+    /// A fabric that records each batch it is handed: how many packets, and whether an RC
+    /// ACKNOWLEDGE was among them.
+    struct BatchLog(Arc<Mutex<Vec<(usize, bool)>>>);
+
+    impl Fabric for BatchLog {
+        fn transmit(&mut self, out: &mut Vec<Outgoing>, _: &Registry, _: &mut NetCounters) {
+            let ack = out.iter().any(Outgoing::is_acknowledge);
+            self.0.lock().unwrap().push((out.len(), ack));
+        }
+        fn receive(
+            &mut self,
+            _: Instant,
+            _: &mut NetCounters,
+            _: &mut crate::fabric::Sink<'_>,
+        ) -> usize {
+            0
+        }
+        fn wait_fds(&self, _: &mut Vec<RawFd>) {}
+        fn sync_multicast(&mut self, _: &[IpAddr]) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// `ibv_rc_pingpong -e`'s turn: the wait for an event receives the peer's message and
+    /// holds its ACK; then `ibv_req_notify_cq`, `ibv_poll_cq` (which hands over the
+    /// completion) and the reply. The ACK leaves with the reply, in one batch, as when
+    /// polling — arming used to send it alone (a system call of its own, and a datagram the
+    /// peer reads in a call of its own: 1.4× the polling pingpong's time over UDP). A poll
+    /// after the arming that hands over nothing sends it at once: nothing is held longer.
+    #[test]
+    fn a_held_ack_leaves_with_the_reply_across_the_arming_of_the_cq() {
+        use uroce_engine::{AhAttr, QKey, SendWr, UdDest, WrOpcode};
+        let options = Options { no_progress_thread: true, ..Options::default() };
+        let dev = NetDevice::open("127.0.18.30".parse().unwrap(), options).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (qpn, pd, cq, _, _) = dev.with(|s| {
+            s.fabric = Box::new(BatchLog(Arc::clone(&log)));
+            ud_qp(s, 0, 4096)
+        });
+        let send = |dev: &NetDevice| {
+            dev.with(|s| {
+                let e = s.engine();
+                let ah = e.create_ah(pd, AhAttr::new("127.0.18.31".parse().unwrap())).unwrap();
+                let mut wr = SendWr::new(1, WrOpcode::Send, Vec::new());
+                wr.inline_data = Some(b"pong".to_vec());
+                let remote_qpn = uroce_wire::Qpn::new(2).unwrap();
+                wr.ud = Some(UdDest { ah, remote_qpn, remote_qkey: QKey(7) });
+                e.post_send(qpn, wr).unwrap();
+            });
+        };
+        let poll = |dev: &NetDevice| {
+            let mut got = Vec::new();
+            dev.poll_cq_with(Some(cq), |s| s.engine().poll_cq(cq, 16, &mut got));
+            got.len()
+        };
+        for hands_over in [true, false] {
+            // A completion to hand over (a send's), or none.
+            if hands_over {
+                send(&dev);
+            }
+            log.lock().unwrap().clear();
+            // As a round of the wait that received the message: it holds the ACK.
+            dev.with_at(|s| {
+                s.out.push(acknowledge(5, 10, 0, false));
+                s.polled_round = Some(true);
+            });
+            assert!(log.lock().unwrap().is_empty(), "the ACK is held");
+            assert!(dev.req_notify_cq(cq, false));
+            assert!(log.lock().unwrap().is_empty(), "arming sends nothing");
+            assert_eq!(poll(&dev), usize::from(hands_over));
+            if hands_over {
+                assert!(log.lock().unwrap().is_empty(), "kept for the reply to the completion");
+                send(&dev);
+                assert_eq!(*log.lock().unwrap(), [(2, true)], "the reply and the ACK together");
+                // (The reply's own completion.)
+                dev.with(|s| s.engine().poll_cq(cq, 16, &mut Vec::new()));
+            } else {
+                assert_eq!(*log.lock().unwrap(), [(1, true)], "nothing handed over: sent");
+            }
+        }
     }
 
     /// A UD QP with `recvs` receive WQEs on a fresh CQ, and a registered region of `len`.
