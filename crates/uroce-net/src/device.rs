@@ -294,6 +294,9 @@ pub struct NetCounters {
     /// Busy polls that ended the mark so and left the progress thread asleep: all its traffic
     /// was local lately, and local senders wake the thread once the poller's stamp lapses.
     pub busy_polls_ended_quietly: u64,
+    /// Polls of a CQ that held completions already, made without a round of progress (no
+    /// socket read, no timers) ([`NetDevice::poll_cq_with`]).
+    pub polls_without_round: u64,
     /// Asynchronous events no subscriber claimed (their object was destroyed meanwhile).
     pub async_events_unclaimed: u64,
     /// Packets sent to an endpoint of this host through shared memory (no system call).
@@ -379,6 +382,7 @@ impl NetCounters {
             ("moves_off_peer_cpu", self.moves_off_peer_cpu),
             ("busy_polls_ended", self.busy_polls_ended),
             ("busy_polls_ended_quietly", self.busy_polls_ended_quietly),
+            ("polls_without_round", self.polls_without_round),
             ("async_events_unclaimed", self.async_events_unclaimed),
             ("shm_tx_packets", self.shm_tx_packets),
             ("shm_tx_ring_full", self.shm_tx_ring_full),
@@ -432,6 +436,7 @@ impl core::ops::AddAssign for NetCounters {
         self.moves_off_peer_cpu += o.moves_off_peer_cpu;
         self.busy_polls_ended += o.busy_polls_ended;
         self.busy_polls_ended_quietly += o.busy_polls_ended_quietly;
+        self.polls_without_round += o.polls_without_round;
         self.async_events_unclaimed += o.async_events_unclaimed;
         self.shm_tx_packets += o.shm_tx_packets;
         self.shm_tx_ring_full += o.shm_tx_ring_full;
@@ -590,6 +595,8 @@ pub struct State {
     /// [`NetDevice::req_notify_cq`]): the poll that follows keeps them if it hands the
     /// application completions.
     hold_over_arming: bool,
+    /// The last poll of a CQ skipped its round of progress (it held completions already).
+    skipped_round: bool,
     /// Consecutive rounds of waiting threads that gave way to a peer on their CPU
     /// ([`State::poll_for_peer`]).
     gave_way: u32,
@@ -1541,6 +1548,7 @@ impl NetDevice {
             polled_rounds: 0,
             polled_round: None,
             hold_over_arming: false,
+            skipped_round: false,
             gave_way: 0,
             sends: 0,
             moved_at: None,
@@ -1900,12 +1908,24 @@ impl NetDevice {
     pub fn poll_cq_with<R>(&self, cq: Option<CqHandle>, f: impl FnOnce(&mut State) -> R) -> R {
         let ((r, pending, armed, give_way, peers_wake), now) = self.with_at(|s| {
             let cpu = sys::current_cpu();
-            s.poll_saying_where(cpu);
+            // A CQ that holds completions already (the event's, which the wait's last round
+            // received; a backlog) is polled without a round of progress of its own — a
+            // socket read, a system call, for nothing the application needs now. Never twice
+            // in a row, so a thread working through a backlog still receives and sends.
+            let skip = !core::mem::take(&mut s.skipped_round)
+                && cq.is_some_and(|c| s.engine.cq_len(c) > 0);
+            if skip {
+                s.skipped_round = true;
+                s.counters.polls_without_round += 1;
+                s.polled_round = Some(false);
+            } else {
+                s.poll_saying_where(cpu);
+            }
             let r = f(s);
             let armed = cq.is_some_and(|c| s.engine.cq_armed(c));
             // The poll of an armed CQ comes before a sleep: nothing to give way for (and a
             // move decided there and not made would hold the next one off).
-            let give_way = if armed { GiveWay::No } else { s.give_way(cpu) };
+            let give_way = if armed || skip { GiveWay::No } else { s.give_way(cpu) };
             // (What the round produced may be held for the next verb: only the woken thread
             // would send it, were the application to go on to other work.)
             let now = s.round_now.unwrap_or_else(|| s.now());
@@ -2178,6 +2198,7 @@ mod tests {
             moves_off_peer_cpu: 1,
             busy_polls_ended: 1,
             busy_polls_ended_quietly: 1,
+            polls_without_round: 1,
             async_events_unclaimed: 1,
             shm_tx_packets: 1,
             shm_tx_ring_full: 1,
@@ -2414,6 +2435,64 @@ mod tests {
                 assert_eq!(*log.lock().unwrap(), [(1, true)], "nothing handed over: sent");
             }
         }
+    }
+
+    /// A fabric that counts the rounds that read it.
+    struct ReceiveCount(Arc<AtomicU32>);
+
+    impl Fabric for ReceiveCount {
+        fn transmit(&mut self, _: &mut Vec<Outgoing>, _: &Registry, _: &mut NetCounters) {}
+        fn receive(
+            &mut self,
+            _: Instant,
+            _: &mut NetCounters,
+            _: &mut crate::fabric::Sink<'_>,
+        ) -> usize {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            0
+        }
+        fn wait_fds(&self, _: &mut Vec<RawFd>) {}
+        fn sync_multicast(&mut self, _: &[IpAddr]) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A poll of a CQ that already holds completions (an event's, which the wait received)
+    /// hands them over without a round of progress — over UDP an empty socket read, a system
+    /// call: `ibv_ud_pingpong -e` paid one per side and iteration. Never twice in a row, so a
+    /// thread working through a backlog still receives.
+    #[test]
+    fn a_poll_of_a_cq_with_completions_skips_its_round_but_never_twice_in_a_row() {
+        use uroce_engine::{AhAttr, QKey, SendWr, UdDest, WrOpcode};
+        let options = Options { no_progress_thread: true, ..Options::default() };
+        let dev = NetDevice::open("127.0.18.40".parse().unwrap(), options).unwrap();
+        let rounds = Arc::new(AtomicU32::new(0));
+        let (qpn, pd, cq, _, _) = dev.with(|s| {
+            s.fabric = Box::new(ReceiveCount(Arc::clone(&rounds)));
+            ud_qp(s, 0, 4096)
+        });
+        // Three completions queued (UD sends complete as they leave).
+        dev.with(|s| {
+            let e = s.engine();
+            let ah = e.create_ah(pd, AhAttr::new("127.0.18.41".parse().unwrap())).unwrap();
+            for i in 0..3 {
+                let mut wr = SendWr::new(i, WrOpcode::Send, Vec::new());
+                wr.inline_data = Some(b"x".to_vec());
+                let remote_qpn = uroce_wire::Qpn::new(2).unwrap();
+                wr.ud = Some(UdDest { ah, remote_qpn, remote_qkey: QKey(7) });
+                e.post_send(qpn, wr).unwrap();
+            }
+        });
+        let poll_one = || {
+            let mut got = Vec::new();
+            dev.poll_cq_with(Some(cq), |s| s.engine().poll_cq(cq, 1, &mut got));
+            (got.len(), rounds.load(Ordering::Relaxed))
+        };
+        assert_eq!(poll_one(), (1, 0), "completions queued: no round");
+        assert_eq!(poll_one(), (1, 1), "but not twice in a row");
+        assert_eq!(poll_one(), (1, 1), "one still queued: no round");
+        assert_eq!(poll_one(), (0, 2), "none queued: a round");
+        assert_eq!(dev.with(|s| s.counters().polls_without_round), 2);
     }
 
     /// A UD QP with `recvs` receive WQEs on a fresh CQ, and a registered region of `len`.
