@@ -2221,21 +2221,25 @@ mod tests {
         }
     }
 
-    /// A fabric that sends nothing and notes, each time it is handed packets, whether
-    /// `channel` already had an event.
-    struct EventOrderWatch {
-        channel: Arc<Channel>,
-        handed: Arc<AtomicU32>,
-        handed_after_event: Arc<AtomicU32>,
+    /// What a [`Watched`] fabric does with each batch it is handed.
+    type OnTransmit = Box<dyn FnMut(&[Outgoing]) + Send>;
+
+    /// A fabric for watching the runtime: it sends nothing and receives nothing, shows each
+    /// batch it is handed to `on_transmit`, and counts the rounds that read it.
+    struct Watched {
+        on_transmit: OnTransmit,
+        reads: Arc<AtomicU32>,
     }
 
-    impl Fabric for EventOrderWatch {
+    impl Watched {
+        fn new(on_transmit: impl FnMut(&[Outgoing]) + Send + 'static) -> Self {
+            Self { on_transmit: Box::new(on_transmit), reads: Arc::default() }
+        }
+    }
+
+    impl Fabric for Watched {
         fn transmit(&mut self, out: &mut Vec<Outgoing>, _: &Registry, _: &mut NetCounters) {
-            let n = u32::try_from(out.len()).unwrap_or(u32::MAX);
-            self.handed.fetch_add(n, Ordering::Relaxed);
-            if self.channel.has_event() {
-                self.handed_after_event.fetch_add(n, Ordering::Relaxed);
-            }
+            (self.on_transmit)(out);
         }
         fn receive(
             &mut self,
@@ -2243,6 +2247,7 @@ mod tests {
             _: &mut NetCounters,
             _: &mut crate::fabric::Sink<'_>,
         ) -> usize {
+            self.reads.fetch_add(1, Ordering::Relaxed);
             0
         }
         fn wait_fds(&self, _: &mut Vec<RawFd>) {}
@@ -2251,25 +2256,41 @@ mod tests {
         }
     }
 
+    /// Posts a signaled UD SEND of a few inline bytes on `qp` to QPN 2 at `to` (the watched
+    /// fabric drops it; its completion comes as it leaves).
+    fn post_ud_send(s: &mut State, qp: uroce_wire::Qpn, pd: PdHandle, to: &str, wr_id: u64) {
+        use uroce_engine::{AhAttr, QKey, SendWr, UdDest, WrOpcode};
+        let e = s.engine();
+        let ah = e.create_ah(pd, AhAttr::new(to.parse().unwrap())).unwrap();
+        let mut wr = SendWr::new(wr_id, WrOpcode::Send, Vec::new());
+        wr.inline_data = Some(b"ping".to_vec());
+        let remote_qpn = uroce_wire::Qpn::new(2).unwrap();
+        wr.ud = Some(UdDest { ah, remote_qpn, remote_qkey: QKey(7) });
+        e.post_send(qp, wr).unwrap();
+    }
+
     /// A UD SEND completes as its datagram leaves; the completion event that wakes a waiter
     /// (an eventfd write, a system call) comes after the datagram is handed to the fabric, so
     /// that a ping-pong's reply does not wait for it.
     #[test]
     fn a_completion_event_is_handed_out_after_the_packets_of_its_round() {
-        use uroce_engine::{
-            Access, AhAttr, Psn, QKey, QpCap, QpInitAttr, QpType, SendWr, UdDest, WrOpcode,
-        };
+        use uroce_engine::{Access, Psn, QKey, QpCap, QpInitAttr, QpType};
         let options = Options { no_progress_thread: true, ..Options::default() };
         let dev = NetDevice::open("127.0.18.10".parse().unwrap(), options).unwrap();
         let channel = Arc::new(Channel::new().unwrap());
         let handed = Arc::new(AtomicU32::new(0));
         let handed_after_event = Arc::new(AtomicU32::new(0));
         dev.with(|s| {
-            s.fabric = Box::new(EventOrderWatch {
-                channel: Arc::clone(&channel),
-                handed: Arc::clone(&handed),
-                handed_after_event: Arc::clone(&handed_after_event),
-            });
+            // Notes, each time it is handed packets, whether `channel` already had an event.
+            let (ch, all, late) =
+                (Arc::clone(&channel), Arc::clone(&handed), Arc::clone(&handed_after_event));
+            s.fabric = Box::new(Watched::new(move |out| {
+                let n = u32::try_from(out.len()).unwrap_or(u32::MAX);
+                all.fetch_add(n, Ordering::Relaxed);
+                if ch.has_event() {
+                    late.fetch_add(n, Ordering::Relaxed);
+                }
+            }));
             let e = s.engine();
             let pd = e.alloc_pd();
             let cq = e.create_cq(4).unwrap();
@@ -2286,17 +2307,9 @@ mod tests {
             let qp = e.create_qp(init).unwrap();
             e.init_qp(qp, Access::NONE, QKey(7)).unwrap();
             e.ready_datagram_qp(qp, Psn::ZERO).unwrap();
-            let ah = e.create_ah(pd, AhAttr::new("127.0.18.11".parse().unwrap())).unwrap();
             assert!(e.req_notify_cq(cq, false));
             s.bind_channel(cq, Arc::clone(&channel));
-            let mut wr = SendWr::new(1, WrOpcode::Send, Vec::new());
-            wr.inline_data = Some(b"ping".to_vec());
-            wr.ud = Some(UdDest {
-                ah,
-                remote_qpn: uroce_wire::Qpn::new(2).unwrap(),
-                remote_qkey: QKey(7),
-            });
-            s.engine().post_send(qp, wr).unwrap();
+            post_ud_send(s, qp, pd, "127.0.18.11", 1);
         });
         assert_eq!(handed.load(Ordering::Relaxed), 1, "the datagram was sent");
         assert!(channel.has_event(), "the send's completion raised the event");
@@ -2355,29 +2368,6 @@ mod tests {
         });
     }
 
-    /// A fabric that records each batch it is handed: how many packets, and whether an RC
-    /// ACKNOWLEDGE was among them.
-    struct BatchLog(Arc<Mutex<Vec<(usize, bool)>>>);
-
-    impl Fabric for BatchLog {
-        fn transmit(&mut self, out: &mut Vec<Outgoing>, _: &Registry, _: &mut NetCounters) {
-            let ack = out.iter().any(Outgoing::is_acknowledge);
-            self.0.lock().unwrap().push((out.len(), ack));
-        }
-        fn receive(
-            &mut self,
-            _: Instant,
-            _: &mut NetCounters,
-            _: &mut crate::fabric::Sink<'_>,
-        ) -> usize {
-            0
-        }
-        fn wait_fds(&self, _: &mut Vec<RawFd>) {}
-        fn sync_multicast(&mut self, _: &[IpAddr]) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// `ibv_rc_pingpong -e`'s turn: the wait for an event receives the peer's message and
     /// holds its ACK; then `ibv_req_notify_cq`, `ibv_poll_cq` (which hands over the
     /// completion) and the reply. The ACK leaves with the reply, in one batch, as when
@@ -2386,25 +2376,19 @@ mod tests {
     /// after the arming that hands over nothing sends it at once: nothing is held longer.
     #[test]
     fn a_held_ack_leaves_with_the_reply_across_the_arming_of_the_cq() {
-        use uroce_engine::{AhAttr, QKey, SendWr, UdDest, WrOpcode};
         let options = Options { no_progress_thread: true, ..Options::default() };
         let dev = NetDevice::open("127.0.18.30".parse().unwrap(), options).unwrap();
+        // Each batch handed over: how many packets, and whether an ACK was among them.
         let log = Arc::new(Mutex::new(Vec::new()));
         let (qpn, pd, cq, _, _) = dev.with(|s| {
-            s.fabric = Box::new(BatchLog(Arc::clone(&log)));
+            let batches = Arc::clone(&log);
+            s.fabric = Box::new(Watched::new(move |out| {
+                let ack = out.iter().any(Outgoing::is_acknowledge);
+                batches.lock().unwrap().push((out.len(), ack));
+            }));
             ud_qp(s, 0, 4096)
         });
-        let send = |dev: &NetDevice| {
-            dev.with(|s| {
-                let e = s.engine();
-                let ah = e.create_ah(pd, AhAttr::new("127.0.18.31".parse().unwrap())).unwrap();
-                let mut wr = SendWr::new(1, WrOpcode::Send, Vec::new());
-                wr.inline_data = Some(b"pong".to_vec());
-                let remote_qpn = uroce_wire::Qpn::new(2).unwrap();
-                wr.ud = Some(UdDest { ah, remote_qpn, remote_qkey: QKey(7) });
-                e.post_send(qpn, wr).unwrap();
-            });
-        };
+        let send = |dev: &NetDevice| dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.31", 1));
         let poll = |dev: &NetDevice| {
             let mut got = Vec::new();
             dev.poll_cq_with(Some(cq), |s| s.engine().poll_cq(cq, 16, &mut got));
@@ -2437,52 +2421,22 @@ mod tests {
         }
     }
 
-    /// A fabric that counts the rounds that read it.
-    struct ReceiveCount(Arc<AtomicU32>);
-
-    impl Fabric for ReceiveCount {
-        fn transmit(&mut self, _: &mut Vec<Outgoing>, _: &Registry, _: &mut NetCounters) {}
-        fn receive(
-            &mut self,
-            _: Instant,
-            _: &mut NetCounters,
-            _: &mut crate::fabric::Sink<'_>,
-        ) -> usize {
-            self.0.fetch_add(1, Ordering::Relaxed);
-            0
-        }
-        fn wait_fds(&self, _: &mut Vec<RawFd>) {}
-        fn sync_multicast(&mut self, _: &[IpAddr]) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// A poll of a CQ that already holds completions (an event's, which the wait received)
     /// hands them over without a round of progress — over UDP an empty socket read, a system
     /// call: `ibv_ud_pingpong -e` paid one per side and iteration. Never twice in a row, so a
     /// thread working through a backlog still receives.
     #[test]
     fn a_poll_of_a_cq_with_completions_skips_its_round_but_never_twice_in_a_row() {
-        use uroce_engine::{AhAttr, QKey, SendWr, UdDest, WrOpcode};
         let options = Options { no_progress_thread: true, ..Options::default() };
         let dev = NetDevice::open("127.0.18.40".parse().unwrap(), options).unwrap();
-        let rounds = Arc::new(AtomicU32::new(0));
+        let fabric = Watched::new(|_| {});
+        let rounds = Arc::clone(&fabric.reads);
         let (qpn, pd, cq, _, _) = dev.with(|s| {
-            s.fabric = Box::new(ReceiveCount(Arc::clone(&rounds)));
+            s.fabric = Box::new(fabric);
             ud_qp(s, 0, 4096)
         });
         // Three completions queued (UD sends complete as they leave).
-        dev.with(|s| {
-            let e = s.engine();
-            let ah = e.create_ah(pd, AhAttr::new("127.0.18.41".parse().unwrap())).unwrap();
-            for i in 0..3 {
-                let mut wr = SendWr::new(i, WrOpcode::Send, Vec::new());
-                wr.inline_data = Some(b"x".to_vec());
-                let remote_qpn = uroce_wire::Qpn::new(2).unwrap();
-                wr.ud = Some(UdDest { ah, remote_qpn, remote_qkey: QKey(7) });
-                e.post_send(qpn, wr).unwrap();
-            }
-        });
+        dev.with(|s| (0..3).for_each(|i| post_ud_send(s, qpn, pd, "127.0.18.41", i)));
         let poll_one = || {
             let mut got = Vec::new();
             dev.poll_cq_with(Some(cq), |s| s.engine().poll_cq(cq, 1, &mut got));
