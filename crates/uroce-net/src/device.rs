@@ -1926,11 +1926,15 @@ impl NetDevice {
             // The poll of an armed CQ comes before a sleep: nothing to give way for (and a
             // move decided there and not made would hold the next one off).
             let give_way = if armed || skip { GiveWay::No } else { s.give_way(cpu) };
+            let pending = s.engine.has_pending_work();
+            // Asked only of a poll that may end the mark (no clock read for the others).
             // (What the round produced may be held for the next verb: only the woken thread
             // would send it, were the application to go on to other work.)
-            let now = s.round_now.unwrap_or_else(|| s.now());
-            let peers_wake = s.out.is_empty() && s.fabric.peers_wake_a_stopped_poller(now);
-            (r, s.engine.has_pending_work(), armed, give_way, peers_wake)
+            let peers_wake = !pending && s.out.is_empty() && {
+                let now = s.round_now.unwrap_or_else(|| s.now());
+                s.fabric.peers_wake_a_stopped_poller(now)
+            };
+            (r, pending, armed, give_way, peers_wake)
         });
         if armed {
             return r;
