@@ -1216,6 +1216,11 @@ impl Shared {
         }
     }
 
+    /// Ends the busy-poll mark; whether there was one.
+    fn clear_busy_poll(&self) -> bool {
+        self.last_busy_poll.swap(0, Ordering::AcqRel) != 0
+    }
+
     /// Arms the look-in to expire `after_ns` from `now_ns`, for the progress thread to sleep on.
     fn arm_look_in(&self, now_ns: u64, after_ns: u64) {
         self.look_in_at.store(now_ns.saturating_add(after_ns).max(1), Ordering::Release);
@@ -1830,7 +1835,7 @@ impl NetDevice {
         // The stamp stays: woken now, the progress thread asks for wake-ups as a sleeper
         // (and looks at the rings once more) before it sleeps again. Clearing it would write
         // the line every sender reads on every poll that ends a mark (each ping-pong message).
-        let ended = self.shared.last_busy_poll.swap(0, Ordering::AcqRel) != 0;
+        let ended = self.shared.clear_busy_poll();
         if ended {
             self.shared.wake.signal();
         }
@@ -1953,7 +1958,7 @@ impl NetDevice {
                 // context switch that took a CPU from a spinning thread). Should the
                 // application have gone on to other work instead, its local peers' next
                 // packet finds its stamp lapsed and wakes the thread.
-                if self.shared.last_busy_poll.swap(0, Ordering::AcqRel) != 0 {
+                if self.shared.clear_busy_poll() {
                     self.wait_counts.ended_quietly.fetch_add(1, Ordering::Relaxed);
                 }
             } else if self.end_busy_poll() {
