@@ -98,6 +98,14 @@ struct OutRing {
     dirty: bool,
 }
 
+impl OutRing {
+    /// Makes what was written up to the tail readable.
+    fn publish(&mut self) {
+        self.map.u64_at(TAIL).store(self.tail, Ordering::Release);
+        self.published = self.tail;
+    }
+}
+
 struct InRing {
     from: SlotId,
     map: Mapping,
@@ -305,8 +313,7 @@ impl Shm {
         ring.tail += need;
         ring.dirty = true;
         if ring.tail - ring.published >= PUBLISH_EVERY {
-            ring.map.u64_at(TAIL).store(ring.tail, Ordering::Release);
-            ring.published = ring.tail;
+            ring.publish();
         }
         Ok(())
     }
@@ -343,8 +350,7 @@ impl Shm {
         for &k in &self.out_active {
             let Some(ring) = out[usize::from(k)].as_mut().filter(|r| r.dirty) else { continue };
             ring.dirty = false;
-            ring.map.u64_at(TAIL).store(ring.tail, Ordering::Release);
-            ring.published = ring.tail;
+            ring.publish();
             // Pairs with the receiver's fence between setting `waiting` and its last look.
             fence(Ordering::SeqCst);
             let waiting = self.dir.waiting(ring.to.index);
