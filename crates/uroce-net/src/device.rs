@@ -597,6 +597,10 @@ pub struct State {
     hold_over_arming: bool,
     /// The last poll of a CQ skipped its round of progress (it held completions already).
     skipped_round: bool,
+    /// CQs armed (`ibv_req_notify_cq`) since their last poll: that poll comes before the
+    /// application sleeps for the CQ's event even when a completion fired the event (and so
+    /// disarmed the CQ) between the arming and the poll.
+    armed_since_poll: Vec<CqHandle>,
     /// Consecutive rounds of waiting threads that gave way to a peer on their CPU
     /// ([`State::poll_for_peer`]).
     gave_way: u32,
@@ -858,6 +862,7 @@ impl State {
     pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), DestroyError> {
         self.engine.destroy_cq(cq)?;
         self.channels.remove(&cq);
+        self.take_armed_since_poll(cq);
         Ok(())
     }
 
@@ -1144,6 +1149,13 @@ impl State {
                 ch.push(cq);
             }
         }
+    }
+
+    /// Whether `cq` was armed since its last poll; forgets it (this is that poll).
+    fn take_armed_since_poll(&mut self, cq: CqHandle) -> bool {
+        let Some(i) = self.armed_since_poll.iter().position(|&c| c == cq) else { return false };
+        self.armed_since_poll.swap_remove(i);
+        true
     }
 
     /// Whether what waits in `out` may wait for the next verb: it is there (a busy poll
@@ -1554,6 +1566,7 @@ impl NetDevice {
             polled_round: None,
             hold_over_arming: false,
             skipped_round: false,
+            armed_since_poll: Vec::new(),
             gave_way: 0,
             sends: 0,
             moved_at: None,
@@ -1821,6 +1834,9 @@ impl NetDevice {
     pub fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> bool {
         let mut s = self.lock();
         let armed = s.engine.req_notify_cq(cq, solicited_only);
+        if armed && !s.armed_since_poll.contains(&cq) {
+            s.armed_since_poll.push(cq);
+        }
         s.hold_over_arming = !s.out.is_empty() && s.may_hold();
         if !s.hold_over_arming && !s.out.is_empty() {
             s.send_out();
@@ -1927,7 +1943,11 @@ impl NetDevice {
                 s.poll_saying_where(cpu);
             }
             let r = f(s);
-            let armed = cq.is_some_and(|c| s.engine.cq_armed(c));
+            // A CQ armed since its last poll counts as armed: the completion whose event
+            // disarmed it in between (Gloo arms, then polls) leaves the application going to
+            // sleep all the same, not busy-polling.
+            let armed_before = cq.is_some_and(|c| s.take_armed_since_poll(c));
+            let armed = armed_before || cq.is_some_and(|c| s.engine.cq_armed(c));
             // The poll of an armed CQ comes before a sleep: nothing to give way for (and a
             // move decided there and not made would hold the next one off).
             let give_way = if armed || skip { GiveWay::No } else { s.give_way(cpu) };
@@ -2428,6 +2448,42 @@ mod tests {
                 assert_eq!(*log.lock().unwrap(), [(1, true)], "nothing handed over: sent");
             }
         }
+    }
+
+    /// Gloo's turn: `ibv_req_notify_cq`, then `ibv_poll_cq`, then poll(2) on the channel's
+    /// descriptor. When a completion comes between the arming and the poll, its event
+    /// disarms the CQ, and the poll looked like a busy poll: with work outstanding it set
+    /// the busy-poll mark, so the progress thread stood off and local senders did not wake
+    /// it while the application slept — the next message waited for the mark to go stale
+    /// (200 µs), the requester's tail-loss probe fired first, and one allreduce in ten was
+    /// sent twice. A poll of a CQ armed since its last poll is no busy poll; the poll after
+    /// it, with no arming between, is.
+    #[test]
+    fn a_poll_after_arming_is_no_busy_poll_even_when_an_event_disarmed_the_cq() {
+        use uroce_engine::{RecvWr, Sge};
+        let options = Options { no_progress_thread: true, ..Options::default() };
+        let dev = NetDevice::open("127.0.18.50".parse().unwrap(), options).unwrap();
+        let channel = Arc::new(Channel::new().unwrap());
+        let (qpn, pd, cq, _, _) = dev.with(|s| {
+            s.fabric = Box::new(Watched::new(|_| {}));
+            let (qpn, pd, cq, mr, addr) = ud_qp(s, 1, 4096);
+            s.bind_channel(cq, Arc::clone(&channel));
+            // A receive posted: work outstanding, as in any application awaiting messages.
+            let sge = Sge { addr, length: 4096, lkey: mr.lkey };
+            s.engine().post_recv(qpn, RecvWr { wr_id: 9, sg_list: vec![sge] }).unwrap();
+            (qpn, pd, cq, mr, addr)
+        });
+        let poll = || {
+            let mut got = Vec::new();
+            dev.poll_cq_with(Some(cq), |s| s.engine().poll_cq(cq, 16, &mut got));
+            (got.len(), dev.shared.busy_polled(dev.clock()))
+        };
+        assert!(dev.req_notify_cq(cq, false));
+        // A completion between the arming and the poll: its event disarms the CQ.
+        dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.51", 1));
+        assert!(channel.has_event() && !dev.with(|s| s.engine().cq_armed(cq)));
+        assert_eq!(poll(), (1, false), "after arming: no busy poll");
+        assert_eq!(poll(), (0, true), "no arming since: a busy poll");
     }
 
     /// A poll of a CQ that already holds completions (an event's, which the wait received)
