@@ -1948,6 +1948,18 @@ impl NetDevice {
             // sleep all the same, not busy-polling.
             let armed_before = cq.is_some_and(|c| s.take_armed_since_poll(c));
             let armed = armed_before || cq.is_some_and(|c| s.engine.cq_armed(c));
+            // The poll of an armed CQ comes before a sleep, which no verb of ours sees (the
+            // application waits in poll(2) on the channel's descriptor): what this poll would
+            // hold for the next verb leaves now, unless a busy-poll mark stands (the event
+            // was spun for), whose look-in sends it should no verb follow. Without a mark
+            // nothing would: the held ACK waited for the requester's tail-loss probe, and Gloo
+            // retransmitted once per ten allreduces over a fabric that loses nothing.
+            if armed && s.polled_round.is_some() {
+                let now = s.round_now.unwrap_or_else(|| s.now());
+                if !self.shared.busy_polled(now) {
+                    s.polled_round = None;
+                }
+            }
             // The poll of an armed CQ comes before a sleep: nothing to give way for (and a
             // move decided there and not made would hold the next one off).
             let give_way = if armed || skip { GiveWay::No } else { s.give_way(cpu) };
@@ -2403,6 +2415,9 @@ mod tests {
     /// polling — arming used to send it alone (a system call of its own, and a datagram the
     /// peer reads in a call of its own: 1.4× the polling pingpong's time over UDP). A poll
     /// after the arming that hands over nothing sends it at once: nothing is held longer.
+    /// Nor is it held when no busy poll stands behind it (an application that waits in
+    /// poll(2) on the channel's descriptor itself, as Gloo does): no look-in of the progress
+    /// thread would send it should the application sleep instead of replying.
     #[test]
     fn a_held_ack_leaves_with_the_reply_across_the_arming_of_the_cq() {
         let options = Options { no_progress_thread: true, ..Options::default() };
@@ -2423,22 +2438,31 @@ mod tests {
             dev.poll_cq_with(Some(cq), |s| s.engine().poll_cq(cq, 16, &mut got));
             got.len()
         };
-        for hands_over in [true, false] {
+        for (hands_over, spun) in [(true, true), (false, true), (true, false)] {
             // A completion to hand over (a send's), or none.
             if hands_over {
                 send(&dev);
             }
             log.lock().unwrap().clear();
-            // As a round of the wait that received the message: it holds the ACK.
-            dev.with_at(|s| {
+            // As a round of the wait that received the message: it holds the ACK. A wait
+            // that spun for the event left a busy-poll mark.
+            let (_, now) = dev.with_at(|s| {
                 s.out.push(acknowledge(5, 10, 0, false));
                 s.polled_round = Some(true);
             });
+            if spun {
+                dev.shared.mark_busy_poll(now);
+            } else {
+                dev.shared.clear_busy_poll();
+            }
             assert!(log.lock().unwrap().is_empty(), "the ACK is held");
             assert!(dev.req_notify_cq(cq, false));
             assert!(log.lock().unwrap().is_empty(), "arming sends nothing");
             assert_eq!(poll(&dev), usize::from(hands_over));
-            if hands_over {
+            if !spun {
+                assert_eq!(*log.lock().unwrap(), [(1, true)], "no busy poll behind it: sent");
+                dev.with(|s| s.engine().poll_cq(cq, 16, &mut Vec::new()));
+            } else if hands_over {
                 assert!(log.lock().unwrap().is_empty(), "kept for the reply to the completion");
                 send(&dev);
                 assert_eq!(*log.lock().unwrap(), [(2, true)], "the reply and the ACK together");
