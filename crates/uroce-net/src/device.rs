@@ -1952,8 +1952,7 @@ impl NetDevice {
             // application waits in poll(2) on the channel's descriptor): what this poll would
             // hold for the next verb leaves now, unless a busy-poll mark stands (the event
             // was spun for), whose look-in sends it should no verb follow. Without a mark
-            // nothing would: the held ACK waited for the requester's tail-loss probe, and Gloo
-            // retransmitted once per ten allreduces over a fabric that loses nothing.
+            // nothing would: a held ACK would wait for the requester's tail-loss probe.
             if armed && s.polled_round.is_some() {
                 let now = s.round_now.unwrap_or_else(|| s.now());
                 if !self.shared.busy_polled(now) {
@@ -2488,7 +2487,7 @@ mod tests {
         let options = Options { no_progress_thread: true, ..Options::default() };
         let dev = NetDevice::open("127.0.18.50".parse().unwrap(), options).unwrap();
         let channel = Arc::new(Channel::new().unwrap());
-        let (qpn, pd, cq, _, _) = dev.with(|s| {
+        let (qpn, pd, cq, _mr, _) = dev.with(|s| {
             s.fabric = Box::new(Watched::new(|_| {}));
             let (qpn, pd, cq, mr, addr) = ud_qp(s, 1, 4096);
             s.bind_channel(cq, Arc::clone(&channel));
