@@ -443,8 +443,9 @@ pub(crate) struct SendBatch {
 unsafe impl Send for SendBatch {}
 
 impl SendBatch {
-    /// Sends `datagrams` from `sock` with as few `sendmmsg` calls as possible. Returns how
-    /// many the kernel took and, if that is not all, why it stopped.
+    /// Sends `datagrams` from `sock` with as few `sendmmsg` calls as possible (a lone small
+    /// one by `sendto`). Returns how many the kernel took and, if that is not all, why it
+    /// stopped.
     pub(crate) fn send<'a, P: Iterator<Item = &'a [u8]>>(
         &mut self,
         sock: &UdpSocket,
@@ -453,18 +454,38 @@ impl SendBatch {
         self.names.clear();
         self.iovs.clear();
         self.spans.clear();
-        for d in datagrams {
-            // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
-            let none = || (unsafe { core::mem::zeroed() }, 0);
-            self.names.push(d.dst.map_or_else(none, sockaddr_of));
-            let first = self.iovs.len();
-            self.iovs.extend(
-                d.parts.map(|b| libc::iovec {
-                    iov_base: b.as_ptr().cast_mut().cast(),
-                    iov_len: b.len(),
-                }),
+        // A lone unsegmented datagram of at most SMALL_DATAGRAM bytes is gathered here and
+        // goes by `sendto`: for a 64-byte message's 88-byte datagram the kernel then takes
+        // about 0.2 µs less than for `sendmmsg` of one header and three iovecs (no header or
+        // iovec array to import). A longer one keeps what was gathered as its first iovec.
+        let mut small = [0u8; SMALL_DATAGRAM];
+        let mut datagrams = datagrams.peekable();
+        if let Some(Datagram { dst, mut parts, segment: None }) =
+            datagrams.next_if(|d| d.segment.is_none())
+        {
+            let (mut len, mut over) = (0, None);
+            if datagrams.peek().is_none() {
+                for p in parts.by_ref() {
+                    let Some(to) = small.get_mut(len..len + p.len()) else {
+                        over = Some(p);
+                        break;
+                    };
+                    to.copy_from_slice(p);
+                    len += p.len();
+                }
+                if over.is_none() {
+                    return send_small(sock, dst, &small[..len]);
+                }
+            }
+            let gathered = (len > 0).then(|| iovec(&small[..len]));
+            self.push(
+                dst,
+                None,
+                gathered.into_iter().chain(over.into_iter().chain(parts).map(iovec)),
             );
-            self.spans.push((first, self.iovs.len() - first, d.segment));
+        }
+        for d in datagrams {
+            self.push(d.dst, d.segment, d.parts.map(iovec));
         }
         let n = self.spans.len();
         self.controls.resize(n, [0; GSO_CMSG_SPACE / 8]);
@@ -494,16 +515,26 @@ impl SendBatch {
         let mut sent = 0;
         while sent < n {
             let chunk = &mut self.msgs[sent..n.min(sent + 64)];
-            // SAFETY: every header points at a live sockaddr of its stated length, at its
-            // iovecs, each into a buffer the caller lends for this call and the kernel only
-            // reads, and at a control buffer of its stated length (or none).
-            let ret = unsafe {
-                libc::sendmmsg(
-                    sock.as_raw_fd(),
-                    chunk.as_mut_ptr(),
-                    chunk.len() as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                )
+            let ret = if let [one] = chunk {
+                // One datagram (a segmented run, say: a reply and the ACK behind it): `sendmsg`
+                // takes about 0.1 µs less than `sendmmsg` of one.
+                // SAFETY: as below, for the one header.
+                let len = unsafe {
+                    libc::sendmsg(sock.as_raw_fd(), &raw const one.msg_hdr, libc::MSG_DONTWAIT)
+                };
+                if len < 0 { -1 } else { 1 }
+            } else {
+                // SAFETY: every header points at a live sockaddr of its stated length, at its
+                // iovecs, each into a buffer the caller lends for this call and the kernel only
+                // reads, and at a control buffer of its stated length (or none).
+                unsafe {
+                    libc::sendmmsg(
+                        sock.as_raw_fd(),
+                        chunk.as_mut_ptr(),
+                        chunk.len() as libc::c_uint,
+                        libc::MSG_DONTWAIT,
+                    )
+                }
             };
             if ret < 0 {
                 let e = io::Error::last_os_error();
@@ -521,6 +552,61 @@ impl SendBatch {
         self.iovs.clear();
         (sent, None)
     }
+
+    /// Adds a datagram to the batch: its destination, segment size and iovecs.
+    fn push(
+        &mut self,
+        dst: Option<SocketAddr>,
+        segment: Option<u16>,
+        iovs: impl Iterator<Item = libc::iovec>,
+    ) {
+        // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
+        let none = || (unsafe { core::mem::zeroed() }, 0);
+        self.names.push(dst.map_or_else(none, sockaddr_of));
+        let first = self.iovs.len();
+        self.iovs.extend(iovs);
+        self.spans.push((first, self.iovs.len() - first, segment));
+    }
+}
+
+/// The iovec of `b` (the kernel only reads through it).
+fn iovec(b: &[u8]) -> libc::iovec {
+    libc::iovec { iov_base: b.as_ptr().cast_mut().cast(), iov_len: b.len() }
+}
+
+/// Longest datagram [`SendBatch::send`] gathers into one buffer when it sends it alone.
+const SMALL_DATAGRAM: usize = 512;
+
+/// Sends `bytes` as one datagram to `dst` (`None`: a connected socket's peer) by `sendto`.
+fn send_small(
+    sock: &UdpSocket,
+    dst: Option<SocketAddr>,
+    bytes: &[u8],
+) -> (usize, Option<SendStop>) {
+    let name = dst.map(sockaddr_of);
+    let (name_ptr, name_len) = match &name {
+        Some((storage, len)) => ((&raw const *storage).cast::<libc::sockaddr>(), *len),
+        None => (core::ptr::null(), 0),
+    };
+    // SAFETY: `bytes` and the name (if any, a live sockaddr of its stated length) stay
+    // borrowed across the call, and the kernel only reads them.
+    let ret = unsafe {
+        libc::sendto(
+            sock.as_raw_fd(),
+            bytes.as_ptr().cast(),
+            bytes.len(),
+            libc::MSG_DONTWAIT,
+            name_ptr,
+            name_len,
+        )
+    };
+    if ret >= 0 {
+        return (1, None);
+    }
+    let e = io::Error::last_os_error();
+    let stop =
+        if e.kind() == io::ErrorKind::WouldBlock { SendStop::Full } else { SendStop::Refused(e) };
+    (0, Some(stop))
 }
 
 /// Points `m` at `control`, holding one `UDP_SEGMENT` message of `size` (udp(7)).
@@ -1165,6 +1251,52 @@ mod tests {
         assert_eq!(batch.recv(&rx).unwrap(), 2);
         assert_eq!((batch.payload(0), batch.payload(1)), (&[7; 10][..], &[7; 20][..]));
         assert_eq!(batch.recv(&rx).unwrap(), 0);
+    }
+
+    /// A lone datagram leaves whole whether it fits the gather buffer (`sendto`), outgrows it
+    /// part-way (what was gathered goes first, then the rest as iovecs) or from its first part,
+    /// and so does each of a batch.
+    #[test]
+    fn a_lone_datagram_leaves_whole_wherever_its_parts_outgrow_the_gather_buffer() {
+        let rx = UdpSocket::bind("127.0.61.11:0").unwrap();
+        rx.set_read_timeout(Some(core::time::Duration::from_secs(5))).unwrap();
+        let to = rx.local_addr().unwrap();
+        let tx = udp_socket("127.0.61.12:0".parse().unwrap(), false, false).unwrap();
+        let bytes: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let mut batch = SendBatch::default();
+        let mut got = vec![0u8; 9000];
+        for lens in [
+            &[12, 64, 4][..],
+            &[12, SMALL_DATAGRAM - 16, 4],
+            &[12, SMALL_DATAGRAM - 15, 4],
+            &[SMALL_DATAGRAM + 1, 4],
+            &[12, 4096, 4],
+            &[],
+        ] {
+            let mut at = 0;
+            let parts: Vec<&[u8]> = lens
+                .iter()
+                .map(|&l| {
+                    at += l;
+                    &bytes[at - l..at]
+                })
+                .collect();
+            let d = Datagram { dst: Some(to), parts: parts.iter().copied(), segment: None };
+            let (sent, stop) = batch.send(&tx, core::iter::once(d));
+            assert!(sent == 1 && stop.is_none(), "{lens:?}: {stop:?}");
+            let n = rx.recv(&mut got).unwrap();
+            assert!(got[..n] == bytes[..at], "{lens:?}: {n} bytes arrived, not the {at} sent");
+        }
+        let two = [&bytes[..100], &bytes[100..200]].map(|p| Datagram {
+            dst: Some(to),
+            parts: core::iter::once(p),
+            segment: None,
+        });
+        assert_eq!(batch.send(&tx, two.into_iter()).0, 2);
+        for want in [&bytes[..100], &bytes[100..200]] {
+            let n = rx.recv(&mut got).unwrap();
+            assert_eq!(&got[..n], want);
+        }
     }
 
     /// `move_off_cpu` leaves the thread on another CPU of its mask, and the mask as it was;
