@@ -92,10 +92,25 @@ fn run_tests(
     client: &str,
     mtu: Option<&str>,
 ) -> String {
+    run_tests_checking(server_ns, client_ns, server, client, mtu, "any")
+}
+
+/// [`run_tests`] with both devices' receivers accepting the IPv4 identifications `ip_id`
+/// names (`UROCE_ICRC_IP_ID`), which also decides how they send: from connected sockets
+/// (`any`, the default) or unconnected (`linux`).
+fn run_tests_checking(
+    server_ns: &str,
+    client_ns: &str,
+    server: &str,
+    client: &str,
+    mtu: Option<&str>,
+    ip_id: &str,
+) -> String {
     let mut server_cmd = Command::new("ip");
     server_cmd
         .args(["netns", "exec", server_ns, UROCE, "server", "--addr", server, "--port", "19901"])
-        .env("UROCE_FABRIC", "udp");
+        .env("UROCE_FABRIC", "udp")
+        .env("UROCE_ICRC_IP_ID", ip_id);
     let (mut srv, before) = spawn_until(&mut server_cmd, |l| l.contains("waiting for clients"));
     assert!(before.is_empty(), "server: {before:?}");
     let args = [server, "rc_rdma_write_bw", "rc_bw", "uc_bw", "rc_rdma_write_lat", "-s", "64K"];
@@ -105,6 +120,7 @@ fn run_tests(
         .args(["-n", "300", "--local", client, "--port", "19901"])
         .args(mtu.map(|m| ["--mtu", m]).into_iter().flatten())
         .env("UROCE_FABRIC", "udp")
+        .env("UROCE_ICRC_IP_ID", ip_id)
         .output()
         .unwrap();
     let _ = srv.kill();
@@ -155,19 +171,27 @@ fn segments_on_loopback_carry_their_identification_and_verify() {
     for a in ["fd16::2/128", "fd16::3/128"] {
         run("ip", &["-n", &ns.0, "addr", "add", a, "dev", "lo", "nodad"]);
     }
-    for (family, server, client) in [("v4", "127.0.0.3", "127.0.0.2"), ("v6", "fd16::3", "fd16::2")]
-    {
-        let file = scratch(&format!("lo-{family}.pcap"));
+    // IPv4 from connected sockets (each datagram numbered from its socket's counter, which
+    // the sender learns), from unconnected ones (0, or k for segment k), and IPv6.
+    for (family, server, client, ip_id) in [
+        ("v4", "127.0.0.3", "127.0.0.2", "any"),
+        ("v4", "127.0.0.3", "127.0.0.2", "linux"),
+        ("v6", "fd16::3", "fd16::2", "any"),
+    ] {
+        let file = scratch(&format!("lo-{family}-{ip_id}.pcap"));
         let mut cap = start_capture(&ns.0, "lo", &file);
-        let report = run_tests(&ns.0, &ns.0, server, client, Some("4096"));
+        let report = run_tests_checking(&ns.0, &ns.0, server, client, Some("4096"), ip_id);
         std::thread::sleep(Duration::from_millis(300));
         stop(&mut cap);
-        eprintln!("{family}:\n{report}");
+        eprintln!("{family}, {ip_id}:\n{report}");
         let ids = verify_capture(&file);
-        if family == "v4" {
-            let most = ids.iter().copied().max().unwrap_or(0);
+        let most = ids.iter().copied().max().unwrap_or(0);
+        if ip_id == "linux" {
             assert!(most >= 10, "segments numbered up to {most}: no segmented sends?");
             assert!(ids.iter().all(|&id| id < 64), "an identification beyond one send's segments");
+        } else if family == "v4" {
+            let distinct: std::collections::BTreeSet<u32> = ids.iter().copied().collect();
+            assert!(distinct.len() > 64, "{} identifications: none from a counter", distinct.len());
         }
     }
     // Loopback as it is by default never cuts a segmented send: the capture holds each whole,

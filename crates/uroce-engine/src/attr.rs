@@ -28,8 +28,8 @@ pub struct DeviceConfig {
     /// a QPN names one QP of the channel adapter).
     pub qpns: QpnBlock,
     /// The IPv4 identifications a received packet's ICRC may have been computed with (the
-    /// receiver cannot see the IP header; IBA Annex A17.3.3 covers the field). By default what
-    /// a Linux sender using GSO produces, as uroce does.
+    /// receiver cannot see the IP header; IBA Annex A17.3.3 covers the field). By default any:
+    /// uroce's own IPv4 sender numbers datagrams from a connected socket's counter.
     pub ipv4_id_policy: Ipv4IdPolicy,
 }
 
@@ -51,7 +51,7 @@ impl DeviceConfig {
             ack_req_interval: 32,
             port_mtu: Mtu::Mtu4096,
             qpns: QpnBlock::ALL,
-            ipv4_id_policy: Ipv4IdPolicy::LinuxGso,
+            ipv4_id_policy: Ipv4IdPolicy::Any,
         }
     }
 }

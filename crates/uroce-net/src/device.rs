@@ -89,8 +89,11 @@ pub struct Options {
     /// coalesced runs (UDP GRO).
     pub no_gro: bool,
     /// The IPv4 identifications a received ICRC may have been computed with
-    /// (`UROCE_ICRC_IP_ID=zero|linux|any`); by default what a Linux sender produces. `any`
-    /// interoperates with Linux rxe and RNICs, which number their datagrams otherwise.
+    /// (`UROCE_ICRC_IP_ID=zero|linux|any`); by default any, which uroce's own IPv4 sender needs
+    /// (it sends from connected sockets, numbered from a per-socket counter), as do Linux rxe
+    /// and RNICs. `linux` (what an unconnected Linux socket produces: 0, or k for segment k of
+    /// a segmented send) checks more strictly, and makes this device send unconnected too: all
+    /// its peers must be set alike.
     pub ipv4_id_policy: Option<Ipv4IdPolicy>,
 }
 
@@ -229,6 +232,12 @@ pub struct NetCounters {
     /// Send sockets connected to one destination (opened, evicted ones included): a
     /// connected socket's route is cached, an unconnected one's looked up per datagram.
     pub tx_sockets_connected: u64,
+    /// Connected send sockets that could not be opened (no descriptor left, or, for IPv4, the
+    /// identification of their next datagram could not be learnt): packets left unconnected.
+    pub tx_connect_failed: u64,
+    /// Connected IPv4 send sockets closed after a refused send that may have taken an
+    /// identification (their count would no longer be known).
+    pub tx_sockets_closed: u64,
     /// ICMP errors (port or host unreachable) a connected send socket reported on a send, for
     /// a datagram sent before; the datagram the report held back went again at once.
     pub tx_icmp_errors: u64,
@@ -358,6 +367,8 @@ impl NetCounters {
             ("tx_gso_segments", self.tx_gso_segments),
             ("tx_gso_refused", self.tx_gso_refused),
             ("tx_sockets_connected", self.tx_sockets_connected),
+            ("tx_connect_failed", self.tx_connect_failed),
+            ("tx_sockets_closed", self.tx_sockets_closed),
             ("tx_icmp_errors", self.tx_icmp_errors),
             ("posts_batched", self.posts_batched),
             ("busy_polls_resumed", self.busy_polls_resumed),
@@ -412,6 +423,8 @@ impl core::ops::AddAssign for NetCounters {
         self.tx_gso_segments += o.tx_gso_segments;
         self.tx_gso_refused += o.tx_gso_refused;
         self.tx_sockets_connected += o.tx_sockets_connected;
+        self.tx_connect_failed += o.tx_connect_failed;
+        self.tx_sockets_closed += o.tx_sockets_closed;
         self.tx_icmp_errors += o.tx_icmp_errors;
         self.posts_batched += o.posts_batched;
         self.busy_polls_resumed += o.busy_polls_resumed;
@@ -1461,7 +1474,10 @@ impl NetDevice {
     /// UDP port 4791, shared with the device's other processes.
     pub fn open(addr: IpAddr, options: Options) -> Result<Self, OpenError> {
         let local = SocketAddr::new(addr, ROCE_V2_PORT);
-        let offloads = Offloads { gso: !options.no_gso, gro: !options.no_gro };
+        // IPv4 from connected sockets carries identifications only a receiver that accepts
+        // any can check: so only where this device's receivers do (its peers set alike).
+        let connected_ipv4 = options.ipv4_id_policy.unwrap_or_default() == Ipv4IdPolicy::Any;
+        let offloads = Offloads { gso: !options.no_gso, gro: !options.no_gro, connected_ipv4 };
         let udp = Udp::bind(addr, offloads).map_err(|e| match e.raw_os_error() {
             Some(libc::EADDRINUSE) => OpenError::AddressInUse(local),
             Some(libc::EADDRNOTAVAIL) => OpenError::AddressNotAvailable(addr),
@@ -2214,6 +2230,8 @@ mod tests {
             tx_gso_segments: 1,
             tx_gso_refused: 1,
             tx_sockets_connected: 1,
+            tx_connect_failed: 1,
+            tx_sockets_closed: 1,
             tx_icmp_errors: 1,
             posts_batched: 1,
             busy_polls_resumed: 1,

@@ -72,16 +72,18 @@
 //! first use, because a UDP socket sends from the port it is bound to). Received packets have
 //! their ICRC verified by the engine; mismatches are counted and dropped.
 //!
-//! The ICRC covers the IPv4 identification field, which user space does not choose. Sockets are
-//! unconnected with `IP_PMTUDISC_DO`, for which Linux sends a datagram sent alone with
-//! identification 0 and segment k of one GSO send with k. A run of a QP's packets to one
-//! destination, all of one length but the last, leaves in one segmented send (`UDP_SEGMENT`, up
-//! to 64 packets), each packet sealed for the identification it will carry; receiving sockets
-//! ask for coalesced runs (`UDP_GRO`) and cut them where the sender's datagrams ended. A
-//! receiver cannot see the identification, so the engine finds it from the ICRC
-//! (`uroce_wire::icrc::IdRecovery`) and accepts what a Linux sender produces (0..127;
-//! `UROCE_ICRC_IP_ID=any` for peers such as rxe that number datagrams otherwise). IPv6 has no
-//! identification. `UROCE_GSO=0` and `UROCE_GRO=0` turn the offloads off; a segmented send the
+//! The ICRC covers the IPv4 identification field, which user space does not choose. Unicast
+//! leaves from sockets connected to their peer (the kernel keeps the route), which number their
+//! datagrams from a per-socket counter with a random start: each learns it once from an empty
+//! probe it sends itself and follows it (`fabric::udp`). Unconnected sockets (`IP_PMTUDISC_DO`:
+//! multicast, and every destination under `UROCE_ICRC_IP_ID=linux`) send a datagram sent
+//! alone with identification 0 and segment k of one GSO send with k. A run of a QP's packets
+//! to one destination, all of one length but the last, leaves in one segmented send
+//! (`UDP_SEGMENT`, up to 64 packets), each packet sealed for the identification it will carry;
+//! receiving sockets ask for coalesced runs (`UDP_GRO`) and cut them where the sender's
+//! datagrams ended. A receiver cannot see the identification, so the engine finds it from the
+//! ICRC (`uroce_wire::icrc::IdRecovery`) and by default accepts any (`UROCE_ICRC_IP_ID=linux`:
+//! only 0..127, what an unconnected socket sends). IPv6 has no identification. `UROCE_GSO=0` and `UROCE_GRO=0` turn the offloads off; a segmented send the
 //! kernel refuses turns GSO off for the process.
 //!
 //! # Batching and copies

@@ -116,6 +116,67 @@ pub(crate) fn gso_supported(sock: &UdpSocket) -> bool {
     setsockopt_int(sock.as_raw_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok()
 }
 
+/// The IPv4 identification the next datagram from `sock`, a connected IPv4 UDP socket, will
+/// carry. Linux numbers a connected socket's datagrams from a per-socket counter that starts
+/// at a random value on `connect` and grows by one per datagram sent (`ip_select_ident_segs`;
+/// a segmented send takes one, its segments counting up from it), whatever the destination.
+/// The counter cannot be read, so this sends an empty datagram to `probe_to` (a socket of our
+/// own that discards it) with transmit timestamps on, and reads the identification from the
+/// copy of the packet the kernel loops back to the error queue (`SO_TIMESTAMPING`,
+/// Documentation/networking/timestamping.rst; an unprivileged process gets the packet unless
+/// `net.core.tstamp_allow_data` is 0, when this fails).
+pub(crate) fn next_ipv4_id(sock: &UdpSocket, probe_to: SocketAddrV4) -> io::Result<u16> {
+    let fd = sock.as_raw_fd();
+    let local = match sock.local_addr()? {
+        SocketAddr::V4(a) => *a.ip(),
+        SocketAddr::V6(_) => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
+    };
+    let flags = libc::SOF_TIMESTAMPING_TX_SOFTWARE | libc::SOF_TIMESTAMPING_SOFTWARE;
+    setsockopt_int(fd, libc::SOL_SOCKET, SO_TIMESTAMPING, flags as libc::c_int)?;
+    let learned = (|| {
+        let (name, name_len) = sockaddr_of(SocketAddr::V4(probe_to));
+        // SAFETY: no payload (a null pointer with length 0 is valid for sendto); the name is a
+        // live sockaddr of its stated length.
+        check(unsafe {
+            libc::sendto(fd, core::ptr::null(), 0, 0, (&raw const name).cast(), name_len) as i32
+        })?;
+        // The copy comes back within the send on loopback (where a local address's route goes):
+        // the timestamp is taken as the device transmits.
+        let mut packet = [0u8; 128];
+        let mut control = [0u64; 64];
+        let mut iov = libc::iovec { iov_base: packet.as_mut_ptr().cast(), iov_len: packet.len() };
+        // SAFETY: msghdr is plain old data; all zeroes is a valid value.
+        let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = size_of_val(&control);
+        // SAFETY: the header points at a live iovec over `packet` and a live control buffer,
+        // each of its stated length.
+        let len =
+            unsafe { libc::recvmsg(fd, &raw mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+        let len = usize::try_from(check(len as i32)?).unwrap_or(0);
+        looped_ipv4_id(&packet[..len.min(packet.len())], local, *probe_to.ip())
+            .ok_or_else(|| io::Error::other("no IPv4 header in the looped-back probe"))
+    })();
+    setsockopt_int(fd, libc::SOL_SOCKET, SO_TIMESTAMPING, 0)?;
+    learned.map(|id| id.wrapping_add(1))
+}
+
+/// `SO_TIMESTAMPING` (asm-generic/socket.h; `SO_TIMESTAMPING_OLD`, the same on 64-bit
+/// targets).
+const SO_TIMESTAMPING: libc::c_int = 37;
+
+/// The identification of the IPv4 datagram from `src` to `dst` that `packet` (a looped-back
+/// copy: IP header first, or behind loopback's 14-byte Ethernet header) holds.
+fn looped_ipv4_id(packet: &[u8], src: Ipv4Addr, dst: Ipv4Addr) -> Option<u16> {
+    let behind_ethernet = packet.len() >= 34 && packet[12..14] == [0x08, 0x00];
+    let ip = if behind_ethernet { &packet[14..] } else { packet };
+    let is = |at: usize, a: Ipv4Addr| ip.get(at..at + 4) == Some(&a.octets()[..]);
+    let udp_v4 = ip.first().is_some_and(|b| b >> 4 == 4) && ip.get(9) == Some(&17);
+    (udp_v4 && is(12, src) && is(16, dst)).then(|| u16::from_be_bytes([ip[4], ip[5]]))
+}
+
 /// Joins multicast `group` on the interface that has `local` (IPv4), or on every interface
 /// (IPv6, index 0), and loops the group's traffic back to this host.
 pub(crate) fn join_multicast(sock: &UdpSocket, group: IpAddr, local: IpAddr) -> io::Result<()> {

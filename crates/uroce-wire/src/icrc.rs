@@ -12,9 +12,12 @@
 //! checksum; IPv6 traffic class, flow label and hop limit; the UDP checksum; and BTH byte 4
 //! (FECN, BECN and reserved bits). The result is carried little-endian, least significant byte
 //! first. IP lengths, the IPv4 identification and flags, the addresses and the ports are covered,
-//! which is why a sender must know the IP header the kernel will emit: uroce sends IPv4 with DF
-//! (see [`crate::ip::IpRepr::for_addrs`]) from unconnected sockets, for which Linux sets the
-//! identification of a lone datagram to 0 and that of segment k of one GSO send to k.
+//! which is why a sender must know the IP header the kernel will emit. uroce sends IPv4 with DF
+//! (see [`crate::ip::IpRepr::for_addrs`]). From an unconnected socket Linux sets the
+//! identification of a lone datagram to 0 and that of segment k of one GSO send to k; from a
+//! connected one it takes the socket's counter (random from `connect`, one more per datagram,
+//! the segments of a GSO send counting up from theirs), which the sender learns once and then
+//! follows.
 //!
 //! # The identification a receiver cannot see
 //!
@@ -381,12 +384,16 @@ pub enum Ipv4IdPolicy {
     Zero,
     /// What Linux puts on datagrams from an unconnected socket with DF set: 0 for a datagram
     /// sent alone, k for segment k of one GSO send (k < 128, `UDP_MAX_SEGMENTS` since Linux
-    /// 6.x; 64 before). uroce sends so. A corrupted packet then passes the ICRC with
-    /// probability 2⁻²⁵ instead of 2⁻³² (the UDP checksum is a second check).
-    #[default]
+    /// 6.x; 64 before). A corrupted packet then passes the ICRC with probability 2⁻²⁵ instead
+    /// of 2⁻³² (the UDP checksum is a second check). uroce sends so when its receivers are
+    /// set to this (all peers must be).
     LinuxGso,
-    /// Any: for peers that number their datagrams otherwise (Linux rxe, which draws them from
-    /// the kernel's IP ID generator; RNICs). A corrupted packet passes with probability 2⁻¹⁶.
+    /// Any: what uroce sends by default (IPv4 from connected sockets, whose route the kernel
+    /// keeps instead of looking it up for every datagram, numbered from a per-socket
+    /// counter), Linux rxe (the kernel's IP ID generator) and RNICs. A corrupted packet passes
+    /// the ICRC with probability 2⁻¹⁶; the UDP checksum, which Linux senders fill in and
+    /// receiving kernels verify, is a second, independent check.
+    #[default]
     Any,
 }
 

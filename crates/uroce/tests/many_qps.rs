@@ -180,8 +180,10 @@ fn soak(pairs: usize, [a, b]: [&str; 2]) {
          {fds_after} after the traffic; {} packets sent, {} resent, {} ACK timeouts",
         engine.sent_pkts, engine.retransmitted_pkts, engine.ack_timeouts
     );
-    // The UDP path sends every QP's flow from a fixed pool of sockets.
-    assert_eq!(fds_after, fds_with_devices, "QPs cost no sockets");
+    // The UDP path sends every QP's flow from a fixed pool of sockets, and from at most 32
+    // siblings per device connected to the peers it sends to (the README's resource bounds).
+    let connected = fds_after.saturating_sub(fds_with_devices);
+    assert!(connected <= 2 * 32, "QPs cost sockets: {connected} more after the traffic");
     assert_eq!(net.tx_errors, 0, "every packet left");
 }
 

@@ -9,15 +9,20 @@
 //! bounded whatever the number of QPs, a device that cannot get them fails to open, and the
 //! flows still spread over that many ports.
 //!
-//! Over IPv6, unicast packets leave from a sibling of their send socket connected to their
-//! destination (same address and port, through `SO_REUSEPORT`): the kernel then keeps the
-//! route with the socket instead of looking it up for every datagram (on IPv4 loopback that
-//! lookup is 0.4 µs of a 4.2 µs one-way ping-pong). At most [`CONNECTED_SOCKETS`] are kept,
-//! the least recently used closed first; without one (descriptors exhausted) a packet leaves
-//! unconnected. IPv4 cannot have this: a connected socket numbers its datagrams' IPv4
-//! identification from a random per-socket counter (Linux's `ip_select_ident_segs`), which
-//! the ICRC covers and the sender cannot read, where an unconnected socket with `DF` set
-//! writes 0 (and 0…n−1 across a segmented send), which it can seal for.
+//! Unicast packets leave from a sibling of their send socket connected to their destination
+//! (same address and port, through `SO_REUSEPORT`): the kernel then keeps the route with the
+//! socket instead of looking it up for every datagram (on IPv4 loopback 0.37 µs of a 4.0 µs
+//! UD SEND). At most [`CONNECTED_SOCKETS`] are kept, the least recently used closed first;
+//! without one (descriptors exhausted) a packet leaves unconnected. Over IPv4 a connected
+//! socket numbers its datagrams' identification, which the ICRC covers, from a per-socket
+//! counter that starts at a random value (Linux's `ip_select_ident_segs`), where an
+//! unconnected one with `DF` set writes 0 (and 0…n−1 across a segmented send). The counter
+//! cannot be read, so each connected IPv4 socket sends one empty probe to its unconnected
+//! sibling when it opens and reads the identification from the kernel's copy of it
+//! ([`sys::next_ipv4_id`]); from then on each packet is sealed for the identification it will
+//! carry, and a socket whose count a refused send may have disturbed is closed. Receivers
+//! that accept only an unconnected socket's identifications (`UROCE_ICRC_IP_ID=linux`) need
+//! senders that stay unconnected: a device set so does.
 //!
 //! Packets of one QP to one destination leave in as few system calls as the kernel allows: a
 //! run of equal-sized packets (the last may be shorter) is one segmented send (UDP GSO, up to
@@ -62,6 +67,12 @@ const CONNECTED_SOCKETS: usize = 32;
 /// Sends from connected sockets after a failure to open one before the next try.
 const CONNECT_RETRY_AFTER: u64 = 4096;
 
+/// Sends from connected sockets since the least recently used was last sent from, at least,
+/// before it is closed for another destination: a process sending to more destinations than
+/// it keeps sockets for sends the rest unconnected instead of opening (and, over IPv4,
+/// probing) a socket for nearly every datagram.
+const EVICT_IDLE_AFTER: u64 = 4 * CONNECTED_SOCKETS as u64;
+
 /// A send socket's sibling connected to one destination.
 struct Connected {
     port: u16,
@@ -69,6 +80,9 @@ struct Connected {
     sock: UdpSocket,
     /// When it was last sent from ([`Udp::uses`] then), for eviction.
     used: u64,
+    /// IPv4: the identification its next datagram carries ([`sys::next_ipv4_id`]; one more
+    /// per datagram sent, the segments of a segmented one counting up from theirs).
+    next_id: Option<u16>,
 }
 
 /// Which kernel offloads a device's UDP path uses (`UROCE_GSO=0`, `UROCE_GRO=0` turn them off).
@@ -76,6 +90,10 @@ struct Connected {
 pub(crate) struct Offloads {
     pub(crate) gso: bool,
     pub(crate) gro: bool,
+    /// IPv4 unicast leaves from connected sockets (the route kept with the socket), whose
+    /// datagrams carry identifications from a per-socket counter: only when the device's
+    /// receivers accept any identification, so that devices set alike understand each other.
+    pub(crate) connected_ipv4: bool,
 }
 
 /// UDP sockets of one device address.
@@ -105,6 +123,8 @@ pub(crate) struct Udp {
     send: SendBatch,
     /// A datagram too large for its route was reported on standard error (once per device).
     told_too_big: bool,
+    /// IPv4 unicast leaves from connected sockets ([`Offloads::connected_ipv4`]).
+    connect_ipv4: bool,
 }
 
 /// Packets `first..first + count` of a batch, sent as one datagram, cut into `segment`-byte
@@ -116,10 +136,10 @@ struct Run {
     segment: usize,
 }
 
-/// Whether packets to `dst` leave from a connected socket: IPv6 unicast. IPv4 stays
-/// unconnected (see the module's documentation), and a group is no one peer.
-fn connectable(dst: SocketAddr) -> bool {
-    dst.is_ipv6() && !dst.ip().is_multicast()
+/// Whether packets to `dst` leave from a connected socket: unicast (a group is no one peer),
+/// IPv4 only with `ipv4` (see the module's documentation).
+fn connectable(dst: SocketAddr, ipv4: bool) -> bool {
+    !dst.ip().is_multicast() && (dst.is_ipv6() || ipv4)
 }
 
 /// Cuts `run` (packets of one source port, their lengths in `lens`) into datagrams, in `runs`:
@@ -182,6 +202,7 @@ impl Udp {
             runs: Vec::new(),
             send: SendBatch::default(),
             told_too_big: false,
+            connect_ipv4: offloads.connected_ipv4,
         })
     }
 
@@ -227,10 +248,10 @@ impl Udp {
     }
 
     /// The connected sibling of send socket `port` for `dst`, opened if need be (evicting the
-    /// least recently used past [`CONNECTED_SOCKETS`]); `None` for an IPv4 or multicast
-    /// destination, or when none can be opened.
+    /// least recently used past [`CONNECTED_SOCKETS`]); `None` for a destination that is not
+    /// [`connectable`], or when none can be opened (or, for IPv4, its identification learnt).
     fn connected_for(&mut self, port: u16, dst: SocketAddr, c: &mut NetCounters) -> Option<usize> {
-        if !connectable(dst) {
+        if !connectable(dst, self.connect_ipv4) {
             return None;
         }
         self.uses += 1;
@@ -241,25 +262,38 @@ impl Udp {
         if self.connect_failed_at.is_some_and(|at| self.uses - at < CONNECT_RETRY_AFTER) {
             return None;
         }
-        let open = || -> io::Result<UdpSocket> {
-            let s = sys::udp_socket(SocketAddr::new(self.addr, port), false, true)?;
-            s.connect(dst)?;
-            Ok(s)
+        let oldest = self.connected.iter().enumerate().min_by_key(|(_, k)| k.used);
+        let evict = match oldest {
+            _ if self.connected.len() < CONNECTED_SOCKETS => None,
+            Some((i, k)) if self.uses - k.used >= EVICT_IDLE_AFTER => Some(i),
+            _ => return None,
         };
-        let Ok(sock) = open() else {
+        let src = SocketAddr::new(self.addr, port);
+        let open = || -> io::Result<(UdpSocket, Option<u16>)> {
+            let s = sys::udp_socket(src, false, true)?;
+            s.connect(dst)?;
+            let SocketAddr::V4(probe_to) = src else { return Ok((s, None)) };
+            // The probe goes to the unconnected send socket of the same port, which reads
+            // nothing: it is emptied here.
+            let next_id = sys::next_ipv4_id(&s, probe_to);
+            if let Some(sibling) = Self::send_sock(&self.send_socks, port) {
+                while sibling.recv(&mut [0u8; 16]).is_ok() {}
+            }
+            Ok((s, Some(next_id?)))
+        };
+        let Ok((sock, next_id)) = open() else {
+            c.tx_connect_failed += 1;
             self.connect_failed_at = Some(self.uses);
             return None;
         };
         c.tx_sockets_connected += 1;
-        let k = Connected { port, dst, sock, used: self.uses };
-        if self.connected.len() < CONNECTED_SOCKETS {
+        let k = Connected { port, dst, sock, used: self.uses, next_id };
+        let Some(i) = evict else {
             self.connected.push(k);
             return Some(self.connected.len() - 1);
-        }
-        let oldest =
-            self.connected.iter().enumerate().min_by_key(|(_, k)| k.used).map(|(i, _)| i)?;
-        self.connected[oldest] = k;
-        Some(oldest)
+        };
+        self.connected[i] = k;
+        Some(i)
     }
 
     /// Sends `run` (packets from source port `port`); returns how many the kernel took.
@@ -271,24 +305,15 @@ impl Udp {
         c: &mut NetCounters,
     ) -> usize {
         let mut done = 0;
+        // A connected IPv4 socket that failed is closed and the rest planned again, once.
+        let mut replanned = false;
         'plan: loop {
             let rest = &mut run[done..];
             self.lens.clear();
             self.lens.extend(rest.iter().map(|o| o.parts(mem).map(<[u8]>::len).sum::<usize>()));
             plan(&mut self.runs, &self.lens, rest, self.gso);
             let src = SocketAddr::new(self.addr, port);
-            for r in &self.runs {
-                let run = &mut rest[r.first..r.first + r.count];
-                // One destination per run (`plan`), so one pseudo-header.
-                let Some(Ok(pseudo)) = run.first().map(|o| self.pseudo.get(src, o.dst)) else {
-                    continue;
-                };
-                for (k, o) in run.iter_mut().enumerate() {
-                    let id = if r.count > 1 { u16::try_from(k).unwrap_or(0) } else { 0 };
-                    o.seal(mem, &pseudo, id);
-                }
-            }
-            let rest = &*rest;
+            let ipv4 = self.connect_ipv4;
             // The runs to one destination a socket can be connected to leave together, from
             // that socket; a stretch of runs to others, in one call from the unconnected one.
             let mut first_run = 0;
@@ -298,10 +323,31 @@ impl Udp {
                     .iter()
                     .position(|r| {
                         let to = rest[r.first].dst;
-                        if connectable(dst) { to != dst } else { connectable(to) }
+                        if connectable(dst, ipv4) { to != dst } else { connectable(to, ipv4) }
                     })
                     .unwrap_or(self.runs.len() - first_run);
                 let connected = self.connected_for(port, dst, c);
+                let group = &self.runs[first_run..first_run + runs_to_dst];
+                // Each packet sealed for the identification it will carry (the ICRC covers
+                // it): from a connected IPv4 socket datagram i of the group gets the socket's
+                // next plus i; from an unconnected one (`DF` set) a datagram sent alone gets 0.
+                // The segments of a segmented datagram count up from its identification.
+                let first_id = connected.and_then(|i| self.connected[i].next_id);
+                for (i, r) in group.iter().enumerate() {
+                    let run = &mut rest[r.first..r.first + r.count];
+                    // One destination per run (`plan`), so one pseudo-header.
+                    let Some(Ok(pseudo)) = run.first().map(|o| self.pseudo.get(src, o.dst)) else {
+                        continue;
+                    };
+                    // Identifications wrap, as the kernel's do.
+                    #[expect(clippy::cast_possible_truncation, reason = "modulo 2¹⁶")]
+                    let id = first_id.map_or(0, |f| f.wrapping_add(i as u16));
+                    for (k, o) in run.iter_mut().enumerate() {
+                        let k = if r.count > 1 { u16::try_from(k).unwrap_or(0) } else { 0 };
+                        o.seal(mem, &pseudo, id.wrapping_add(k));
+                    }
+                }
+                let rest = &*rest;
                 let sock = match connected {
                     Some(i) => &self.connected[i].sock,
                     None => match Self::send_sock(&self.send_socks, port) {
@@ -309,7 +355,6 @@ impl Udp {
                         None => return done,
                     },
                 };
-                let group = &self.runs[first_run..first_run + runs_to_dst];
                 let datagrams = || {
                     group.iter().map(|r| Datagram {
                         dst: connected.is_none().then(|| rest[r.first].dst),
@@ -321,7 +366,8 @@ impl Udp {
                 let (mut sent, mut stop) = self.send.send(sock, datagrams());
                 // A connected socket reports an ICMP error that came back for an earlier
                 // datagram (the peer's port closed for a moment, say) on its next send, which
-                // then does not go: once reported, the error is cleared.
+                // then does not go (nor take an identification: the kernel returns the error
+                // before it builds the packet): once reported, the error is cleared.
                 if connected.is_some()
                     && sent == 0
                     && let Some(SendStop::Refused(e)) = &stop
@@ -342,6 +388,13 @@ impl Udp {
                     }
                 }
                 done += group[..sent].iter().map(|r| r.count).sum::<usize>();
+                if let Some(i) = connected
+                    && let Some(next) = &mut self.connected[i].next_id
+                {
+                    #[expect(clippy::cast_possible_truncation, reason = "modulo 2¹⁶")]
+                    let sent = sent as u16;
+                    *next = next.wrapping_add(sent);
+                }
                 if sent == group.len() {
                     first_run += runs_to_dst;
                     continue;
@@ -361,10 +414,23 @@ impl Udp {
                 let refused_segmented = stopped_at.count > 1
                     && matches!(&stop, Some(SendStop::Refused(e))
                         if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP)));
+                // A refusal may come after the kernel numbered the datagram (a segmented send
+                // it cannot segment, say): a connected IPv4 socket's count is then unknown, and
+                // the socket is closed (a full buffer refuses before numbering).
+                let uncounted = connected.filter(|&i| {
+                    self.connected[i].next_id.is_some() && !matches!(stop, Some(SendStop::Full))
+                });
+                if let Some(i) = uncounted {
+                    self.connected.swap_remove(i);
+                    c.tx_sockets_closed += 1;
+                }
                 if refused_segmented {
                     // This path cannot segment: from now on every packet goes alone.
                     self.gso = false;
                     c.tx_gso_refused += 1;
+                    continue 'plan;
+                }
+                if uncounted.is_some() && !core::mem::replace(&mut replanned, true) {
                     continue 'plan;
                 }
                 return done;
@@ -536,7 +602,8 @@ mod tests {
     /// A device on IPv6 loopback (its port 4791 shared, as every device's, so it takes none
     /// from another; nothing here sends to it).
     fn ipv6_device() -> Udp {
-        Udp::bind("::1".parse().unwrap(), Offloads { gso: false, gro: false }).unwrap()
+        let offloads = Offloads { gso: false, gro: false, connected_ipv4: true };
+        Udp::bind("::1".parse().unwrap(), offloads).unwrap()
     }
 
     #[test]
@@ -551,22 +618,66 @@ mod tests {
             assert_eq!(received_from(&rx), SocketAddr::new("::1".parse().unwrap(), flow_port));
         }
         assert_eq!((c.tx_sockets_connected, c.tx_datagrams, c.tx_errors), (1, 3, 0));
-        // One per destination, the least recently used closed past the limit; every packet
-        // still arrives.
+        // One per destination while there is room; past it, sockets sent from lately are
+        // kept and a newcomer leaves unconnected. Every packet still arrives.
         let others: Vec<_> = (0..CONNECTED_SOCKETS + 8).map(|_| receiver("::1")).collect();
         for (s, a) in &others {
             send_to(&mut udp, *a, &mut c);
             assert_eq!(received_from(s).port(), flow_port);
         }
         assert_eq!(udp.connected.len(), CONNECTED_SOCKETS);
-        assert_eq!(c.tx_sockets_connected, 1 + others.len() as u64);
+        assert_eq!(c.tx_sockets_connected, CONNECTED_SOCKETS as u64);
+        // The least recently used, once idle long enough, is closed for a newcomer.
+        let (busy, to) = &others[1];
+        for _ in 0..EVICT_IDLE_AFTER {
+            send_to(&mut udp, *to, &mut c);
+            received_from(busy);
+        }
+        let (last, at) = &others[CONNECTED_SOCKETS + 7];
+        send_to(&mut udp, *at, &mut c);
+        assert_eq!(received_from(last).port(), flow_port);
+        assert_eq!(c.tx_sockets_connected, CONNECTED_SOCKETS as u64 + 1);
+        assert!(udp.connected.iter().any(|k| k.dst == *at));
         assert_eq!(c.tx_errors, 0);
     }
 
+    /// IPv4 unicast leaves from a connected sibling too, each packet sealed for the
+    /// identification the kernel gives it: the socket's counter (learnt from a probe that the
+    /// unconnected sibling receives and that is taken from it), one more per datagram, the
+    /// segments of a segmented one counting up from theirs. That the wire carries these is
+    /// what the capture tests check (`crates/uroce-cli/tests/gso.rs`: `uroce decode` verifies
+    /// every captured ICRC against its captured header).
     #[test]
-    fn ipv4_stays_unconnected_so_its_identification_is_the_one_sealed_for() {
-        let mut udp =
-            Udp::bind("127.0.61.2".parse().unwrap(), Offloads { gso: false, gro: false }).unwrap();
+    fn ipv4_unicast_leaves_from_a_connected_socket_sealed_for_its_counter() {
+        let offloads = Offloads { gso: true, gro: false, connected_ipv4: true };
+        let mut udp = Udp::bind("127.0.61.2".parse().unwrap(), offloads).unwrap();
+        let mut c = NetCounters::default();
+        let (rx, dst) = receiver("127.0.61.3");
+        let port = udp.source_port(0);
+        let mut sealed = Vec::new();
+        for n in [1, 1, 1, 3, 1] {
+            let mut out: Vec<Outgoing> =
+                (0..n).map(|_| Outgoing { port, ..packet(&dst.to_string(), 64, false) }).collect();
+            udp.transmit(&mut out, &Registry::default(), &mut c);
+            sealed.extend(out.iter().map(|o| o.ip_id));
+        }
+        let first = sealed[0];
+        let want: Vec<u16> = [0, 1, 2, 3, 4, 5, 4].iter().map(|&k| first.wrapping_add(k)).collect();
+        assert_eq!(sealed, want);
+        assert_eq!((c.tx_sockets_connected, c.tx_gso_sends, c.tx_errors), (1, 1, 0));
+        for _ in 0..7 {
+            assert_eq!(received_from(&rx).port(), port);
+        }
+        let sibling = Udp::send_sock(&udp.send_socks, port).unwrap();
+        assert!(sibling.recv(&mut [0u8; 16]).is_err(), "the probe was left waiting");
+    }
+
+    /// Receivers set to accept only what an unconnected socket sends: IPv4 leaves unconnected,
+    /// sealed for 0.
+    #[test]
+    fn ipv4_stays_unconnected_where_receivers_check_strictly() {
+        let offloads = Offloads { gso: false, gro: false, connected_ipv4: false };
+        let mut udp = Udp::bind("127.0.61.2".parse().unwrap(), offloads).unwrap();
         let mut c = NetCounters::default();
         let (rx, dst) = receiver("127.0.61.3");
         send_to(&mut udp, dst, &mut c);
@@ -608,7 +719,8 @@ mod tests {
     #[test]
     fn the_device_socket_takes_its_destination_from_its_address_not_a_message() {
         let addr: IpAddr = "127.0.61.9".parse().unwrap();
-        let mut udp = Udp::bind(addr, Offloads { gso: false, gro: false }).unwrap();
+        let offloads = Offloads { gso: false, gro: false, connected_ipv4: true };
+        let mut udp = Udp::bind(addr, offloads).unwrap();
         let tx = UdpSocket::bind("127.0.61.10:0").unwrap();
         tx.send_to(&[1; 40], SocketAddr::new(addr, ROCE_V2_PORT)).unwrap();
         sys::poll_readable_ns(&[udp.main.as_raw_fd()], Some(5_000_000_000)).unwrap();
