@@ -251,6 +251,9 @@ pub struct NetCounters {
     /// for the application's next verb, so that an ACK leaves in one system call with the
     /// reply the application posts ([`NetDevice::poll_with`]).
     pub tx_held: u64,
+    /// Held packets idle polls kept that then left from a poll, not with a reply: idle polls
+    /// stop keeping them (one hold in 1,024 tries again).
+    pub holds_kept_for_nothing: u64,
     /// ACKs dropped before they left because a later ACK of the same QP, queued behind them,
     /// says more (a held ACK, then the next poll's: IBA 9.7.5.1, ACKs are cumulative).
     pub acks_superseded: u64,
@@ -373,6 +376,7 @@ impl NetCounters {
             ("posts_batched", self.posts_batched),
             ("busy_polls_resumed", self.busy_polls_resumed),
             ("tx_held", self.tx_held),
+            ("holds_kept_for_nothing", self.holds_kept_for_nothing),
             ("acks_superseded", self.acks_superseded),
             ("rx_datagrams", self.rx_datagrams),
             ("rx_gro_datagrams", self.rx_gro_datagrams),
@@ -429,6 +433,7 @@ impl core::ops::AddAssign for NetCounters {
         self.posts_batched += o.posts_batched;
         self.busy_polls_resumed += o.busy_polls_resumed;
         self.tx_held += o.tx_held;
+        self.holds_kept_for_nothing += o.holds_kept_for_nothing;
         self.acks_superseded += o.acks_superseded;
         self.rx_datagrams += o.rx_datagrams;
         self.rx_gro_datagrams += o.rx_gro_datagrams;
@@ -613,9 +618,17 @@ pub struct State {
     /// Set by a busy poll of a CQ not armed, for the verb it runs in: what earlier polls held
     /// may stay held if it is young ([`HOLD_ACROSS_POLLS_NS`]).
     poll_may_keep: bool,
-    /// When what waits in `out` for the next verb began to wait, if it all goes through the
-    /// kernel's sockets (what goes to a local peer's ring is not kept across polls).
+    /// When what waits in `out` for the next verb began to wait, if idle polls may keep it:
+    /// it all goes through the kernel's sockets (what goes to a local peer's ring is not kept
+    /// across polls), and keeping it has paid lately or is tried again.
     held_since: Option<Instant>,
+    /// Whether an idle poll kept what is held ([`HOLD_ACROSS_POLLS_NS`]).
+    held_across_polls: bool,
+    /// Whether the last packets kept across idle polls left with a verb's own (a reply),
+    /// rather than from a poll (a stream's receiver, whose peer waits for the ACK instead).
+    keeping_pays: bool,
+    /// Holds to come before keeping is tried again, while it does not pay.
+    keeping_retry_in: u32,
     /// CQs armed (`ibv_req_notify_cq`) since their last poll: that poll comes before the
     /// application sleeps for the CQ's event even when a completion fired the event (and so
     /// disarmed the CQ) between the arming and the poll.
@@ -1428,6 +1441,9 @@ const BUSY_POLL_GRACE_NS: u64 = 1_000_000;
 /// once in [`CLOCK_EVERY`] rounds: a few microseconds more at most.
 const HOLD_ACROSS_POLLS_NS: u64 = 20_000;
 
+/// Holds, once keeping across idle polls did not pay, before it is tried again.
+const KEEP_RETRY_EVERY: u32 = 1024;
+
 /// How far ahead a busy poller pushes the progress thread's look-in ([`Shared::mark_busy_poll`]),
 /// so the thread takes over 1–5 ms after polling stops. Past the scheduler's next tick (4 ms
 /// at `HZ=250`): a timer due before it reprograms the CPU's timer, which a hypervisor traps
@@ -1597,6 +1613,9 @@ impl NetDevice {
             skipped_round: false,
             poll_may_keep: false,
             held_since: None,
+            held_across_polls: false,
+            keeping_pays: true,
+            keeping_retry_in: 0,
             armed_since_poll: Vec::new(),
             gave_way: 0,
             sends: 0,
@@ -1811,21 +1830,26 @@ impl NetDevice {
         // next one, and the reply alone after it — two datagrams, two system calls on each
         // side, where one carries both. Into a local peer's ring an ACK alone costs no system
         // call, so there it leaves as before: early, the peer handles it before it awaits the
-        // reply rather than with it.
+        // reply rather than with it. Keeping goes on while it pays: when what was kept leaves
+        // from a poll instead of with a verb's packets (the receiver of a stream, whose peer's
+        // window waits for the ACK, and no reply comes), idle polls stop keeping, and try
+        // again one hold in `KEEP_RETRY_EVERY`.
         let handed = s.engine.completions_taken() > taken;
         let may_keep = core::mem::take(&mut s.poll_may_keep);
         let young = s
             .held_since
             .is_some_and(|t| now.as_nanos().saturating_sub(t.as_nanos()) < HOLD_ACROSS_POLLS_NS);
         let unchanged = held > 0 && s.out.len() == held;
-        let hold = match s.polled_round.take() {
-            Some(received) => {
-                (received && held == 0 && s.may_hold())
-                    || (over_arming && !received && handed && unchanged)
-                    || (may_keep && !received && unchanged && young)
-            }
-            None => keep && unchanged,
-        };
+        let polled = s.polled_round.take();
+        let kept_across = polled == Some(false) && may_keep && unchanged && young;
+        let hold = kept_across
+            || match polled {
+                Some(received) => {
+                    (received && held == 0 && s.may_hold())
+                        || (over_arming && !received && handed && unchanged)
+                }
+                None => keep && unchanged,
+            };
         if hold {
             s.counters.tx_held += u64::from(held == 0);
             if held == 0 {
@@ -1834,10 +1858,23 @@ impl NetDevice {
                     let qpn = crate::fabric::dest_qpn(&o.bytes).unwrap_or(0);
                     fabric.path_to(o.dst.ip(), qpn) == "udp"
                 });
-                s.held_since = through_sockets.then_some(now);
+                let try_keeping = s.keeping_pays || {
+                    s.keeping_retry_in = s.keeping_retry_in.saturating_sub(1);
+                    s.keeping_retry_in == 0
+                };
+                s.held_since = (through_sockets && try_keeping).then_some(now);
+                s.held_across_polls = false;
             }
+            s.held_across_polls |= kept_across;
             s.hand_out_events();
         } else {
+            if held > 0 && core::mem::take(&mut s.held_across_polls) {
+                s.keeping_pays = polled.is_none() && s.out.len() > held;
+                if !s.keeping_pays {
+                    s.counters.holds_kept_for_nothing += 1;
+                    s.keeping_retry_in = KEEP_RETRY_EVERY;
+                }
+            }
             s.held_since = None;
             // What was held, when it is only ACKs, leaves after what this verb produced (the
             // reply it posted): through the kernel each datagram makes its own trip, and the
@@ -2276,6 +2313,7 @@ mod tests {
             posts_batched: 1,
             busy_polls_resumed: 1,
             tx_held: 1,
+            holds_kept_for_nothing: 1,
             acks_superseded: 1,
             rx_datagrams: 1,
             rx_gro_datagrams: 1,
@@ -2581,7 +2619,8 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), [(2, true)], "the reply and the ACK together");
         poll(cq);
         // Held too long: an idle poll sends it, once its round reads the clock (one in
-        // CLOCK_EVERY does).
+        // CLOCK_EVERY does). Keeping did not pay (as for a stream's receiver, whose peer
+        // waits for the ACK and sends no reply): idle polls stop keeping.
         hold();
         poll(other);
         std::thread::sleep(Duration::from_nanos(2 * HOLD_ACROSS_POLLS_NS));
@@ -2590,6 +2629,23 @@ mod tests {
             poll(other);
         }
         assert_eq!(*log.lock().unwrap(), [(1, true)], "an old ACK left alone");
+        assert_eq!(dev.with(|s| s.counters().holds_kept_for_nothing), 1);
+        hold();
+        poll(other);
+        assert_eq!(*log.lock().unwrap(), [(1, true)], "kept for nothing before: sent");
+        // Tried again (one hold in KEEP_RETRY_EVERY), and paying: kept again.
+        dev.with(|s| s.keeping_retry_in = 1);
+        hold();
+        poll(other);
+        assert!(log.lock().unwrap().is_empty(), "tried again: kept");
+        dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.61", 1));
+        assert_eq!(*log.lock().unwrap(), [(2, true)], "the reply and the ACK together");
+        poll(cq);
+        hold();
+        poll(other);
+        assert!(log.lock().unwrap().is_empty(), "paid: kept");
+        dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.61", 1));
+        poll(cq);
         // The poll of an armed CQ precedes a sleep: it sends at once.
         hold();
         assert!(dev.req_notify_cq(other, false));
