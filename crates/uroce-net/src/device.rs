@@ -251,8 +251,8 @@ pub struct NetCounters {
     /// for the application's next verb, so that an ACK leaves in one system call with the
     /// reply the application posts ([`NetDevice::poll_with`]).
     pub tx_held: u64,
-    /// Held packets idle polls kept that then left from a poll, not with a reply: idle polls
-    /// stop keeping them (one hold in 1,024 tries again).
+    /// Held packets idle polls kept until they grew too old and left alone, with no reply:
+    /// idle polls stop keeping them (one hold in 1,024 tries again).
     pub holds_kept_for_nothing: u64,
     /// ACKs dropped before they left because a later ACK of the same QP, queued behind them,
     /// says more (a held ACK, then the next poll's: IBA 9.7.5.1, ACKs are cumulative).
@@ -1830,10 +1830,12 @@ impl NetDevice {
         // next one, and the reply alone after it — two datagrams, two system calls on each
         // side, where one carries both. Into a local peer's ring an ACK alone costs no system
         // call, so there it leaves as before: early, the peer handles it before it awaits the
-        // reply rather than with it. Keeping goes on while it pays: when what was kept leaves
-        // from a poll instead of with a verb's packets (the receiver of a stream, whose peer's
+        // reply rather than with it. Keeping goes on while it pays: when what was kept grows
+        // too old and an idle poll sends it alone (the receiver of a stream, whose peer's
         // window waits for the ACK, and no reply comes), idle polls stop keeping, and try
-        // again one hold in `KEEP_RETRY_EVERY`.
+        // again one hold in `KEEP_RETRY_EVERY`; it pays again when it leaves with a verb's
+        // packets. (What leaves with the packets of a poll that received, an exchange's
+        // ACK from the peer, say, neither.)
         let handed = s.engine.completions_taken() > taken;
         let may_keep = core::mem::take(&mut s.poll_may_keep);
         let young = s
@@ -1869,8 +1871,10 @@ impl NetDevice {
             s.hand_out_events();
         } else {
             if held > 0 && core::mem::take(&mut s.held_across_polls) {
-                s.keeping_pays = polled.is_none() && s.out.len() > held;
-                if !s.keeping_pays {
+                if polled.is_none() && s.out.len() > held {
+                    s.keeping_pays = true;
+                } else if may_keep && polled == Some(false) && unchanged && !young {
+                    s.keeping_pays = false;
                     s.counters.holds_kept_for_nothing += 1;
                     s.keeping_retry_in = KEEP_RETRY_EVERY;
                 }
@@ -2644,6 +2648,21 @@ mod tests {
         hold();
         poll(other);
         assert!(log.lock().unwrap().is_empty(), "paid: kept");
+        dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.61", 1));
+        poll(cq);
+        // Taken along by a poll that received (an exchange: the peer's ACK came first): that
+        // says nothing against keeping.
+        hold();
+        poll(other);
+        dev.with_at(|s| {
+            s.out.push(acknowledge(6, 20, 0, false));
+            s.polled_round = Some(true);
+        });
+        assert_eq!(log.lock().unwrap().len(), 1, "sent with what the poll received");
+        log.lock().unwrap().clear();
+        hold();
+        poll(other);
+        assert!(log.lock().unwrap().is_empty(), "still kept");
         dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.61", 1));
         poll(cq);
         // The poll of an armed CQ precedes a sleep: it sends at once.
