@@ -624,8 +624,9 @@ pub struct State {
     held_since: Option<Instant>,
     /// Whether an idle poll kept what is held ([`HOLD_ACROSS_POLLS_NS`]).
     held_across_polls: bool,
-    /// Whether the last packets kept across idle polls left with a verb's own (a reply),
-    /// rather than from a poll (a stream's receiver, whose peer waits for the ACK instead).
+    /// Whether keeping held packets across idle polls pays: what was kept last left with a
+    /// verb's own packets (a reply), not alone once grown old (a stream's receiver, whose peer
+    /// waits for the ACK and sends no reply).
     keeping_pays: bool,
     /// Holds to come before keeping is tried again, while it does not pay.
     keeping_retry_in: u32,
@@ -2401,6 +2402,16 @@ mod tests {
         }
     }
 
+    /// A [`Watched`] fabric that logs each batch handed to it: how many packets, and whether
+    /// an ACK was among them.
+    fn logging_batches(log: &Arc<Mutex<Vec<(usize, bool)>>>) -> Watched {
+        let batches = Arc::clone(log);
+        Watched::new(move |out| {
+            let ack = out.iter().any(Outgoing::is_acknowledge);
+            batches.lock().unwrap().push((out.len(), ack));
+        })
+    }
+
     /// Posts a signaled UD SEND of a few inline bytes on `qp` to QPN 2 at `to` (the watched
     /// fabric drops it; its completion comes as it leaves).
     fn post_ud_send(s: &mut State, qp: uroce_wire::Qpn, pd: PdHandle, to: &str, wr_id: u64) {
@@ -2529,11 +2540,7 @@ mod tests {
         // Each batch handed over: how many packets, and whether an ACK was among them.
         let log = Arc::new(Mutex::new(Vec::new()));
         let (qpn, pd, cq, _, _) = dev.with(|s| {
-            let batches = Arc::clone(&log);
-            s.fabric = Box::new(Watched::new(move |out| {
-                let ack = out.iter().any(Outgoing::is_acknowledge);
-                batches.lock().unwrap().push((out.len(), ack));
-            }));
+            s.fabric = Box::new(logging_batches(&log));
             ud_qp(s, 0, 4096)
         });
         let send = |dev: &NetDevice| dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.31", 1));
@@ -2593,11 +2600,7 @@ mod tests {
         let dev = NetDevice::open("127.0.18.60".parse().unwrap(), options).unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
         let (qpn, pd, cq, _mr, _) = dev.with(|s| {
-            let batches = Arc::clone(&log);
-            s.fabric = Box::new(Watched::new(move |out| {
-                let ack = out.iter().any(Outgoing::is_acknowledge);
-                batches.lock().unwrap().push((out.len(), ack));
-            }));
+            s.fabric = Box::new(logging_batches(&log));
             ud_qp(s, 0, 4096)
         });
         let other = dev.with(|s| s.engine().create_cq(16).unwrap());
@@ -2672,11 +2675,7 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), [(1, true)], "polled armed: sent");
         // Into a local peer's ring: the next poll (of a CQ not armed) sends it.
         dev.with(|s| {
-            let batches = Arc::clone(&log);
-            let mut ring = Watched::new(move |out| {
-                let ack = out.iter().any(Outgoing::is_acknowledge);
-                batches.lock().unwrap().push((out.len(), ack));
-            });
+            let mut ring = logging_batches(&log);
             ring.path = "shm";
             s.fabric = Box::new(ring);
         });

@@ -12,8 +12,10 @@
 //! Unicast packets leave from a sibling of their send socket connected to their destination
 //! (same address and port, through `SO_REUSEPORT`): the kernel then keeps the route with the
 //! socket instead of looking it up for every datagram (on IPv4 loopback 0.37 µs of a 4.0 µs
-//! UD SEND). At most [`CONNECTED_SOCKETS`] are kept, the least recently used closed first;
-//! without one (descriptors exhausted) a packet leaves unconnected. Over IPv4 a connected
+//! UD SEND). At most [`CONNECTED_SOCKETS`] are kept; past that the least recently used is
+//! closed for a newcomer once idle for [`EVICT_IDLE_AFTER`] sends, and until then the newcomer
+//! leaves unconnected, as does a packet for which no socket can be opened (descriptors
+//! exhausted). Over IPv4 a connected
 //! socket numbers its datagrams' identification, which the ICRC covers, from a per-socket
 //! counter that starts at a random value (Linux's `ip_select_ident_segs`), where an
 //! unconnected one with `DF` set writes 0 (and 0…n−1 across a segmented send). The counter
@@ -415,11 +417,24 @@ impl Udp {
                     && matches!(&stop, Some(SendStop::Refused(e))
                         if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP)));
                 // A refusal may come after the kernel numbered the datagram (a segmented send
-                // it cannot segment, say): a connected IPv4 socket's count is then unknown, and
-                // the socket is closed (a full buffer refuses before numbering).
-                let uncounted = connected.filter(|&i| {
-                    self.connected[i].next_id.is_some() && !matches!(stop, Some(SendStop::Full))
-                });
+                // it cannot segment, `EINVAL`/`EIO` from `udp_send_skb`): a connected IPv4
+                // socket's count is then unknown, and the socket is closed. A full buffer, a
+                // datagram too large for the route and a reported ICMP error are refused
+                // before the packet is built (`sock_alloc_send_pskb`, `__ip_append_data`).
+                let numbered = match &stop {
+                    Some(SendStop::Refused(e)) => !matches!(
+                        e.raw_os_error(),
+                        Some(
+                            libc::EMSGSIZE
+                                | libc::ECONNREFUSED
+                                | libc::EHOSTUNREACH
+                                | libc::ENETUNREACH
+                        )
+                    ),
+                    _ => false,
+                };
+                let uncounted =
+                    connected.filter(|&i| numbered && self.connected[i].next_id.is_some());
                 if let Some(i) = uncounted {
                     self.connected.swap_remove(i);
                     c.tx_sockets_closed += 1;
