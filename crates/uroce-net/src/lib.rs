@@ -83,8 +83,9 @@
 //! receiving sockets ask for coalesced runs (`UDP_GRO`) and cut them where the sender's
 //! datagrams ended. A receiver cannot see the identification, so the engine finds it from the
 //! ICRC (`uroce_wire::icrc::IdRecovery`) and by default accepts any (`UROCE_ICRC_IP_ID=linux`:
-//! only 0..127, what an unconnected socket sends). IPv6 has no identification. `UROCE_GSO=0` and `UROCE_GRO=0` turn the offloads off; a segmented send the
-//! kernel refuses turns GSO off for the process.
+//! only 0..127, what an unconnected socket sends). IPv6 has no identification. `UROCE_GSO=0`
+//! and `UROCE_GRO=0` turn the offloads off; a segmented send the kernel refuses turns GSO off
+//! for the process.
 //!
 //! # Batching and copies
 //!
