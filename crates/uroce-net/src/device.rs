@@ -2616,13 +2616,15 @@ mod tests {
             dev.shared.mark_busy_poll(now);
             log.lock().unwrap().clear();
         };
+        // The application's reply to the message.
+        let reply = || dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.61", 1));
         hold();
         for _ in 0..3 {
             poll(other);
             poll(cq);
         }
         assert!(log.lock().unwrap().is_empty(), "idle polls sent the held ACK");
-        dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.61", 1));
+        reply();
         assert_eq!(*log.lock().unwrap(), [(2, true)], "the reply and the ACK together");
         poll(cq);
         // Held too long: an idle poll sends it, once its round reads the clock (one in
@@ -2645,13 +2647,13 @@ mod tests {
         hold();
         poll(other);
         assert!(log.lock().unwrap().is_empty(), "tried again: kept");
-        dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.61", 1));
+        reply();
         assert_eq!(*log.lock().unwrap(), [(2, true)], "the reply and the ACK together");
         poll(cq);
         hold();
         poll(other);
         assert!(log.lock().unwrap().is_empty(), "paid: kept");
-        dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.61", 1));
+        reply();
         poll(cq);
         // Taken along by a poll that received (an exchange: the peer's ACK came first): that
         // says nothing against keeping.
@@ -2666,7 +2668,7 @@ mod tests {
         hold();
         poll(other);
         assert!(log.lock().unwrap().is_empty(), "still kept");
-        dev.with(|s| post_ud_send(s, qpn, pd, "127.0.18.61", 1));
+        reply();
         poll(cq);
         // The poll of an armed CQ precedes a sleep: it sends at once.
         hold();

@@ -475,6 +475,23 @@ pub(crate) enum SendStop {
     Refused(io::Error),
 }
 
+impl SendStop {
+    /// Why the send that just failed stopped (`errno`).
+    fn last() -> Self {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock { Self::Full } else { Self::Refused(e) }
+    }
+
+    /// A refusal that reports an ICMP error (port or host unreachable) a connected socket
+    /// received for an earlier datagram: the kernel returns it before building the packet.
+    pub(crate) fn is_icmp_report(&self) -> bool {
+        matches!(self, Self::Refused(e) if matches!(
+            e.raw_os_error(),
+            Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH)
+        ))
+    }
+}
+
 /// One datagram to send: its destination and the parts the kernel gathers into it (headers,
 /// payload straight from registered memory, trailer: no copy in user space). With `segment`
 /// set, the kernel cuts it into datagrams of that many bytes, the last possibly shorter
@@ -598,14 +615,8 @@ impl SendBatch {
                 }
             };
             if ret < 0 {
-                let e = io::Error::last_os_error();
-                let stop = if e.kind() == io::ErrorKind::WouldBlock {
-                    SendStop::Full
-                } else {
-                    SendStop::Refused(e)
-                };
                 self.iovs.clear();
-                return (sent, Some(stop));
+                return (sent, Some(SendStop::last()));
             }
             // Short of the chunk: the kernel stopped at the next one; sending it again says why.
             sent += ret as usize;
@@ -661,13 +672,7 @@ fn send_small(
             name_len,
         )
     };
-    if ret >= 0 {
-        return (1, None);
-    }
-    let e = io::Error::last_os_error();
-    let stop =
-        if e.kind() == io::ErrorKind::WouldBlock { SendStop::Full } else { SendStop::Refused(e) };
-    (0, Some(stop))
+    if ret >= 0 { (1, None) } else { (0, Some(SendStop::last())) }
 }
 
 /// Points `m` at `control`, holding one `UDP_SEGMENT` message of `size` (udp(7)).

@@ -372,11 +372,7 @@ impl Udp {
                 // before it builds the packet): once reported, the error is cleared.
                 if connected.is_some()
                     && sent == 0
-                    && let Some(SendStop::Refused(e)) = &stop
-                    && matches!(
-                        e.raw_os_error(),
-                        Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH)
-                    )
+                    && stop.as_ref().is_some_and(SendStop::is_icmp_report)
                 {
                     c.tx_icmp_errors += 1;
                     (sent, stop) = self.send.send(sock, datagrams());
@@ -422,15 +418,9 @@ impl Udp {
                 // datagram too large for the route and a reported ICMP error are refused
                 // before the packet is built (`sock_alloc_send_pskb`, `__ip_append_data`).
                 let numbered = match &stop {
-                    Some(SendStop::Refused(e)) => !matches!(
-                        e.raw_os_error(),
-                        Some(
-                            libc::EMSGSIZE
-                                | libc::ECONNREFUSED
-                                | libc::EHOSTUNREACH
-                                | libc::ENETUNREACH
-                        )
-                    ),
+                    Some(e @ SendStop::Refused(r)) => {
+                        r.raw_os_error() != Some(libc::EMSGSIZE) && !e.is_icmp_report()
+                    }
                     _ => false,
                 };
                 let uncounted =
@@ -614,11 +604,15 @@ mod tests {
         s.recv_from(&mut buf).unwrap().1
     }
 
-    /// A device on IPv6 loopback (its port 4791 shared, as every device's, so it takes none
-    /// from another; nothing here sends to it).
+    /// A device on `addr` (its port 4791 shared, as every device's, so it takes none from
+    /// another), without GRO; with GSO and connected IPv4 sockets as asked.
+    fn device(addr: &str, gso: bool, connected_ipv4: bool) -> Udp {
+        Udp::bind(addr.parse().unwrap(), Offloads { gso, gro: false, connected_ipv4 }).unwrap()
+    }
+
+    /// A device on IPv6 loopback (nothing here sends to it).
     fn ipv6_device() -> Udp {
-        let offloads = Offloads { gso: false, gro: false, connected_ipv4: true };
-        Udp::bind("::1".parse().unwrap(), offloads).unwrap()
+        device("::1", false, true)
     }
 
     #[test]
@@ -664,8 +658,7 @@ mod tests {
     /// every captured ICRC against its captured header).
     #[test]
     fn ipv4_unicast_leaves_from_a_connected_socket_sealed_for_its_counter() {
-        let offloads = Offloads { gso: true, gro: false, connected_ipv4: true };
-        let mut udp = Udp::bind("127.0.61.2".parse().unwrap(), offloads).unwrap();
+        let mut udp = device("127.0.61.2", true, true);
         let mut c = NetCounters::default();
         let (rx, dst) = receiver("127.0.61.3");
         let port = udp.source_port(0);
@@ -691,8 +684,7 @@ mod tests {
     /// sealed for 0.
     #[test]
     fn ipv4_stays_unconnected_where_receivers_check_strictly() {
-        let offloads = Offloads { gso: false, gro: false, connected_ipv4: false };
-        let mut udp = Udp::bind("127.0.61.2".parse().unwrap(), offloads).unwrap();
+        let mut udp = device("127.0.61.2", false, false);
         let mut c = NetCounters::default();
         let (rx, dst) = receiver("127.0.61.3");
         send_to(&mut udp, dst, &mut c);
@@ -734,8 +726,7 @@ mod tests {
     #[test]
     fn the_device_socket_takes_its_destination_from_its_address_not_a_message() {
         let addr: IpAddr = "127.0.61.9".parse().unwrap();
-        let offloads = Offloads { gso: false, gro: false, connected_ipv4: true };
-        let mut udp = Udp::bind(addr, offloads).unwrap();
+        let mut udp = device("127.0.61.9", false, true);
         let tx = UdpSocket::bind("127.0.61.10:0").unwrap();
         tx.send_to(&[1; 40], SocketAddr::new(addr, ROCE_V2_PORT)).unwrap();
         sys::poll_readable_ns(&[udp.main.as_raw_fd()], Some(5_000_000_000)).unwrap();
