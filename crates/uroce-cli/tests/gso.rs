@@ -150,10 +150,30 @@ fn verify_capture(file: &Path) -> Vec<u32> {
         .collect()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("uroce-gso-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A directory for one test's captures (hundreds of MB each), removed when the test passes and
+/// kept, with its path printed, when it fails.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("uroce-gso-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the captures are kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 fn tools() -> bool {
@@ -166,6 +186,7 @@ fn segments_on_loopback_carry_their_identification_and_verify() {
         return;
     }
     let ns = Netns::new("lo");
+    let scratch = Scratch::new("lo");
     // Software segmentation before the capture point: the capture sees every segment.
     run("ip", &["-n", &ns.0, "link", "set", "lo", "gso_max_segs", "1"]);
     for a in ["fd16::2/128", "fd16::3/128"] {
@@ -178,7 +199,7 @@ fn segments_on_loopback_carry_their_identification_and_verify() {
         ("v4", "127.0.0.3", "127.0.0.2", "linux"),
         ("v6", "fd16::3", "fd16::2", "any"),
     ] {
-        let file = scratch(&format!("lo-{family}-{ip_id}.pcap"));
+        let file = scratch.file(&format!("lo-{family}-{ip_id}.pcap"));
         let mut cap = start_capture(&ns.0, "lo", &file);
         let report = run_tests_checking(&ns.0, &ns.0, server, client, Some("4096"), ip_id);
         std::thread::sleep(Duration::from_millis(300));
@@ -198,7 +219,7 @@ fn segments_on_loopback_carry_their_identification_and_verify() {
     // and `uroce decode` cuts it where the kernel would have, each segment verified with the
     // identification it would have carried.
     run("ip", &["-n", &ns.0, "link", "set", "lo", "gso_max_segs", "65535"]);
-    let file = scratch("lo-whole.pcap");
+    let file = scratch.file("lo-whole.pcap");
     let mut cap = start_capture(&ns.0, "lo", &file);
     run_tests(&ns.0, &ns.0, "127.0.0.3", "127.0.0.2", Some("4096"));
     std::thread::sleep(Duration::from_millis(300));
@@ -218,7 +239,8 @@ fn segments_across_a_veth_pair_carry_their_identification_and_verify() {
     for (ns, link) in [(&hosts.a, &hosts.link_a), (&hosts.b, &hosts.link_b)] {
         run("ip", &["-n", ns, "link", "set", link, "gso_max_segs", "1"]);
     }
-    let file = scratch("veth.pcap");
+    let scratch = Scratch::new("veth");
+    let file = scratch.file("veth.pcap");
     let mut cap = start_capture(&hosts.a, &hosts.link_a, &file);
     // No --mtu: the client takes the ports' MTU, 1024 on this 1500-byte link (4096 would put
     // datagrams on it that the kernel refuses, and every test would fail).
