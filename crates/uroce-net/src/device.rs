@@ -335,6 +335,18 @@ pub struct NetCounters {
     /// Datagrams the kernel gave this process for a QPN another process of the device owns,
     /// handed to it through shared memory (the device's port is shared).
     pub udp_rx_forwarded: u64,
+    /// Probes sent to the device's own port to find this endpoint's socket in it, so that the
+    /// kernel steers each datagram to the process owning its QPN (`fabric::steer`).
+    pub udp_steer_probes_sent: u64,
+    /// Probes that reached this endpoint's socket (its own, or another endpoint's that the
+    /// program or the hash sent here): never given to the engine.
+    pub udp_steer_probes_heard: u64,
+    /// Probe rounds none of whose probes came back (or could not be sent): tried again.
+    pub udp_steer_probes_lost: u64,
+    /// Steering programs given to the port's socket group (after someone's index changed).
+    pub udp_steer_programs: u64,
+    /// Steering programs the kernel refused (then datagrams go where its hash sends them).
+    pub udp_steer_refused: u64,
     /// `UROCE_FABRIC=udp`: CM messages (QP1) for another process of this device's address
     /// handed to it through shared memory, not sent to the port the address's processes
     /// share (where this process's own socket may take one, and forward it never if it exits).
@@ -408,6 +420,11 @@ impl NetCounters {
             ("shm_wakeups_sent", self.shm_wakeups_sent),
             ("shm_wakeups_stopped_poller", self.shm_wakeups_stopped_poller),
             ("udp_rx_forwarded", self.udp_rx_forwarded),
+            ("udp_steer_probes_sent", self.udp_steer_probes_sent),
+            ("udp_steer_probes_heard", self.udp_steer_probes_heard),
+            ("udp_steer_probes_lost", self.udp_steer_probes_lost),
+            ("udp_steer_programs", self.udp_steer_programs),
+            ("udp_steer_refused", self.udp_steer_refused),
             ("udp_gsi_handed_over", self.udp_gsi_handed_over),
             ("cm_released_for_dead", self.cm_released_for_dead),
             ("udp_polls_skipped", self.udp_polls_skipped),
@@ -465,6 +482,11 @@ impl core::ops::AddAssign for NetCounters {
         self.shm_wakeups_sent += o.shm_wakeups_sent;
         self.shm_wakeups_stopped_poller += o.shm_wakeups_stopped_poller;
         self.udp_rx_forwarded += o.udp_rx_forwarded;
+        self.udp_steer_probes_sent += o.udp_steer_probes_sent;
+        self.udp_steer_probes_heard += o.udp_steer_probes_heard;
+        self.udp_steer_probes_lost += o.udp_steer_probes_lost;
+        self.udp_steer_programs += o.udp_steer_programs;
+        self.udp_steer_refused += o.udp_steer_refused;
         self.udp_gsi_handed_over += o.udp_gsi_handed_over;
         self.cm_released_for_dead += o.cm_released_for_dead;
         self.udp_polls_skipped += o.udp_polls_skipped;
@@ -734,7 +756,8 @@ impl State {
     fn wake_deadline(&self, now: Instant) -> Option<Instant> {
         let retry = self.fabric.backlog_retry().map(|r| now + r);
         let look = self.last_will.as_ref().and_then(|w| w.next_look(&self.cm));
-        self.next_deadline().into_iter().chain(retry).chain(look).min()
+        let own = self.fabric.own_deadline();
+        self.next_deadline().into_iter().chain(retry).chain(look).chain(own).min()
     }
 
     /// Registers `region` in `pd` with `access`.
@@ -2350,6 +2373,11 @@ mod tests {
             shm_wakeups_sent: 1,
             shm_wakeups_stopped_poller: 1,
             udp_rx_forwarded: 1,
+            udp_steer_probes_sent: 1,
+            udp_steer_probes_heard: 1,
+            udp_steer_probes_lost: 1,
+            udp_steer_programs: 1,
+            udp_steer_refused: 1,
             udp_gsi_handed_over: 1,
             cm_released_for_dead: 1,
             udp_polls_skipped: 1,

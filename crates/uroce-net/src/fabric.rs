@@ -13,6 +13,7 @@ pub(crate) mod capture;
 pub(crate) mod faulty;
 pub(crate) mod host;
 pub(crate) mod shm;
+pub(crate) mod steer;
 pub(crate) mod tap;
 pub(crate) mod udp;
 
@@ -226,6 +227,12 @@ pub(crate) trait Fabric: Send {
         None
     }
 
+    /// When the fabric has work of its own to finish (a steering probe round to end,
+    /// [`steer`]): the progress thread comes back then, asleep or not.
+    fn own_deadline(&self) -> Option<Instant> {
+        None
+    }
+
     /// Bytes handed to local peers that they have not read yet (a closing device waits for
     /// them: once it is gone, a peer that never opened its ring could not find them).
     fn unread(&self) -> u64 {
@@ -286,6 +293,10 @@ macro_rules! delegate_to_inner {
             self.inner.backlog_retry()
         }
 
+        fn own_deadline(&self) -> Option<uroce_engine::Instant> {
+            self.inner.own_deadline()
+        }
+
         fn unread(&self) -> u64 {
             self.inner.unread()
         }
@@ -340,6 +351,10 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
 
     fn backlog_retry(&self) -> Option<Duration> {
         (**self).backlog_retry()
+    }
+
+    fn own_deadline(&self) -> Option<Instant> {
+        (**self).own_deadline()
     }
 
     fn unread(&self) -> u64 {

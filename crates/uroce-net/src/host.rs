@@ -64,6 +64,12 @@ const WAITER_CPU: usize = 104; // u32: 1 + the CPU the owner's application last 
 // with WAITING 2: a sender wakes it only once this stamp has gone stale.
 const BUSY_AT: usize = 112;
 const WILL: usize = 120; // u32: connections in the owner's last will (`conns-S-G`; 0: none)
+// u32: 1 + the owner's socket's index in the `SO_REUSEPORT` group of its device's port, as its
+// last probe found it (0: not known); see `fabric::steer`.
+const STEER_INDEX: usize = 108;
+// Slot 0 is never claimed (it names the port's own QPs); its space holds the directory's words.
+const STEER_EPOCH: usize = 64; // u32 in slot 0: bumped whenever an endpoint's steer index changes
+const STEER_ASK: usize = 68; // u32 in slot 0: bumped by an endpoint that wants every one to probe
 const TOOLS_LINE: usize = 128; // the tools' cache line: the words below
 const SNAPSHOT_ASKED: usize = TOOLS_LINE; // u32: bumped by a tool that wants a snapshot
 const SNAPSHOT_DONE: usize = 132; // u32: the request the owner's latest snapshot answers
@@ -179,6 +185,7 @@ impl HostDir {
             self.slots.u32_at(self.at(index, WAITER_CPU)).store(0, Ordering::Release);
             self.busy_at(index).store(0, Ordering::Release);
             self.will(index).store(0, Ordering::Release);
+            self.steer_index(index).store(0, Ordering::Release);
             for at in (TOOLS_LINE..SLOT_SIZE).step_by(8) {
                 self.slots.u64_at(self.at(index, at)).store(0, Ordering::Release);
             }
@@ -361,6 +368,31 @@ impl HostDir {
     /// Slot `index`'s will count: how many connections its owner's last will holds (0: none).
     pub(crate) fn will(&self, index: u8) -> &AtomicU32 {
         self.slots.u32_at(self.at(index, WILL))
+    }
+
+    /// Slot `index`'s steer index: 1 + its socket's place in its port's `SO_REUSEPORT` group
+    /// (0: not known), written by its owner only.
+    pub(crate) fn steer_index(&self, index: u8) -> &AtomicU32 {
+        self.slots.u32_at(self.at(index, STEER_INDEX))
+    }
+
+    /// The directory's steering epoch: bumped by every change of a steer index, so that each
+    /// endpoint knows when to give its port a new program.
+    pub(crate) fn steer_epoch(&self) -> &AtomicU32 {
+        self.slots.u32_at(self.at(0, STEER_EPOCH))
+    }
+
+    /// The directory's probe requests: bumped by an endpoint that found an index stale.
+    pub(crate) fn steer_ask(&self) -> &AtomicU32 {
+        self.slots.u32_at(self.at(0, STEER_ASK))
+    }
+
+    /// The live endpoints of the device at `addr` (whether or not their processes still run).
+    pub(crate) fn endpoints_at(&self, addr: IpAddr) -> impl Iterator<Item = SlotId> + '_ {
+        (FIRST_SLOT..=LAST_SLOT).filter_map(move |index| {
+            let (generation, a) = self.live(index)?;
+            (a == addr).then_some(SlotId { index, generation })
+        })
     }
 
     /// The endpoints whose process died with connections in its last will, and their

@@ -12,14 +12,17 @@
 //! - **What owns the port.** Every endpoint binds the device's UDP port 4791 with
 //!   `SO_REUSEPORT`; the kernel admits only sockets of the same effective uid to the group, so
 //!   another user cannot attach to a device's traffic. A datagram from the wire reaches one
-//!   endpoint, chosen by the kernel's flow hash; when an endpoint exits or is killed its socket
-//!   closes with it, and the others keep the port.
+//!   endpoint: the one owning its destination QPN, picked by the group's steering program
+//!   (`fabric::steer`), or where the kernel's flow hash sends it until the endpoints have found
+//!   their sockets' places; when an endpoint exits or is killed its socket closes with it, and
+//!   the others keep the port.
 //! - **QPNs and routing.** The host directory (`/dev/shm/uroce-<uid>-<netns>/`, mode 0700) has
 //!   254 endpoint slots; claiming one is a compare-and-swap on its word (generation and pid),
 //!   and a slot whose process no longer exists is taken over. Slot `s` hands out QPNs
 //!   `s << 16 ..= s << 16 | 0xFFFF` (the engine's [`uroce_engine::QpnBlock`]), so QPNs are
 //!   unique per device without further coordination, and a packet's destination QPN names its
-//!   endpoint: as a NIC demultiplexes by QPN, an endpoint that receives a datagram for another
+//!   endpoint: as a NIC demultiplexes by QPN, the port's steering program hands each datagram
+//!   to the endpoint owning its QPN, and one that still receives a datagram for another
 //!   endpoint's QPN hands it over unchanged through shared memory (`udp_rx_forwarded`).
 //! - **The shared-memory path.** A packet whose destination address is a device on this host
 //!   and whose QPN belongs to a live endpoint there goes into a single-producer

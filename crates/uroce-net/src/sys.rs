@@ -104,6 +104,33 @@ pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool, share: bool) -> io::Resu
     Ok(UdpSocket::from(owned))
 }
 
+/// Gives `sock`'s `SO_REUSEPORT` group (every socket bound to its address and port) a classic
+/// BPF program that picks the socket for each datagram: run on the UDP payload, it returns an
+/// index into the group, and an index past its end leaves the pick to the kernel's hash of the
+/// flow (`SO_ATTACH_REUSEPORT_CBPF`, socket(7), Linux 4.5; unprivileged). The program replaces
+/// any the group had.
+pub(crate) fn attach_reuseport_program(
+    sock: &UdpSocket,
+    program: &[libc::sock_filter],
+) -> io::Result<()> {
+    let len = u16::try_from(program.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "program too long"))?;
+    let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
+    let size = size_of::<libc::sock_fprog>() as libc::socklen_t;
+    // SAFETY: `fprog` is a live sock_fprog of `size` bytes pointing at `len` instructions that
+    // outlive the call (the kernel copies them before it returns).
+    let ret = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&raw const fprog).cast(),
+            size,
+        )
+    };
+    check(ret).map(drop)
+}
+
 /// Asks the kernel to hand this socket runs of datagrams of one flow coalesced into one buffer
 /// with their segment size (`UDP_GRO`, udp(7), Linux 5.0): one receive for up to 64 KiB.
 pub(crate) fn enable_gro(sock: &UdpSocket) -> io::Result<()> {

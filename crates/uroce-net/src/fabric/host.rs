@@ -19,9 +19,10 @@
 //! hold would turn every large READ into retries.
 //!
 //! The device's port is shared (`SO_REUSEPORT`), so the kernel hands a datagram from the wire
-//! to any one of the device's processes. The one that receives a datagram for a QPN it does
-//! not own forwards it, unchanged, into the owner's ring (`udp_rx_forwarded`): routing by
-//! destination QPN, as a NIC demultiplexes.
+//! to any one of the device's processes: the owner of its destination QPN once the group has a
+//! steering program ([`super::steer`]), where the flow's hash says before. The one that
+//! receives a datagram for a QPN it does not own forwards it, unchanged, into the owner's ring
+//! (`udp_rx_forwarded`): routing by destination QPN, as a NIC demultiplexes.
 
 use core::net::{IpAddr, SocketAddr};
 use std::collections::VecDeque;
@@ -32,6 +33,7 @@ use uroce_engine::{Duration, Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
 
 use super::shm::{Full, Shm};
+use super::steer::{self, Steering};
 use super::udp::Udp;
 use super::{Fabric, Outgoing, Sink};
 use crate::device::NetCounters;
@@ -67,6 +69,9 @@ pub(crate) struct HostFabric {
     shm_busy_until: Instant,
     /// The progress thread woke from a sleep on the sockets: read them.
     woke: bool,
+    /// Steering of the port's datagrams to the endpoint owning their QPN (with a host
+    /// directory only: without one, no other process shares the port).
+    steering: Option<Steering>,
 }
 
 /// While shared memory carries traffic, the sockets (a system call each, almost always empty
@@ -89,6 +94,7 @@ impl HostFabric {
     pub(crate) fn new(addr: IpAddr, udp: Udp, shm: Option<Shm>, udp_only: bool) -> Self {
         let (udp_out, done, backlog) = (Vec::new(), Vec::new(), VecDeque::new());
         let zero = Instant::from_nanos(0);
+        let steering = shm.as_ref().map(|s| Steering::new(s.me(), addr));
         Self {
             addr,
             udp,
@@ -106,6 +112,7 @@ impl HostFabric {
             udp_delivered_at: None,
             shm_busy_until: zero,
             woke: true,
+            steering,
         }
     }
 
@@ -256,13 +263,23 @@ impl Fabric for HostFabric {
         self.udp_polled = now;
         let mut side = NetCounters::default();
         let mut delivered = false;
+        let steering = &mut self.steering;
+        let mut misdelivered = false;
         let from_udp = self.udp.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8], intact| {
+            if let Some((index, nonce)) = steer::parse_probe(bytes) {
+                if let Some(s) = steering.as_mut() {
+                    s.heard(rx.src.ip(), index, nonce);
+                }
+                side.udp_steer_probes_heard += 1;
+                return;
+            }
             if let Some(slot) = shm.owner_of_packet(rx.dst, bytes) {
                 // From the wire, with its ICRC: the owner checks it.
                 let mut parts = core::iter::once(bytes);
                 if shm.push(slot, rx, &mut parts, bytes.len(), true, &mut side) {
                     side.udp_rx_forwarded += 1;
                 }
+                misdelivered |= super::dest_qpn(bytes) != Some(uroce_wire::mad::GSI_QPN);
                 return;
             }
             shm.received_through_udp(rx.src.ip());
@@ -276,6 +293,14 @@ impl Fabric for HostFabric {
         n += from_udp;
         shm.commit(&mut side);
         *c += side;
+        if let Some(s) = self.steering.as_mut() {
+            if misdelivered {
+                s.misdelivered(now, shm.dir());
+            }
+            if s.due(now) {
+                s.tick(now, shm.dir(), &self.udp, c);
+            }
+        }
         n
     }
 
@@ -292,6 +317,10 @@ impl Fabric for HostFabric {
 
     fn backlog_retry(&self) -> Option<Duration> {
         (!self.backlog.is_empty()).then_some(self.retry)
+    }
+
+    fn own_deadline(&self) -> Option<Instant> {
+        self.steering.as_ref().and_then(Steering::round_ends)
     }
 
     fn unread(&self) -> u64 {

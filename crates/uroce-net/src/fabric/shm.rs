@@ -166,6 +166,16 @@ impl Shm {
         })
     }
 
+    /// The host directory this endpoint is in.
+    pub(crate) fn dir(&self) -> &HostDir {
+        &self.dir
+    }
+
+    /// This endpoint's slot.
+    pub(crate) fn me(&self) -> SlotId {
+        self.me
+    }
+
     /// The live local endpoint that owns `qpn` at `ip`, if any (never this one): the slot
     /// in the QPN's top byte, in the generation that holds it now. A packet routed to it
     /// goes to that incarnation only, never to a successor that reuses the slot (and its

@@ -240,6 +240,25 @@ impl Udp {
 
     /// The source port flow `flow` (the engine's per-QP port) is sent from: one of the send
     /// sockets' ports. Consecutive QPNs have consecutive flows, so QPs spread evenly.
+    /// Sends `datagrams` to this device's own port, from a send socket ([`super::steer`]'s
+    /// probes).
+    pub(crate) fn send_to_own_port(
+        &self,
+        datagrams: &[[u8; super::steer::PROBE_LEN]],
+    ) -> io::Result<()> {
+        let (_, sock) = self.send_socks.first().ok_or(io::ErrorKind::NotConnected)?;
+        let to = SocketAddr::new(self.addr, ROCE_V2_PORT);
+        for d in datagrams {
+            sock.send_to(d, to)?;
+        }
+        Ok(())
+    }
+
+    /// Gives the port's `SO_REUSEPORT` group `program` ([`super::steer`]).
+    pub(crate) fn steer(&self, program: &[libc::sock_filter]) -> io::Result<()> {
+        sys::attach_reuseport_program(&self.main, program)
+    }
+
     pub(crate) fn source_port(&self, flow: u16) -> u16 {
         self.send_socks.get(usize::from(flow) % SEND_SOCKETS.max(1)).map_or(flow, |s| s.0)
     }
