@@ -298,9 +298,14 @@ impl Steering {
 mod tests {
     use std::collections::BTreeMap;
     use std::net::{SocketAddr, UdpSocket};
+    use std::sync::Arc;
 
     use super::*;
-    use crate::sys;
+    use crate::fabric::Fabric;
+    use crate::fabric::host::HostFabric;
+    use crate::fabric::shm::Shm;
+    use crate::fabric::udp::Offloads;
+    use crate::sys::{self, shm};
 
     /// Two sockets sharing one port, as two processes of one device.
     fn group(addr: &str) -> (SocketAddr, [UdpSocket; 2]) {
@@ -377,6 +382,92 @@ mod tests {
         senders[0].send_to(&bth_to(0), at).unwrap();
         senders[1].send_to(&[1, 2, 3], at).unwrap();
         assert_eq!(arrivals(&socks, 2).len(), 2);
+    }
+
+    /// Three endpoints of 127.0.0.72 in a directory of their own, each with its fabric.
+    fn endpoints(name: &str) -> (Arc<HostDir>, std::path::PathBuf, Vec<(SlotId, HostFabric)>) {
+        let p = std::env::temp_dir().join(format!("uroce-steer-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        let dir = Arc::new(HostDir::open_at(&p, shm::effective_uid()).unwrap());
+        let ip: IpAddr = "127.0.0.72".parse().unwrap();
+        let offloads = Offloads { gso: false, gro: false, connected_ipv4: false };
+        let eps = (0..3)
+            .map(|_| {
+                let udp = Udp::bind(ip, offloads).unwrap();
+                let me = dir.claim(ip).unwrap();
+                let shm = Shm::new(Arc::clone(&dir), me, ip).unwrap();
+                (me, HostFabric::new(ip, udp, Some(shm), true))
+            })
+            .collect();
+        (dir, p, eps)
+    }
+
+    /// Runs every endpoint's receive `rounds` times, 3 ms of device time apart from `*now`;
+    /// returns which endpoint's engine got each packet's destination slot, and the packets
+    /// handed over.
+    fn pump(
+        eps: &mut [(SlotId, HostFabric)],
+        now: &mut u64,
+        rounds: usize,
+    ) -> (Vec<(u8, u8)>, u64) {
+        let (mut got, mut forwarded) = (Vec::new(), 0);
+        for _ in 0..rounds {
+            *now += 3_000_000;
+            for (me, f) in eps.iter_mut() {
+                let mut c = NetCounters::default();
+                let mine = me.index;
+                f.receive(Instant::from_nanos(*now), &mut c, &mut |_, bytes, _| {
+                    got.push((mine, bytes[5]));
+                });
+                forwarded += c.udp_rx_forwarded;
+            }
+        }
+        (got, forwarded)
+    }
+
+    /// A datagram for slot `slot` from each of 16 source ports.
+    fn send_flows(slot: u8) {
+        for _ in 0..16 {
+            let s = UdpSocket::bind("127.0.0.73:0").unwrap();
+            s.send_to(&bth_to(slot), "127.0.0.72:4791").unwrap();
+        }
+    }
+
+    /// A process killed keeps its slot (nobody releases it) while its socket leaves the group,
+    /// and the kernel moves the last socket into its place: nobody sees the endpoints change.
+    /// The datagrams of the moved endpoint then land where the hash sends them; the one that
+    /// hands such a datagram over asks every endpoint to probe again, and steering holds again.
+    #[test]
+    fn a_killed_endpoints_place_is_found_again_for_the_socket_moved_into_it() {
+        let (dir, path, mut eps) = endpoints("killed");
+        let mut now = 0;
+        pump(&mut eps, &mut now, 10);
+        let slots: Vec<u8> = eps.iter().map(|(me, _)| me.index).collect();
+        for &s in &slots {
+            send_flows(s);
+        }
+        let (got, forwarded) = pump(&mut eps, &mut now, 3);
+        assert_eq!(forwarded, 0, "steered from the start: {got:?}");
+        assert_eq!(got.len(), 48);
+        // The first endpoint's process dies: its slot stays taken, its socket goes.
+        let dead = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = dead.id();
+        let mut dead = dead;
+        dead.wait().unwrap();
+        let (first, _) = eps.remove(0);
+        dir.set_holder(first.index, first.generation, dead_pid);
+        for &s in &slots[1..] {
+            send_flows(s);
+        }
+        let (got, _) = pump(&mut eps, &mut now, 10);
+        assert_eq!(got.len(), 32, "every datagram still arrives");
+        for &s in &slots[1..] {
+            send_flows(s);
+        }
+        let (got, forwarded) = pump(&mut eps, &mut now, 3);
+        assert_eq!(got.len(), 32);
+        assert_eq!(forwarded, 0, "steered again after the kill: {got:?}");
+        let _ = std::fs::remove_dir_all(path);
     }
 
     #[test]
