@@ -125,8 +125,8 @@ pub(crate) struct Steering {
     /// The directory's probe requests this endpoint last answered, and when it last asked.
     ask_seen: Option<u32>,
     asked_at: Option<Instant>,
-    /// Who shared the address at the last probe (a digest of their slots and generations).
-    sharers: u64,
+    /// Who shared the address when this endpoint last looked.
+    sharers: Vec<SlotId>,
     /// The steering epoch the group's program was last built for by this endpoint.
     epoch_seen: Option<u32>,
     /// The kernel refused a program: no more tries.
@@ -152,7 +152,7 @@ impl Steering {
             retry_at: None,
             ask_seen: None,
             asked_at: None,
-            sharers: 0,
+            sharers: Vec::new(),
             epoch_seen: None,
             refused: false,
         }
@@ -204,9 +204,9 @@ impl Steering {
         !self.refused && now >= self.next_check
     }
 
-    /// Ends a probe round that has waited long enough, starts one when the endpoints sharing
-    /// the address changed or one of them asked, and gives the group a new program when the
-    /// steering epoch moved.
+    /// Ends a probe round that has waited long enough; starts one when this endpoint's place
+    /// is not known, may have moved (someone left) or someone asked; and gives the group a new
+    /// program when the steering epoch moved.
     pub(crate) fn tick(&mut self, now: Instant, dir: &HostDir, udp: &Udp, c: &mut NetCounters) {
         if !self.due(now) {
             return;
@@ -228,19 +228,25 @@ impl Steering {
             }
         }
         let sharers: Vec<SlotId> = dir.endpoints_at(self.addr).collect();
+        let left = self.sharers.iter().any(|s| !sharers.contains(s));
+        self.sharers.clone_from(&sharers);
         if sharers.len() < 2 {
             // Alone on the address: the group's one socket gets everything anyway.
-            self.sharers = 0;
             return;
         }
-        let digest = sharers.iter().fold(0xCBF2_9CE4_8422_2325_u64, |h, s| {
-            (h ^ (u64::from(s.generation) << 8 | u64::from(s.index))).wrapping_mul(0x100_0000_01B3)
-        });
         let ask = dir.steer_ask().load(Ordering::Acquire);
-        let retry = self.retry_at.is_some_and(|at| now >= at);
-        if digest != self.sharers || self.ask_seen != Some(ask) || retry {
-            self.sharers = digest;
-            self.ask_seen = Some(ask);
+        let asked = self.ask_seen.is_some_and(|seen| seen != ask);
+        self.ask_seen = Some(ask);
+        // A socket that joins goes to the group's end, and nobody else's place changes; one
+        // that leaves takes the last socket into its place: the endpoint with the highest
+        // index may have moved. (With many processes on one address, every one probing at
+        // every change would cost each join and leave a number of probes growing with the
+        // square of their count.)
+        let index_of = |s: &SlotId| dir.steer_index(s.index).load(Ordering::Acquire);
+        let mine = dir.steer_index(self.me.index).load(Ordering::Acquire);
+        let moved = left && mine != 0 && sharers.iter().all(|s| index_of(s) <= mine);
+        let unknown = mine == 0 && self.retry_at.is_none_or(|at| now >= at);
+        if unknown || moved || asked {
             self.retry_at = None;
             // The probes are steered by the group's program: make sure it has one.
             if self.epoch_seen.is_none() {
