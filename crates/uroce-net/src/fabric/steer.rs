@@ -350,13 +350,20 @@ mod tests {
         got
     }
 
+    /// IPv4 and IPv6 (the kernel runs the program on the UDP payload for both).
     #[test]
     fn probes_find_each_sockets_index_and_the_program_steers_by_destination_slot() {
-        let (at, socks) = group("127.0.0.71");
+        for ip in ["127.0.0.71", "[::1]"] {
+            probe_and_steer(ip);
+        }
+    }
+
+    fn probe_and_steer(ip: &str) {
+        let (at, socks) = group(ip);
         sys::attach_reuseport_program(&socks[0], &program(&[])).unwrap();
         // Probes 0..4 from one source port: each socket's lowest is its index (2 and 3 are
         // past the group's end, and the hash sends both to one of the two).
-        let from = UdpSocket::bind("127.0.0.71:0").unwrap();
+        let from = UdpSocket::bind(format!("{ip}:0")).unwrap();
         for p in 0..4 {
             from.send_to(&probe(p, 7), at).unwrap();
         }
@@ -372,7 +379,7 @@ mod tests {
         sys::attach_reuseport_program(&socks[0], &program(&[(9, index[0]), (3, index[1])]))
             .unwrap();
         let senders: Vec<UdpSocket> =
-            (0..64).map(|_| UdpSocket::bind("127.0.0.71:0").unwrap()).collect();
+            (0..64).map(|_| UdpSocket::bind(format!("{ip}:0")).unwrap()).collect();
         for s in &senders {
             s.send_to(&bth_to(9), at).unwrap();
             s.send_to(&bth_to(3), at).unwrap();
