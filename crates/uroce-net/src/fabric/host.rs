@@ -28,6 +28,7 @@ use core::net::{IpAddr, SocketAddr};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
 
 use uroce_engine::{Duration, Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
@@ -279,7 +280,11 @@ impl Fabric for HostFabric {
                 if shm.push(slot, rx, &mut parts, bytes.len(), true, &mut side) {
                     side.udp_rx_forwarded += 1;
                 }
-                misdelivered |= super::dest_qpn(bytes) != Some(uroce_wire::mad::GSI_QPN);
+                // Steering should have sent it to its owner if the owner has published its
+                // place (an owner that has not — it has not probed yet, or it is a uroce
+                // without steering — is left to the hash, and asking would not help).
+                misdelivered |= super::dest_qpn(bytes) != Some(uroce_wire::mad::GSI_QPN)
+                    && shm.dir().steer_index(slot.index).load(Ordering::Relaxed) != 0;
                 return;
             }
             shm.received_through_udp(rx.src.ip());

@@ -182,9 +182,10 @@ impl Steering {
     }
 
     /// This endpoint received a datagram for another endpoint's QP (not QP1's, which no
-    /// program steers) and handed it over: an index is stale, most likely because a process
-    /// left without releasing its slot (killed) and the last socket moved into its place. It
-    /// asks every endpoint to probe again, at most every [`ASK_AT_MOST_EVERY`].
+    /// program steers) whose place is published, and handed it over: an index is stale, most
+    /// likely because a process left without releasing its slot (killed) and the last socket
+    /// moved into its place. It asks every endpoint to probe again, at most every
+    /// [`ASK_AT_MOST_EVERY`].
     pub(crate) fn misdelivered(&mut self, now: Instant, dir: &HostDir) {
         if self.asked_at.is_some_and(|at| now < at + ASK_AT_MOST_EVERY) {
             return;
