@@ -305,6 +305,11 @@ fn decode_hex(bytes: &[u8], prefix: &str, out: &mut dyn Write) -> Result<Summary
 
 /// One packet's line (after the label) and whether it parsed and verified.
 fn describe(d: &UdpDatagram<'_>) -> (String, bool) {
+    // Not RoCE, and nothing wrong: what two uroce processes sharing a device send themselves
+    // (a capture on `lo` holds them).
+    if let Some(probe) = uroce_wire::steer_probe::Probe::parse(d.payload) {
+        return (format!("{} > {} {probe}", d.src(), d.dst()), true);
+    }
     let icrc_ok = PseudoHeader::from_headers(d.headers)
         .and_then(|pseudo| icrc::verify(&pseudo, d.payload))
         .is_ok();

@@ -298,3 +298,23 @@ fn follow_decodes_a_capture_as_it_grows() {
     assert_eq!(out, whole);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A capture on `lo` of two uroce processes sharing a device holds their steering probes: each
+/// is named for what it is, and is no bad packet.
+#[test]
+fn a_steering_probe_is_named_and_no_error() {
+    use uroce_wire::pcap::PcapWriter;
+    use uroce_wire::steer_probe::Probe;
+    let dir = temp_dir("probe");
+    let file = dir.join("probe.pcap");
+    let mut w = PcapWriter::new(std::fs::File::create(&file).unwrap()).unwrap();
+    let (src, dst) = ("127.0.0.2:40000".parse().unwrap(), "127.0.0.2:4791".parse().unwrap());
+    let probe = Probe { index: 1, nonce: 7 }.emit();
+    w.write_roce(std::time::Duration::ZERO, src, dst, &probe).unwrap();
+    w.into_inner().unwrap();
+    let o = uroce(&["decode", file.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert!(out.contains("uroce steering probe (not RoCE) index=1"), "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -45,6 +45,7 @@ pub mod opcode;
 pub mod packet;
 pub mod pcap;
 pub mod reth;
+pub mod steer_probe;
 pub mod types;
 pub mod xrceth;
 

@@ -28,18 +28,14 @@ use core::net::IpAddr;
 use std::sync::atomic::Ordering;
 
 use uroce_engine::{Duration, Instant};
+use uroce_wire::steer_probe::{self, Probe};
 
 use super::udp::Udp;
 use crate::device::NetCounters;
 use crate::host::{HostDir, SlotId};
 
-/// The BTH opcode of a probe: 0xFF, in the manufacturer-specific range (IBA 9.2, Table 35:
-/// 0xC0–0xFF), which no RoCE peer of uroce's sends; a probe never leaves the host (it goes to
-/// the device's own address).
-pub(crate) const PROBE_OPCODE: u8 = 0xFF;
-/// A probe's length: opcode, three zero bytes, the index (big-endian, where the program reads
-/// it), the round's nonce.
-pub(crate) const PROBE_LEN: usize = 16;
+/// A probe's length ([`uroce_wire::steer_probe`]).
+pub(crate) const PROBE_LEN: usize = steer_probe::LEN;
 
 /// What the program returns for a datagram it does not steer: past any group's end, so the
 /// kernel's hash picks.
@@ -57,22 +53,12 @@ const ASK_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 
 /// A probe carrying `index` for round `nonce`.
 pub(crate) fn probe(index: u32, nonce: u64) -> [u8; PROBE_LEN] {
-    let mut p = [0u8; PROBE_LEN];
-    p[0] = PROBE_OPCODE;
-    p[4..8].copy_from_slice(&index.to_be_bytes());
-    p[8..].copy_from_slice(&nonce.to_be_bytes());
-    p
+    Probe { index, nonce }.emit()
 }
 
 /// The index and nonce of a probe; `None` for anything else.
 pub(crate) fn parse_probe(bytes: &[u8]) -> Option<(u32, u64)> {
-    let p: &[u8; PROBE_LEN] = bytes.try_into().ok()?;
-    if p[0] != PROBE_OPCODE || p[1..4] != [0; 3] {
-        return None;
-    }
-    let index = u32::from_be_bytes([p[4], p[5], p[6], p[7]]);
-    let nonce = u64::from_be_bytes([p[8], p[9], p[10], p[11], p[12], p[13], p[14], p[15]]);
-    Some((index, nonce))
+    Probe::parse(bytes).map(|p| (p.index, p.nonce))
 }
 
 // Classic BPF (linux/filter.h; the kernel runs it on the UDP payload).
@@ -98,7 +84,7 @@ pub(crate) fn program(table: &[(u8, u32)]) -> Vec<libc::sock_filter> {
         insn(JGE_K, 1, 0, 12),
         insn(RET_K, 0, 0, UNSTEERED),
         insn(LD_B_ABS, 0, 0, 0),
-        insn(JEQ_K, 0, 2, u32::from(PROBE_OPCODE)),
+        insn(JEQ_K, 0, 2, u32::from(steer_probe::OPCODE)),
         insn(LD_W_ABS, 0, 0, 4),
         insn(RET_A, 0, 0, 0),
         insn(LD_B_ABS, 0, 0, 5),
@@ -482,16 +468,5 @@ mod tests {
         assert_eq!(got.len(), 32);
         assert_eq!(forwarded, 0, "steered again after the kill: {got:?}");
         let _ = std::fs::remove_dir_all(path);
-    }
-
-    #[test]
-    fn a_probe_is_told_apart_from_any_packet() {
-        let p = probe(3, 0x0102_0304_0506_0708);
-        assert_eq!(parse_probe(&p), Some((3, 0x0102_0304_0506_0708)));
-        assert_eq!(parse_probe(&p[..15]), None);
-        let mut other = p;
-        other[1] = 1;
-        assert_eq!(parse_probe(&other), None);
-        assert_eq!(parse_probe(&bth_to(5)), None);
     }
 }
