@@ -460,6 +460,21 @@ fn capture_mid_run(a: &str, b: &str, udp: bool, tag: &str) {
     let probes = s.b1.counters()["tail_probes"];
     let repeated = u64::try_from(n - psns.len()).unwrap();
     assert!(repeated <= probes, "{repeated} WRITEs captured twice, {probes} probes");
+    if udp {
+        // B's IPv4 packets leave from connected sockets, numbered by each socket's counter:
+        // the capture shows the identification each left with (it once showed 0 for all,
+        // copied before the socket was chosen).
+        let bytes = std::fs::read(&pcap).unwrap();
+        let ip_b: std::net::Ipv4Addr = b.parse().unwrap();
+        let ids: std::collections::BTreeSet<u16> = uroce_wire::pcap::read_frames(&bytes)
+            .unwrap()
+            .iter()
+            .filter_map(|f| f.ip_packet())
+            .filter(|ip| ip.get(12..16) == Some(&ip_b.octets()[..]))
+            .map(|ip| u16::from_be_bytes([ip[4], ip[5]]))
+            .collect();
+        assert!(ids.len() > 10, "B's frames carry {} identifications", ids.len());
+    }
     tshark_finds_nothing_malformed(&pcap);
     let _ = std::fs::remove_file(&pcap);
 }

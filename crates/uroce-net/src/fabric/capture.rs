@@ -37,7 +37,12 @@ impl<F: Fabric> Capture<F> {
 }
 
 impl<F: Fabric> Fabric for Capture<F> {
+    /// Records what left, once it has: a packet sent through the kernel's UDP path is sealed
+    /// there for the IPv4 identification its socket gives it (a connected socket's counter,
+    /// segment k of a segmented send), and the frame written shows that identification and
+    /// that ICRC, as the wire does. A packet for a local peer's ring gets its ICRC here (0).
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
+        self.inner.transmit(out, mem, c);
         let ts = self.wall_origin + self.origin.elapsed();
         for o in out.iter_mut() {
             o.fill_icrc(mem, SocketAddr::new(self.addr, o.port));
@@ -45,7 +50,6 @@ impl<F: Fabric> Fabric for Capture<F> {
             let _ = self.pcap.write_roce(ts, SocketAddr::new(self.addr, o.port), o.dst, &o.bytes);
         }
         let _ = self.pcap.flush();
-        self.inner.transmit(out, mem, c);
     }
 
     fn receive(&mut self, now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {

@@ -94,7 +94,11 @@ fn wall_ns() -> u64 {
 }
 
 impl<F: Fabric> Fabric for Tap<F> {
+    /// Copies what left, once it has: a packet sent through the kernel's UDP path carries the
+    /// ICRC sealed for the IPv4 identification its socket gave it, from which the capture's
+    /// reader recovers that identification for the frame's header, as the wire shows it.
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
+        self.inner.transmit(out, mem, c);
         let addr = self.addr;
         if !out.is_empty() && self.refresh() {
             let ts = wall_ns();
@@ -110,7 +114,6 @@ impl<F: Fabric> Fabric for Tap<F> {
                 ring.publish();
             }
         }
-        self.inner.transmit(out, mem, c);
     }
 
     fn receive(&mut self, now: Instant, c: &mut NetCounters, sink: &mut Sink<'_>) -> usize {
