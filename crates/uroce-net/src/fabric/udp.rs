@@ -238,8 +238,6 @@ impl Udp {
         );
     }
 
-    /// The source port flow `flow` (the engine's per-QP port) is sent from: one of the send
-    /// sockets' ports. Consecutive QPNs have consecutive flows, so QPs spread evenly.
     /// Sends `datagrams` to this device's own port, from a send socket ([`super::steer`]'s
     /// probes).
     pub(crate) fn send_to_own_port(
@@ -259,6 +257,8 @@ impl Udp {
         sys::attach_reuseport_program(&self.main, program)
     }
 
+    /// The source port flow `flow` (the engine's per-QP port) is sent from: one of the send
+    /// sockets' ports. Consecutive QPNs have consecutive flows, so QPs spread evenly.
     pub(crate) fn source_port(&self, flow: u16) -> u16 {
         self.send_socks.get(usize::from(flow) % SEND_SOCKETS.max(1)).map_or(flow, |s| s.0)
     }
