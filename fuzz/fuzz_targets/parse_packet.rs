@@ -1,5 +1,6 @@
-//! The packet parser on arbitrary bytes: it must never panic, its display must never panic,
-//! and whatever it accepts must re-encode to bytes that parse back to the same values.
+//! The packet parser (and the steering probe's) on arbitrary bytes: it must never panic, its
+//! display must never panic, and whatever it accepts must re-encode to bytes that parse back
+//! to the same values.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -27,4 +28,10 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = ip::parse_udp_datagram(data);
+    // As a steering probe (what `uroce decode` tries first): whatever it accepts re-encodes
+    // to the same bytes.
+    if let Some(p) = uroce_wire::steer_probe::Probe::parse(data) {
+        let _ = p.to_string();
+        assert_eq!(&p.emit()[..], data);
+    }
 });
