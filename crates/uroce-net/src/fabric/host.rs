@@ -262,7 +262,9 @@ impl Fabric for HostFabric {
             return n;
         }
         self.udp_polled = now;
-        let mut side = NetCounters::default();
+        // What the datagrams do to the counters, while `c` is lent to the sockets' read: made
+        // only when one arrives (an idle poll zeroed and added some sixty counters for nothing).
+        let mut side: Option<NetCounters> = None;
         let mut delivered = false;
         let steering = &mut self.steering;
         let mut misdelivered = false;
@@ -271,13 +273,14 @@ impl Fabric for HostFabric {
                 if let Some(s) = steering.as_mut() {
                     s.heard(rx.src.ip(), index, nonce);
                 }
-                side.udp_steer_probes_heard += 1;
+                side.get_or_insert_with(NetCounters::default).udp_steer_probes_heard += 1;
                 return;
             }
             if let Some(slot) = shm.owner_of_packet(rx.dst, bytes) {
                 // From the wire, with its ICRC: the owner checks it.
                 let mut parts = core::iter::once(bytes);
-                if shm.push(slot, rx, &mut parts, bytes.len(), true, &mut side) {
+                let side = side.get_or_insert_with(NetCounters::default);
+                if shm.push(slot, rx, &mut parts, bytes.len(), true, side) {
                     side.udp_rx_forwarded += 1;
                 }
                 // Steering should have sent it to its owner if the owner has published its
@@ -296,8 +299,13 @@ impl Fabric for HostFabric {
         }
         self.udp_hot = from_udp > 0;
         n += from_udp;
-        shm.commit(&mut side);
-        *c += side;
+        match side {
+            Some(mut side) => {
+                shm.commit(&mut side);
+                *c += side;
+            }
+            None => shm.commit(c),
+        }
         if let Some(s) = self.steering.as_mut() {
             if misdelivered {
                 s.misdelivered(now, shm.dir());
