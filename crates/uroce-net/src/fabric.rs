@@ -73,9 +73,24 @@ impl Outgoing {
     }
 
     /// Makes the ICRC right for the headers `pseudo` gives with IPv4 identification `ip_id`
-    /// (the wire: segment k of a GSO send carries k), computing it only if it is not already.
+    /// (the wire: segment k of a GSO send carries k; a connected socket's counter), computing
+    /// it only if it is not already. One computed for another identification is moved to
+    /// `ip_id` ([`PseudoHeader::ipv4_id_moved`]) without reading the packet again: cheaper, and
+    /// a packet corrupted on purpose since (`Faults`) stays corrupt — hashed again, it went out
+    /// with a valid ICRC, and its receiver took the corruption for data.
     pub(crate) fn seal(&mut self, mem: &Registry, pseudo: &PseudoHeader, ip_id: u16) {
         if (!self.icrc_deferred && self.ip_id == ip_id) || self.bytes.len() < ICRC_LEN {
+            return;
+        }
+        if !self.icrc_deferred {
+            let end = self.bytes.len() - ICRC_LEN;
+            let pieces = if self.payload_at.is_some() { &self.pieces[..] } else { &[] };
+            let hashed = end + pieces.iter().map(|&(_, l)| l as usize).sum::<usize>();
+            if let Ok(icrc) = icrc::carried(&self.bytes) {
+                let moved = pseudo.ipv4_id_moved(icrc, hashed, self.ip_id, ip_id);
+                self.bytes[end..].copy_from_slice(&icrc::to_wire(moved));
+            }
+            self.ip_id = ip_id;
             return;
         }
         self.icrc_deferred = false;

@@ -127,6 +127,19 @@ impl PseudoHeader {
         self
     }
 
+    /// `icrc`, an ICRC computed with these headers and IPv4 identification `from` over a packet
+    /// whose `hashed` bytes (BTH through pad) follow them, made right for identification `to`
+    /// without hashing the packet again: CRC-32 is linear, and the identification moves the
+    /// register by an amount that the packet's bytes then carry along unchanged in kind (see
+    /// [`IdRecovery`]). The packet is not read, so a change to it since the ICRC was computed
+    /// (a corruption injected on purpose) still shows. For IPv6 `icrc` is returned as it is.
+    pub fn ipv4_id_moved(&self, icrc: u32, hashed: usize, from: u16, to: u16) -> u32 {
+        if !self.ipv4_sender || from == to {
+            return icrc;
+        }
+        icrc ^ gf2::mul(ID_BASIS.delta(from ^ to), gf2::shift_factor(hashed))
+    }
+
     /// The headers as captured: `headers` is the IP header (with any IPv4 options) followed by
     /// the UDP header, nothing else.
     pub fn from_headers(headers: &[u8]) -> Result<Self> {
@@ -497,6 +510,32 @@ mod tests {
         pkt[5] ^= 1;
         let (pseudo, roce) = PseudoHeader::from_datagram(&pkt).unwrap();
         assert!(matches!(verify(&pseudo, roce), Err(Error::IcrcMismatch { .. })));
+    }
+
+    /// Moving an ICRC from one identification to another gives what hashing the packet again
+    /// with the other would, for any length; IPv6 has no identification.
+    #[test]
+    fn an_icrc_moved_to_another_identification_is_the_one_computed_for_it() {
+        let src: SocketAddr = "10.1.16.61:50208".parse().unwrap();
+        let dst: SocketAddr = "10.1.16.62:4791".parse().unwrap();
+        let base = PseudoHeader::for_endpoints(src, dst).unwrap();
+        for len in [12usize, 28, 100, 1040, 4112] {
+            let body: Vec<u8> = (0..len).map(|i| u8::try_from(i % 251).unwrap() ^ 0x5A).collect();
+            for (from, to) in [(0u16, 1u16), (0, 0xBEEF), (17, 4), (0xFFFF, 0)] {
+                let at = |id| compute(&base.with_ipv4_id(id), &body).unwrap();
+                assert_eq!(
+                    base.ipv4_id_moved(at(from), len, from, to),
+                    at(to),
+                    "{len} {from} {to}"
+                );
+            }
+        }
+        let v6 = PseudoHeader::for_endpoints(
+            "[fd00::1]:1".parse().unwrap(),
+            "[fd00::2]:4791".parse().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v6.ipv4_id_moved(0x1234, 40, 0, 9), 0x1234);
     }
 
     #[test]

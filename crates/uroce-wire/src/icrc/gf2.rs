@@ -63,6 +63,30 @@ const UNSHIFT: [u32; 17] = {
     t
 };
 
+/// Entry `j`: x^(8·2ʲ), what 2ʲ bytes of hashing multiply a register difference by.
+const SHIFT: [u32; 17] = {
+    let mut t = [0u32; 17];
+    t[0] = pow(ONE >> 1, 8);
+    let mut j = 1;
+    while j < t.len() {
+        t[j] = mul(t[j - 1], t[j - 1]);
+        j += 1;
+    }
+    t
+};
+
+/// x^(8·`bytes`): what `bytes` bytes of hashing multiply a register difference by (`bytes` <
+/// 2¹⁷).
+pub(crate) fn shift_factor(bytes: usize) -> u32 {
+    let mut factor = ONE;
+    for (j, &s) in SHIFT.iter().enumerate() {
+        if bytes >> j & 1 != 0 {
+            factor = mul(factor, s);
+        }
+    }
+    factor
+}
+
 /// x^(−8·`bytes`): the factor that undoes `bytes` bytes of hashing (`bytes` < 2¹⁷).
 pub(crate) fn unshift_factor(bytes: usize) -> u32 {
     let mut factor = ONE;
@@ -84,8 +108,8 @@ mod tests {
         assert_eq!(mul(pow(X_INV, 8), pow(ONE >> 1, 8)), ONE);
     }
 
-    /// A register difference of δ before `n` zero bytes becomes δ·x⁸ⁿ, and the factor for `n`
-    /// undoes it: checked against crc32fast itself.
+    /// A register difference of δ before `n` zero bytes becomes δ·x⁸ⁿ (the shift factor for
+    /// `n`), and the unshift factor undoes it: checked against crc32fast itself.
     #[test]
     fn unshift_undoes_hashing_zero_bytes() {
         for n in [0usize, 1, 3, 16, 1000, 4112, 9000, 65_535] {
@@ -98,6 +122,7 @@ mod tests {
                 };
                 let seen = run(0x1234_5678) ^ run(0x1234_5678 ^ delta);
                 assert_eq!(mul(seen, unshift_factor(n)), delta, "n {n}");
+                assert_eq!(mul(delta, shift_factor(n)), seen, "n {n}");
             }
         }
     }
