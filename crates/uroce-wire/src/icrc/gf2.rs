@@ -51,51 +51,44 @@ const fn pow(v: u32, mut n: u32) -> u32 {
     result
 }
 
-/// Entry `j`: x^(−8·2ʲ), undoing 2ʲ bytes.
-const UNSHIFT: [u32; 17] = {
+/// Entry `j`: `per_byte` raised to 2ʲ, for up to 2¹⁷ − 1 bytes.
+const fn powers_of_two(per_byte: u32) -> [u32; 17] {
     let mut t = [0u32; 17];
-    t[0] = pow(X_INV, 8);
+    t[0] = per_byte;
     let mut j = 1;
     while j < t.len() {
         t[j] = mul(t[j - 1], t[j - 1]);
         j += 1;
     }
     t
-};
+}
 
-/// Entry `j`: x^(8·2ʲ), what 2ʲ bytes of hashing multiply a register difference by.
-const SHIFT: [u32; 17] = {
-    let mut t = [0u32; 17];
-    t[0] = pow(ONE >> 1, 8);
-    let mut j = 1;
-    while j < t.len() {
-        t[j] = mul(t[j - 1], t[j - 1]);
-        j += 1;
-    }
-    t
-};
+/// x^(8·2ʲ): what 2ʲ bytes of hashing multiply a register difference by.
+const SHIFT: [u32; 17] = powers_of_two(pow(ONE >> 1, 8));
+/// x^(−8·2ʲ): undoing 2ʲ bytes.
+const UNSHIFT: [u32; 17] = powers_of_two(pow(X_INV, 8));
 
-/// x^(8·`bytes`): what `bytes` bytes of hashing multiply a register difference by (`bytes` <
-/// 2¹⁷).
-pub(crate) fn shift_factor(bytes: usize) -> u32 {
+/// The product of the entries of `table` that the bits of `bytes` pick: its per-byte factor
+/// raised to `bytes`.
+fn for_bytes(table: &[u32; 17], bytes: usize) -> u32 {
     let mut factor = ONE;
-    for (j, &s) in SHIFT.iter().enumerate() {
+    for (j, &t) in table.iter().enumerate() {
         if bytes >> j & 1 != 0 {
-            factor = mul(factor, s);
+            factor = mul(factor, t);
         }
     }
     factor
 }
 
+/// x^(8·`bytes`): what `bytes` bytes of hashing multiply a register difference by (`bytes` <
+/// 2¹⁷).
+pub(crate) fn shift_factor(bytes: usize) -> u32 {
+    for_bytes(&SHIFT, bytes)
+}
+
 /// x^(−8·`bytes`): the factor that undoes `bytes` bytes of hashing (`bytes` < 2¹⁷).
 pub(crate) fn unshift_factor(bytes: usize) -> u32 {
-    let mut factor = ONE;
-    for (j, &u) in UNSHIFT.iter().enumerate() {
-        if bytes >> j & 1 != 0 {
-            factor = mul(factor, u);
-        }
-    }
-    factor
+    for_bytes(&UNSHIFT, bytes)
 }
 
 #[cfg(test)]
