@@ -32,9 +32,10 @@ use std::sync::atomic::Ordering;
 
 use uroce_engine::{Duration, Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
+use uroce_wire::steer_probe::Probe;
 
 use super::shm::{Full, Shm};
-use super::steer::{self, Steering};
+use super::steer::Steering;
 use super::udp::Udp;
 use super::{Fabric, Outgoing, Sink};
 use crate::device::NetCounters;
@@ -269,9 +270,9 @@ impl Fabric for HostFabric {
         let steering = &mut self.steering;
         let mut misdelivered = false;
         let from_udp = self.udp.receive(now, c, &mut |rx: &RxInfo, bytes: &[u8], intact| {
-            if let Some((index, nonce)) = steer::parse_probe(bytes) {
+            if let Some(probe) = Probe::parse(bytes) {
                 if let Some(s) = steering.as_mut() {
-                    s.heard(rx.src.ip(), index, nonce);
+                    s.heard(rx.src.ip(), probe);
                 }
                 side.get_or_insert_with(NetCounters::default).udp_steer_probes_heard += 1;
                 return;

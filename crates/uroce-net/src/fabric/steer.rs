@@ -34,9 +34,6 @@ use super::udp::Udp;
 use crate::device::NetCounters;
 use crate::host::{HostDir, SlotId};
 
-/// A probe's length ([`uroce_wire::steer_probe`]).
-pub(crate) const PROBE_LEN: usize = steer_probe::LEN;
-
 /// What the program returns for a datagram it does not steer: past any group's end, so the
 /// kernel's hash picks.
 const UNSTEERED: u32 = u32::MAX;
@@ -50,16 +47,6 @@ const PROBE_WAIT: Duration = Duration::from_millis(2);
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How often one endpoint may ask every endpoint to probe again.
 const ASK_AT_MOST_EVERY: Duration = Duration::from_millis(100);
-
-/// A probe carrying `index` for round `nonce`.
-pub(crate) fn probe(index: u32, nonce: u64) -> [u8; PROBE_LEN] {
-    Probe { index, nonce }.emit()
-}
-
-/// The index and nonce of a probe; `None` for anything else.
-pub(crate) fn parse_probe(bytes: &[u8]) -> Option<(u32, u64)> {
-    Probe::parse(bytes).map(|p| (p.index, p.nonce))
-}
 
 // Classic BPF (linux/filter.h; the kernel runs it on the UDP payload).
 const LD_W_LEN: u16 = 0x80; // A = packet length
@@ -154,13 +141,13 @@ impl Steering {
     /// address, this round) tells where our socket is; another endpoint's says that someone
     /// joined (or looks again), so this one looks at once instead of at its next check — an
     /// idle endpoint may not check for a long time.
-    pub(crate) fn heard(&mut self, src: IpAddr, index: u32, nonce: u64) {
+    pub(crate) fn heard(&mut self, src: IpAddr, probe: Probe) {
         if src != self.addr {
             return;
         }
         match self.round.as_mut() {
-            Some(r) if r.nonce == nonce => {
-                r.lowest = Some(r.lowest.map_or(index, |l| l.min(index)))
+            Some(r) if r.nonce == probe.nonce => {
+                r.lowest = Some(r.lowest.map_or(probe.index, |l| l.min(probe.index)));
             }
             Some(_) => {}
             None => self.next_check = Instant::from_nanos(0),
@@ -242,7 +229,8 @@ impl Steering {
             self.rounds += 1;
             let nonce = self.nonce();
             let count = u32::try_from(sharers.len() + 2).unwrap_or(u32::MAX);
-            let probes: Vec<[u8; PROBE_LEN]> = (0..count).map(|i| probe(i, nonce)).collect();
+            let probes: Vec<[u8; steer_probe::LEN]> =
+                (0..count).map(|index| Probe { index, nonce }.emit()).collect();
             match udp.send_to_own_port(&probes) {
                 Ok(()) => c.udp_steer_probes_sent += u64::from(count),
                 Err(_) => c.udp_steer_probes_lost += 1,
@@ -324,7 +312,7 @@ mod tests {
         for _ in 0..200 {
             for (k, s) in socks.iter().enumerate() {
                 while let Ok(n) = s.recv(&mut buf) {
-                    let id = parse_probe(&buf[..n]).map_or(u32::from(buf[5]), |(i, _)| i);
+                    let id = Probe::parse(&buf[..n]).map_or(u32::from(buf[5]), |p| p.index);
                     got.push((id, k));
                 }
             }
@@ -352,7 +340,7 @@ mod tests {
         // past the group's end, and the hash sends both to one of the two).
         let from = UdpSocket::bind(format!("{ip}:0")).unwrap();
         for p in 0..4 {
-            from.send_to(&probe(p, 7), at).unwrap();
+            from.send_to(&Probe { index: p, nonce: 7 }.emit(), at).unwrap();
         }
         let got = arrivals(&socks, 4);
         assert_eq!(got.len(), 4, "{got:?}");

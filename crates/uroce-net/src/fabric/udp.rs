@@ -242,7 +242,7 @@ impl Udp {
     /// probes).
     pub(crate) fn send_to_own_port(
         &self,
-        datagrams: &[[u8; super::steer::PROBE_LEN]],
+        datagrams: &[[u8; uroce_wire::steer_probe::LEN]],
     ) -> io::Result<()> {
         let (_, sock) = self.send_socks.first().ok_or(io::ErrorKind::NotConnected)?;
         let to = SocketAddr::new(self.addr, ROCE_V2_PORT);
