@@ -1076,7 +1076,7 @@ impl State {
                 state: state_name(q.state).to_owned(),
                 path: match q.dest {
                     Some(ip) if q.qp_type != uroce_engine::QpType::Ud => {
-                        self.fabric.path_to(ip, q.dest_qpn).to_owned()
+                        self.fabric.path_to(ip, q.dest_qpn).name().to_owned()
                     }
                     _ => "-".to_owned(),
                 },
@@ -1882,7 +1882,7 @@ impl NetDevice {
                 let fabric = &s.fabric;
                 let through_sockets = s.out.iter().all(|o| {
                     let qpn = crate::fabric::dest_qpn(&o.bytes).unwrap_or(0);
-                    fabric.path_to(o.dst.ip(), qpn) == "udp"
+                    fabric.path_to(o.dst.ip(), qpn) == crate::fabric::Path::Udp
                 });
                 let try_keeping = s.keeping_pays || {
                     s.keeping_retry_in = s.keeping_retry_in.saturating_sub(1);
@@ -2399,12 +2399,16 @@ mod tests {
         on_transmit: OnTransmit,
         reads: Arc<AtomicU32>,
         /// The path it says packets take ([`Fabric::path_to`]).
-        path: &'static str,
+        path: crate::fabric::Path,
     }
 
     impl Watched {
         fn new(on_transmit: impl FnMut(&[Outgoing]) + Send + 'static) -> Self {
-            Self { on_transmit: Box::new(on_transmit), reads: Arc::default(), path: "udp" }
+            Self {
+                on_transmit: Box::new(on_transmit),
+                reads: Arc::default(),
+                path: crate::fabric::Path::Udp,
+            }
         }
     }
 
@@ -2425,7 +2429,7 @@ mod tests {
         fn sync_multicast(&mut self, _: &[IpAddr]) -> io::Result<()> {
             Ok(())
         }
-        fn path_to(&self, _: IpAddr, _: u32) -> &'static str {
+        fn path_to(&self, _: IpAddr, _: u32) -> crate::fabric::Path {
             self.path
         }
     }
@@ -2706,7 +2710,7 @@ mod tests {
         // Into a local peer's ring: the next poll (of a CQ not armed) sends it.
         dev.with(|s| {
             let mut ring = logging_batches(&log);
-            ring.path = "shm";
+            ring.path = crate::fabric::Path::Shm;
             s.fabric = Box::new(ring);
         });
         hold();

@@ -176,6 +176,25 @@ pub(crate) fn dest_qpn(packet: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes([0, b[0], b[1], b[2]]))
 }
 
+/// The path a packet takes to its destination QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// The kernel's UDP sockets (another host, or a local endpoint that shares no memory).
+    Udp,
+    /// A shared-memory ring to a local endpoint.
+    Shm,
+}
+
+impl Path {
+    /// The name `uroce qp` shows.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Udp => "udp",
+            Self::Shm => "shm",
+        }
+    }
+}
+
 /// Where the engine's received packets go: the datagram's addressing, its bytes, and whether
 /// its path guarantees its integrity (`true`: shared memory, whose sender may have left the
 /// ICRC zero; the engine then skips that check, and a capture computes it).
@@ -257,9 +276,10 @@ pub(crate) trait Fabric: Send {
     /// Receives the traffic of exactly these multicast groups.
     fn sync_multicast(&mut self, groups: &[IpAddr]) -> io::Result<()>;
 
-    /// The path packets to QP `qpn` at `ip` take now: `"shm"` or `"udp"` (for `uroce qp`).
-    fn path_to(&self, _ip: IpAddr, _qpn: u32) -> &'static str {
-        "udp"
+    /// The path packets to QP `qpn` at `ip` take now (for `uroce qp`, and the hold rule of
+    /// [`crate::device::NetDevice::with`]).
+    fn path_to(&self, _ip: IpAddr, _qpn: u32) -> Path {
+        Path::Udp
     }
 
     /// Whether everything that reached this endpoint lately came from local peers, which wake
@@ -320,7 +340,7 @@ macro_rules! delegate_to_inner {
             self.inner.sync_multicast(groups)
         }
 
-        fn path_to(&self, ip: core::net::IpAddr, qpn: u32) -> &'static str {
+        fn path_to(&self, ip: core::net::IpAddr, qpn: u32) -> crate::fabric::Path {
             self.inner.path_to(ip, qpn)
         }
 
@@ -380,7 +400,7 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
         (**self).sync_multicast(groups)
     }
 
-    fn path_to(&self, ip: IpAddr, qpn: u32) -> &'static str {
+    fn path_to(&self, ip: IpAddr, qpn: u32) -> Path {
         (**self).path_to(ip, qpn)
     }
 

@@ -34,6 +34,7 @@ use uroce_engine::{Duration, Instant, RxInfo};
 use uroce_wire::ROCE_V2_PORT;
 use uroce_wire::steer_probe::Probe;
 
+use super::Path;
 use super::shm::{Full, Shm};
 use super::steer::Steering;
 use super::udp::Udp;
@@ -348,10 +349,10 @@ impl Fabric for HostFabric {
         }
     }
 
-    fn path_to(&self, ip: IpAddr, qpn: u32) -> &'static str {
+    fn path_to(&self, ip: IpAddr, qpn: u32) -> Path {
         match &self.shm {
-            Some(shm) if !self.udp_only && shm.owner_of(ip, qpn).is_some() => "shm",
-            _ => "udp",
+            Some(shm) if !self.udp_only && shm.owner_of(ip, qpn).is_some() => Path::Shm,
+            _ => Path::Udp,
         }
     }
 
