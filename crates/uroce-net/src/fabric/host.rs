@@ -280,9 +280,8 @@ impl Fabric for HostFabric {
             }
             if let Some(slot) = shm.owner_of_packet(rx.dst, bytes) {
                 // From the wire, with its ICRC: the owner checks it.
-                let mut parts = core::iter::once(bytes);
                 let side = side.get_or_insert_with(NetCounters::default);
-                if shm.push(slot, rx, &mut parts, bytes.len(), true, side) {
+                if shm.push(slot, rx, core::iter::once(bytes), bytes.len(), true, side) {
                     side.udp_rx_forwarded += 1;
                 }
                 // Steering should have sent it to its owner if the owner has published its

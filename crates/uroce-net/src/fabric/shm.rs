@@ -250,11 +250,11 @@ impl Shm {
     }
 
     /// Queues `packet` (with its datagram metadata) for the local endpoint `to`.
-    pub(crate) fn push(
+    pub(crate) fn push<'a>(
         &mut self,
         to: SlotId,
         rx: &RxInfo,
-        parts: &mut dyn Iterator<Item = &[u8]>,
+        parts: impl Iterator<Item = &'a [u8]>,
         len: usize,
         icrc: bool,
         c: &mut NetCounters,
@@ -276,11 +276,11 @@ impl Shm {
     }
 
     /// As [`Shm::push`], saying why a packet did not go.
-    pub(crate) fn try_push(
+    pub(crate) fn try_push<'a>(
         &mut self,
         to: SlotId,
         rx: &RxInfo,
-        parts: &mut dyn Iterator<Item = &[u8]>,
+        parts: impl Iterator<Item = &'a [u8]>,
         len: usize,
         icrc: bool,
     ) -> Result<(), Full> {
@@ -341,7 +341,7 @@ impl Shm {
         let rx = RxInfo::new(src, o.dst.ip());
         // The registry is asked for the payload's pieces once: the length is the most they
         // can come to.
-        let pushed = self.try_push(to, &rx, &mut o.parts(mem), o.len_bound(), !o.icrc_deferred);
+        let pushed = self.try_push(to, &rx, o.parts(mem), o.len_bound(), !o.icrc_deferred);
         if pushed == Err(Full::Gone) {
             c.shm_tx_no_endpoint += 1;
         }
@@ -918,7 +918,7 @@ mod tests {
             for k in 0..20u32 {
                 let len = 100 + ((round * 20 + k) * 37 % 4000) as usize;
                 let pkt: Vec<u8> = (0..len).map(|i| (i as u32 ^ sent) as u8).collect();
-                assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), len, true, &mut c));
+                assert!(tx.push(b, &rx(ip), core::iter::once(&pkt[..]), len, true, &mut c));
                 sent += 1;
             }
             tx.commit(&mut c);
@@ -954,10 +954,10 @@ mod tests {
             got
         };
         // Fewer bytes than the step stay unpublished until the commit.
-        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 4096, true, &mut c));
+        assert!(tx.push(b, &rx(ip), core::iter::once(&pkt[..]), 4096, true, &mut c));
         assert_eq!(take(&mut rxs, &mut c), 0);
         for _ in 1..16 {
-            assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 4096, true, &mut c));
+            assert!(tx.push(b, &rx(ip), core::iter::once(&pkt[..]), 4096, true, &mut c));
         }
         let early = take(&mut rxs, &mut c);
         assert!(early >= 12, "{early} of 16 packets readable before the commit");
@@ -986,7 +986,7 @@ mod tests {
         };
         let pkt = vec![1u8; 4000];
         let mut sent = 0;
-        while tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), true, &mut c) {
+        while tx.push(b, &rx(ip), core::iter::once(&pkt[..]), pkt.len(), true, &mut c) {
             sent += 1;
         }
         tx.commit(&mut c);
@@ -999,7 +999,7 @@ mod tests {
         assert_eq!(a2.index, a.index, "the slot is reused");
         let mut tx2 = Shm::new(Arc::clone(&dir), a2, ip).expect("tx2");
         let second = [2u8; 100];
-        assert!(tx2.push(b, &rx(ip), &mut core::iter::once(&second[..]), 100, true, &mut c));
+        assert!(tx2.push(b, &rx(ip), core::iter::once(&second[..]), 100, true, &mut c));
         tx2.commit(&mut c);
         for _ in 0..4096 {
             take(&mut rxs, &mut c, &mut got);
@@ -1019,14 +1019,14 @@ mod tests {
         let mut c = NetCounters::default();
         let pkt = [3u8; 1000];
         for _ in 0..3 {
-            assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 1000, true, &mut c));
+            assert!(tx.push(b, &rx(ip), core::iter::once(&pkt[..]), 1000, true, &mut c));
         }
         tx.commit(&mut c);
         let each = (RECORD_HEADER + 1000).next_multiple_of(64) as u64;
         assert_eq!(tx.unread(), 3 * each);
         rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| {});
         assert_eq!(tx.unread(), 0, "read");
-        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 1000, true, &mut c));
+        assert!(tx.push(b, &rx(ip), core::iter::once(&pkt[..]), 1000, true, &mut c));
         tx.commit(&mut c);
         assert_eq!(tx.unread(), each);
         // The reader's process is gone.
@@ -1043,7 +1043,7 @@ mod tests {
         let pkt = vec![7u8; 4000];
         let mut pushed = 0;
         for _ in 0..1000 {
-            if tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), true, &mut c) {
+            if tx.push(b, &rx(ip), core::iter::once(&pkt[..]), pkt.len(), true, &mut c) {
                 pushed += 1;
             }
         }
@@ -1057,7 +1057,7 @@ mod tests {
         rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| n += 1);
         assert_eq!((n, c.shm_rx_malformed), (0, 1));
         // The ring goes on working after the garbage.
-        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), pkt.len(), true, &mut c));
+        assert!(tx.push(b, &rx(ip), core::iter::once(&pkt[..]), pkt.len(), true, &mut c));
         tx.commit(&mut c);
         rxs.receive(&mut c, &mut |_: &RxInfo, bytes: &[u8], _: bool| {
             assert_eq!(bytes, &pkt[..]);
@@ -1093,13 +1093,13 @@ mod tests {
         let ip: IpAddr = "127.0.0.2".parse().expect("ip");
         let mut c = NetCounters::default();
         let pkt = [1u8; 64];
-        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
+        assert!(tx.push(b, &rx(ip), core::iter::once(&pkt[..]), 64, true, &mut c));
         tx.commit(&mut c);
         assert_eq!(c.shm_wakeups_sent, 0, "nobody asked for a wake-up");
         assert!(!rxs.prepare_sleep(false), "a packet is waiting: do not sleep");
         rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| {});
         assert!(rxs.prepare_sleep(false));
-        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
+        assert!(tx.push(b, &rx(ip), core::iter::once(&pkt[..]), 64, true, &mut c));
         tx.commit(&mut c);
         assert_eq!(c.shm_wakeups_sent, 1);
         crate::sys::poll_readable(&[rxs.wake_fd()], 1000).expect("poll");
@@ -1117,7 +1117,7 @@ mod tests {
         let mut c = NetCounters::default();
         let pkt = [1u8; 64];
         let send = |tx: &mut Shm, c: &mut NetCounters| {
-            assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, c));
+            assert!(tx.push(b, &rx(ip), core::iter::once(&pkt[..]), 64, true, c));
             tx.commit(c);
         };
         // Stamps a second ahead of the host clock: fresh however slowly the test runs.
@@ -1159,7 +1159,7 @@ mod tests {
         tx.publish_cpu(1);
         assert_eq!(rxs.peer_seen().map(|p| p.cpu), None, "nothing received yet");
         let pkt = [1u8; 64];
-        assert!(tx.push(b, &rx(ip), &mut core::iter::once(&pkt[..]), 64, true, &mut c));
+        assert!(tx.push(b, &rx(ip), core::iter::once(&pkt[..]), 64, true, &mut c));
         tx.commit(&mut c);
         rxs.receive(&mut c, &mut |_: &RxInfo, _: &[u8], _: bool| {});
         assert_eq!(rxs.peer_seen().map(|p| p.cpu), Some(1));
