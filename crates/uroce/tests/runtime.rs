@@ -782,38 +782,74 @@ fn a_passive_target_spins_for_the_next_request_unless_told_not_to_or_waiting_for
 /// whose work needs no work request — busy-polls: it takes the requests off the ring itself,
 /// and the reader need not wake the target's progress thread for each (a third of 28,000
 /// READs a second did, each a system call for the reader and a context switch for the target).
+///
+/// Only while the poller keeps a CPU: one descheduled past the busy-poll stamp's limit is
+/// meant to have its progress thread woken, and past the grace its progress thread takes
+/// over and is woken for every READ until the poller is back (beside two CPU hogs on two
+/// cores that was nearly every READ). So the count is judged on an attempt in which the
+/// poller was never away that long; a machine too busy to give it one in `ATTEMPTS` is said
+/// so, and judges nothing.
 #[test]
 fn a_target_polling_with_nothing_outstanding_is_polling_and_needs_no_wake_ups() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     const READS: u64 = 300;
+    const ATTEMPTS: usize = 5;
+    // Longer than this between two polls and the poller's stamp may have gone stale (200 µs).
+    const AWAY_NS: u64 = 150_000;
     let [r, t] = pair("127.0.57.2", "127.0.57.3", QpType::Rc, Default::default());
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let wake_ups = std::thread::scope(|scope| {
-        scope.spawn(|| {
-            let mut got = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                t.cq.poll(&mut got);
-                assert!(got.is_empty(), "{got:?}");
+    let mut judged = None;
+    for attempt in 0..ATTEMPTS {
+        let (stop, measuring) = (AtomicBool::new(false), AtomicBool::new(false));
+        let longest_away = AtomicU64::new(0);
+        let wake_ups = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut got = Vec::new();
+                #[expect(clippy::disallowed_methods, reason = "the poller times its own gaps")]
+                let mut last = std::time::Instant::now();
+                let mut longest = 0;
+                while !stop.load(Ordering::Acquire) {
+                    t.cq.poll(&mut got);
+                    assert!(got.is_empty(), "{got:?}");
+                    let gap = last.elapsed();
+                    last += gap;
+                    if measuring.load(Ordering::Relaxed) {
+                        longest = longest.max(u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX));
+                    }
+                }
+                longest_away.store(longest, Ordering::Release);
+            });
+            // Until the target's polls have run long enough to count as busy polling.
+            for i in 0..20 {
+                r.qp.read(i, &r.mr, 0..64, t.mr.remote()).unwrap();
+                wait_ok(&r.cq);
             }
+            measuring.store(true, Ordering::Relaxed);
+            // Wake-ups of a sleeping progress thread; those for a poller descheduled for
+            // longer than the busy-poll stamp's limit are not counted (its progress thread is
+            // meant to take those requests over).
+            let asleep = |c: uroce::NetCounters| c.shm_wakeups_sent - c.shm_wakeups_stopped_poller;
+            let before = asleep(r.ctx.counters().1);
+            for i in 0..READS {
+                r.qp.read(i, &r.mr, 0..4096, t.mr.remote()).unwrap();
+                wait_ok(&r.cq);
+            }
+            stop.store(true, Ordering::Release);
+            asleep(r.ctx.counters().1) - before
         });
-        // Until the target's polls have run long enough to count as busy polling.
-        for i in 0..20 {
-            r.qp.read(i, &r.mr, 0..64, t.mr.remote()).unwrap();
-            wait_ok(&r.cq);
+        let away = longest_away.load(Ordering::Acquire);
+        println!(
+            "attempt {attempt}: {wake_ups} wake-ups for {READS} READs; poller away {away} ns at most"
+        );
+        if away < AWAY_NS {
+            judged = Some(wake_ups);
+            break;
         }
-        // Wake-ups of a sleeping progress thread; those for a poller descheduled for longer
-        // than the busy-poll stamp's limit are not counted (its progress thread is meant to
-        // take those requests over).
-        let asleep = |c: uroce::NetCounters| c.shm_wakeups_sent - c.shm_wakeups_stopped_poller;
-        let before = asleep(r.ctx.counters().1);
-        for i in 0..READS {
-            r.qp.read(i, &r.mr, 0..4096, t.mr.remote()).unwrap();
-            wait_ok(&r.cq);
-        }
-        stop.store(true, std::sync::atomic::Ordering::Release);
-        asleep(r.ctx.counters().1) - before
-    });
-    // Bounded for a machine that deschedules the polling thread now and then.
-    assert!(wake_ups * 10 < READS, "{wake_ups} wake-ups for {READS} READs");
+    }
+    match judged {
+        // Bounded all the same: a wake-up can race the poller's stamp as it is written.
+        Some(wake_ups) => assert!(wake_ups * 10 < READS, "{wake_ups} wake-ups for {READS} READs"),
+        None => println!("not judged: the poller lost its CPU in each of {ATTEMPTS} attempts"),
+    }
 }
 
 /// A target whose application thread busy-polled and then went on to other work (an MPI rank
@@ -821,15 +857,21 @@ fn a_target_polling_with_nothing_outstanding_is_polling_and_needs_no_wake_ups() 
 /// beside the poller, is woken by the request once the poller's stamp is stale and takes
 /// over, instead of leaving it until the poller comes back or the thread's next look-in (1–5
 /// ms after the last poll). Prints the median READ, from post to completion.
+///
+/// A round whose reader slept past the look-in (a loaded machine: a 400 µs sleep that took a
+/// millisecond) finds the thread awake, and shows nothing; the takeover is asked of the rounds
+/// whose READ went out in time, when there were a few.
 #[test]
 fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Instant;
-    const ROUNDS: u32 = 20;
+    const ROUNDS: u32 = 40;
+    // A READ posted this long after the poller stopped comes before its thread's look-in.
+    const IN_TIME: Duration = Duration::from_micros(800);
     let [r, t] = pair("127.0.58.2", "127.0.58.3", QpType::Rc, Default::default());
     // Rounds the target has started polling in (odd: polling, even: stopped).
     let phase = AtomicU32::new(0);
-    let mut took = Vec::new();
+    let (mut took, mut in_time) = (Vec::new(), 0);
     std::thread::scope(|scope| {
         scope.spawn(|| {
             let mut got = Vec::new();
@@ -852,10 +894,13 @@ fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
                 std::hint::spin_loop();
             }
             // Long enough for the poller's stamp to go stale (200 µs), below the look-in.
+            #[expect(clippy::disallowed_methods, reason = "whether the READ left in time")]
+            let stopped = Instant::now();
             #[expect(clippy::disallowed_methods, reason = "the target's poller must be gone")]
             std::thread::sleep(Duration::from_micros(400));
             #[expect(clippy::disallowed_methods, reason = "the figure printed is a timing")]
             let posted = Instant::now();
+            in_time += u32::from(posted - stopped < IN_TIME);
             r.qp.read(u64::from(round), &r.mr, 0..4096, t.mr.remote()).unwrap();
             wait_ok(&r.cq);
             took.push(posted.elapsed());
@@ -865,11 +910,15 @@ fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
     took.sort();
     let takeovers = t.ctx.counters().1.progress_takeovers;
     println!(
-        "READ from a target that stopped polling: median {:?}, {takeovers} takeovers",
+        "READ from a target that stopped polling: median {:?}, {takeovers} takeovers, \
+         {in_time} of {ROUNDS} READs in time",
         took[took.len() / 2]
     );
-    // Not every round: a round whose sleep overran the look-in finds the thread awake.
-    assert!(takeovers > 0, "the progress thread never took over for a stopped poller");
+    if in_time >= 3 {
+        assert!(takeovers > 0, "the progress thread never took over for a stopped poller");
+    } else {
+        println!("not judged: the machine let {in_time} READs out in time");
+    }
 }
 
 /// While an application thread busy-polls, its progress thread sleeps on a look-in timer the
