@@ -859,18 +859,25 @@ fn a_target_polling_with_nothing_outstanding_is_polling_and_needs_no_wake_ups() 
 /// ms after the last poll). Prints the median READ, from post to completion.
 ///
 /// A round whose reader slept past the look-in (a loaded machine: a 400 µs sleep that took a
-/// millisecond) finds the thread awake, and shows nothing; the takeover is asked of the rounds
-/// whose READ went out in time, when there were a few.
+/// millisecond), or whose poller was descheduled long enough for its mark to lapse, finds the
+/// thread awake and shows nothing; the takeover is asked of the rounds that were neither, when
+/// there were a few.
 #[test]
 fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
     use std::time::Instant;
     const ROUNDS: u32 = 40;
     // A READ posted this long after the poller stopped comes before its thread's look-in.
     const IN_TIME: Duration = Duration::from_micros(800);
+    // A poller away this long between two polls may have let its busy-poll mark lapse.
+    const AWAY: Duration = Duration::from_micros(150);
     let [r, t] = pair("127.0.58.2", "127.0.58.3", QpType::Rc, Default::default());
     // Rounds the target has started polling in (odd: polling, even: stopped).
     let phase = AtomicU32::new(0);
+    // When the poller stopped (ns after `origin`), and whether it had polled without a break.
+    #[expect(clippy::disallowed_methods, reason = "whether the READ left in time")]
+    let origin = Instant::now();
+    let (stopped_at, steady) = (AtomicU64::new(0), AtomicBool::new(false));
     let (mut took, mut in_time) = (Vec::new(), 0);
     std::thread::scope(|scope| {
         scope.spawn(|| {
@@ -879,10 +886,16 @@ fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
                 // Polls long enough to count as busy polling (`IDLE_POLLS_TO_BUSY`), then
                 // stops, and waits (without a verb) until the reader's READ of this round
                 // is done.
+                let (mut last, mut longest) = (origin.elapsed(), Duration::ZERO);
                 for _ in 0..1000 {
                     t.cq.poll(&mut got);
+                    let now = origin.elapsed();
+                    longest = longest.max(now - last);
+                    last = now;
                 }
                 assert!(got.is_empty(), "{got:?}");
+                steady.store(longest < AWAY, Ordering::Relaxed);
+                stopped_at.store(u64::try_from(last.as_nanos()).unwrap_or(0), Ordering::Relaxed);
                 phase.store(2 * round + 2, Ordering::Release);
                 while phase.load(Ordering::Acquire) != 2 * round + 3 {
                     std::hint::spin_loop();
@@ -894,13 +907,13 @@ fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
                 std::hint::spin_loop();
             }
             // Long enough for the poller's stamp to go stale (200 µs), below the look-in.
-            #[expect(clippy::disallowed_methods, reason = "whether the READ left in time")]
-            let stopped = Instant::now();
             #[expect(clippy::disallowed_methods, reason = "the target's poller must be gone")]
             std::thread::sleep(Duration::from_micros(400));
             #[expect(clippy::disallowed_methods, reason = "the figure printed is a timing")]
             let posted = Instant::now();
-            in_time += u32::from(posted - stopped < IN_TIME);
+            let stopped = Duration::from_nanos(stopped_at.load(Ordering::Relaxed));
+            let since_stop = posted.duration_since(origin).saturating_sub(stopped);
+            in_time += u32::from(steady.load(Ordering::Relaxed) && since_stop < IN_TIME);
             r.qp.read(u64::from(round), &r.mr, 0..4096, t.mr.remote()).unwrap();
             wait_ok(&r.cq);
             took.push(posted.elapsed());
@@ -911,7 +924,7 @@ fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
     let takeovers = t.ctx.counters().1.progress_takeovers;
     println!(
         "READ from a target that stopped polling: median {:?}, {takeovers} takeovers, \
-         {in_time} of {ROUNDS} READs in time",
+         {in_time} of {ROUNDS} READs in time after a steady poll",
         took[took.len() / 2]
     );
     if in_time >= 3 {
@@ -1049,6 +1062,10 @@ fn an_event_wait_counts_whether_its_spin_found_the_event() {
 /// at once, and those posts resume the busy poll: all but the first wait for the next poll
 /// and leave in one system call (`NetDevice::post_with`). Without the resume every post of
 /// the refill is a `sendmmsg` of its own (`tx_batches` equal to `tx_datagrams`).
+///
+/// Only a refill that starts within the resume window can resume: a round descheduled
+/// between its last poll and its first post (a loaded machine) cannot, so the bounds count
+/// the rounds that started in time, and a machine that let too few do so judges nothing.
 #[test]
 #[allow(clippy::disallowed_methods, reason = "a busy poll bounds its wait by the clock")]
 fn a_window_refilled_after_the_poll_that_completed_it_leaves_in_one_call() {
@@ -1056,12 +1073,16 @@ fn a_window_refilled_after_the_poll_that_completed_it_leaves_in_one_call() {
     const ROUNDS: u64 = 100;
     let udp = || Options { udp_only: true, ..Options::default() };
     let [a, b] = pair("127.0.55.2", "127.0.55.3", QpType::Rc, [udp(), udp()]);
+    // Within the runtime's resume window (50 µs) of the poll that drained the last window.
+    const IN_TIME: Duration = Duration::from_micros(40);
     let mut wcs = Vec::new();
+    let (mut drained, mut in_time) = (None::<std::time::Instant>, 0);
     for round in 0..ROUNDS {
         // The receives this window's SENDs consume (it completes only once they have).
         for k in 0..WINDOW {
             b.qp.post_recv(round * WINDOW + k, &b.mr, 0..64).unwrap();
         }
+        in_time += u64::from(drained.is_some_and(|d| d.elapsed() < IN_TIME));
         for k in 0..WINDOW {
             a.qp.send(round * WINDOW + k, &a.mr, 64..128).unwrap();
         }
@@ -1071,14 +1092,20 @@ fn a_window_refilled_after_the_poll_that_completed_it_leaves_in_one_call() {
             a.cq.poll(&mut wcs);
             assert!(start.elapsed() < Duration::from_secs(30), "no completion");
         }
+        drained = Some(std::time::Instant::now());
         assert!(wcs.iter().all(|w| w.status == WcStatus::SUCCESS), "{wcs:?}");
     }
     let (engine, net) = a.ctx.counters();
-    // On an idle machine every round after the first resumes, and each window leaves in two
-    // calls (its first post alone: nothing awaited an ACK). A post preempted for longer than
-    // the resume window after its poll goes alone: the bounds leave room for that.
-    assert!(net.busy_polls_resumed > ROUNDS / 4, "{net:?} {engine:?}");
-    assert!(net.tx_datagrams - net.tx_batches > ROUNDS * WINDOW / 4, "{net:?} {engine:?}");
+    println!("{in_time} of {ROUNDS} refills in time; {} resumed", net.busy_polls_resumed);
+    if in_time < ROUNDS / 4 {
+        println!("not judged: the machine let {in_time} refills start in time");
+        return;
+    }
+    // On an idle machine every such round resumes, and its window leaves in two calls (its
+    // first post alone: nothing awaited an ACK). A post preempted between its check and its
+    // send goes alone all the same: the bounds leave room for that.
+    assert!(net.busy_polls_resumed > in_time / 4, "{net:?} {engine:?}");
+    assert!(net.tx_datagrams - net.tx_batches > in_time * WINDOW / 4, "{net:?} {engine:?}");
 }
 
 /// Two processes' threads that wait for each other on one CPU (where the kernel puts a thread
