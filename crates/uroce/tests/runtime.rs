@@ -859,12 +859,16 @@ fn a_target_polling_with_nothing_outstanding_is_polling_and_needs_no_wake_ups() 
 /// A round whose reader slept past the look-in (a loaded machine: a 400 µs sleep that took a
 /// millisecond), or whose poller was descheduled long enough for its mark to lapse, finds the
 /// thread awake and shows nothing; the takeover is asked of the rounds that were neither, when
-/// there were a few.
+/// there were enough of them.
 #[test]
 fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
     use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
     use std::time::Instant;
-    const ROUNDS: u32 = 40;
+    const ROUNDS: u32 = 60;
+    // Rounds that went as meant (below) that it takes to judge: beside two CPU hogs, with the
+    // progress thread itself often kept off the CPU, one such round in five still showed a
+    // takeover, and six in a row showed none.
+    const TO_JUDGE: u32 = 20;
     // A READ posted this long after the poller stopped comes before its thread's look-in.
     const IN_TIME: Duration = Duration::from_micros(800);
     // A poller away this long between two polls may have let its busy-poll mark lapse.
@@ -928,7 +932,7 @@ fn a_target_that_stopped_polling_answers_through_its_progress_thread() {
          {in_time} of {ROUNDS} READs in time after a steady poll",
         took[took.len() / 2]
     );
-    if in_time >= 3 {
+    if in_time >= TO_JUDGE {
         assert!(takeovers > 0, "the progress thread never took over for a stopped poller");
     } else {
         println!("not judged: the machine let {in_time} READs out in time");
@@ -1019,7 +1023,9 @@ fn a_poller_ending_each_long_operation_wakes_its_progress_thread_only_for_remote
             assert!(woke >= rounds / 2 && quiet == 0, "UDP: {woke} woke, {quiet} quiet");
         } else {
             assert!(c.shm_rx_packets > 0 && c.tx_datagrams == 0, "shared memory: {c:?}");
-            assert!(woke == 0 && quiet >= rounds / 2, "local: {woke} woke, {quiet} quiet");
+            // A poll preempted between its look at the peers and its end of the mark may
+            // still wake (one in 34 beside two CPU hogs): a few are allowed.
+            assert!(woke <= rounds / 8 && quiet >= rounds / 2, "local: {woke} woke, {quiet} quiet");
         }
         // The requester has stopped polling: a request for its memory still gets an answer,
         // from its progress thread (over shared memory woken by the local sender once the
