@@ -179,7 +179,7 @@ pub(crate) fn dest_qpn(packet: &[u8]) -> Option<u32> {
 /// The path a packet takes to its destination QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Path {
-    /// The kernel's UDP sockets (another host, or a local endpoint that shares no memory).
+    /// The kernel's UDP sockets (another host; any endpoint with `UROCE_FABRIC=udp`).
     Udp,
     /// A shared-memory ring to a local endpoint.
     Shm,
