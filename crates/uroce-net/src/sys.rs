@@ -36,9 +36,22 @@ fn setsockopt_int(
     name: libc::c_int,
     value: libc::c_int,
 ) -> io::Result<()> {
-    let len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `value` is a live c_int and `len` is its size, as setsockopt(2) requires.
-    let ret = unsafe { libc::setsockopt(fd, level, name, (&raw const value).cast(), len) };
+    setsockopt_value(fd, level, name, &value)
+}
+
+/// setsockopt(2) with `value`, a C struct (or int) of the type option `name` takes. A pointer
+/// inside it (a BPF program's instructions) is read by the kernel, which fails the call with
+/// `EFAULT` rather than touch memory that is not there.
+fn setsockopt_value<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    let len = size_of::<T>() as libc::socklen_t;
+    // SAFETY: `value` is a live `T` and `len` is its size, as setsockopt(2) requires; the
+    // kernel copies it before it returns.
+    let ret = unsafe { libc::setsockopt(fd, level, name, core::ptr::from_ref(value).cast(), len) };
     check(ret).map(drop)
 }
 
@@ -115,20 +128,9 @@ pub(crate) fn attach_reuseport_program(
 ) -> io::Result<()> {
     let len = u16::try_from(program.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "program too long"))?;
+    // `len` instructions at `filter`, which outlive the call (the kernel copies them).
     let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
-    let size = size_of::<libc::sock_fprog>() as libc::socklen_t;
-    // SAFETY: `fprog` is a live sock_fprog of `size` bytes pointing at `len` instructions that
-    // outlive the call (the kernel copies them before it returns).
-    let ret = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_REUSEPORT_CBPF,
-            (&raw const fprog).cast(),
-            size,
-        )
-    };
-    check(ret).map(drop)
+    setsockopt_value(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ATTACH_REUSEPORT_CBPF, &fprog)
 }
 
 /// Asks the kernel to hand this socket runs of datagrams of one flow coalesced into one buffer
@@ -223,19 +225,9 @@ pub(crate) fn join_multicast(sock: &UdpSocket, group: IpAddr, local: IpAddr) -> 
 /// Sends multicast from the interface that has `local` (IPv4).
 pub(crate) fn set_multicast_if(sock: &UdpSocket, local: IpAddr) -> io::Result<()> {
     if let IpAddr::V4(l) = local {
+        // ip(7) IP_MULTICAST_IF takes an in_addr.
         let m = libc::in_addr { s_addr: u32::from(l).to_be() };
-        let len = size_of::<libc::in_addr>() as libc::socklen_t;
-        // SAFETY: `m` is a live in_addr and `len` its size (ip(7) IP_MULTICAST_IF).
-        let ret = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::IPPROTO_IP,
-                libc::IP_MULTICAST_IF,
-                (&raw const m).cast(),
-                len,
-            )
-        };
-        check(ret)?;
+        setsockopt_value(sock.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MULTICAST_IF, &m)?;
         sock.set_multicast_loop_v4(true)?;
     }
     Ok(())
