@@ -792,30 +792,30 @@ fn a_passive_target_spins_for_the_next_request_unless_told_not_to_or_waiting_for
 /// so, and judges nothing.
 #[test]
 fn a_target_polling_with_nothing_outstanding_is_polling_and_needs_no_wake_ups() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, Ordering};
     const READS: u64 = 300;
     const ATTEMPTS: usize = 5;
     // Longer than this between two polls and the poller's stamp may have gone stale (200 µs).
-    const AWAY_NS: u64 = 150_000;
+    const AWAY: Duration = Duration::from_micros(150);
     let [r, t] = pair("127.0.57.2", "127.0.57.3", QpType::Rc, Default::default());
     let mut judged = None;
     for attempt in 0..ATTEMPTS {
         let stop = AtomicBool::new(false);
-        let longest_away = AtomicU64::new(0);
-        let wake_ups = std::thread::scope(|scope| {
-            scope.spawn(|| {
+        let (wake_ups, away) = std::thread::scope(|scope| {
+            // The poller's longest time away from its CPU between two polls.
+            let poller = scope.spawn(|| {
                 let mut got = Vec::new();
                 #[expect(clippy::disallowed_methods, reason = "the poller times its own gaps")]
                 let mut last = std::time::Instant::now();
-                let mut longest = 0;
+                let mut longest = Duration::ZERO;
                 while !stop.load(Ordering::Acquire) {
                     t.cq.poll(&mut got);
                     assert!(got.is_empty(), "{got:?}");
                     let gap = last.elapsed();
                     last += gap;
-                    longest = longest.max(u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX));
+                    longest = longest.max(gap);
                 }
-                longest_away.store(longest, Ordering::Release);
+                longest
             });
             // Until the target's polls have run long enough to count as busy polling.
             for i in 0..20 {
@@ -832,13 +832,12 @@ fn a_target_polling_with_nothing_outstanding_is_polling_and_needs_no_wake_ups() 
                 wait_ok(&r.cq);
             }
             stop.store(true, Ordering::Release);
-            asleep(r.ctx.counters().1) - before
+            (asleep(r.ctx.counters().1) - before, poller.join().unwrap())
         });
-        let away = longest_away.load(Ordering::Acquire);
         println!(
-            "attempt {attempt}: {wake_ups} wake-ups for {READS} READs; poller away {away} ns at most"
+            "attempt {attempt}: {wake_ups} wake-ups for {READS} READs; poller away {away:?} at most"
         );
-        if away < AWAY_NS {
+        if away < AWAY {
             judged = Some(wake_ups);
             break;
         }
