@@ -6,7 +6,7 @@ use core::net::SocketAddr;
 use std::collections::VecDeque;
 
 use uroce_wire::aeth::Syndrome;
-use uroce_wire::icrc::PseudoHeader;
+use uroce_wire::icrc::{PseudoHeader, RxFlow};
 use uroce_wire::{Msn, Psn, QKey, Qpn, RKey};
 
 use crate::time::{Duration, Instant};
@@ -540,8 +540,9 @@ pub(crate) struct Qp {
     pub(crate) max_dest_rd_atomic: u8,
     /// ICRC prefix for what this QP sends.
     pub(crate) tx_pseudo: Option<PseudoHeader>,
-    /// ICRC prefix for the last peer address this QP received from.
-    pub(crate) rx_pseudo: Option<(SocketAddr, PseudoHeader)>,
+    /// The last peer address this QP received from, and its flow: the ICRC prefix and the
+    /// IPv4 identification expected next.
+    pub(crate) rx_flow: Option<(SocketAddr, RxFlow)>,
     pub(crate) req: Requester,
     pub(crate) resp: Responder,
     pub(crate) rq: VecDeque<RecvWqe>,
@@ -582,7 +583,7 @@ impl Qp {
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
             tx_pseudo: None,
-            rx_pseudo: None,
+            rx_flow: None,
             req: Requester::default(),
             resp: Responder::default(),
             rq: VecDeque::new(),

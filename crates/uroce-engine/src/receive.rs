@@ -4,7 +4,7 @@
 
 use core::net::SocketAddr;
 
-use uroce_wire::icrc::{IdRecovery, PseudoCache, PseudoHeader};
+use uroce_wire::icrc::{IdRecovery, PseudoCache, PseudoHeader, RxFlow};
 use uroce_wire::opcode::OpFlags;
 use uroce_wire::{PacketRepr, Qpn, ROCE_V2_PORT, bth};
 
@@ -99,20 +99,19 @@ impl<M: MemoryAccess> Device<M> {
             }
             return;
         }
-        // ICRC first (IBA Annex A17.3.3): the prefix for this peer is kept per QP.
-        let pseudo = match qp.rx_pseudo {
-            Some((from, p)) if from == rx.src => p,
-            _ => {
+        // ICRC first (IBA Annex A17.3.3): the flow from this peer is kept per QP.
+        let flow = match &mut qp.rx_flow {
+            Some((from, flow)) if *from == rx.src => flow,
+            other => {
                 let local = SocketAddr::new(rx.dst, ROCE_V2_PORT);
                 let Ok(p) = PseudoHeader::for_endpoints(rx.src, local) else {
                     c.drop_wrong_peer += 1;
                     return;
                 };
-                qp.rx_pseudo = Some((rx.src, p));
-                p
+                &mut other.insert((rx.src, RxFlow::new(p))).1
             }
         };
-        let Some(packet) = verify_and_parse(&pseudo, &mut self.icrc, c, payload, intact) else {
+        let Some(packet) = verify_and_parse(flow, &mut self.icrc, c, payload, intact) else {
             return;
         };
         // Header checks (IBA 9.6: transport, partition, source; rxe_recv.c hdr_check).
@@ -189,22 +188,22 @@ fn verify_datagram<'a>(
     payload: &'a [u8],
     intact: bool,
 ) -> Option<PacketRepr<'a>> {
-    let Ok(pseudo) = cache.get(rx.src, SocketAddr::new(rx.dst, ROCE_V2_PORT)) else {
+    let Ok(flow) = cache.flow(rx.src, SocketAddr::new(rx.dst, ROCE_V2_PORT)) else {
         c.drop_bad_dest += 1;
         return None;
     };
-    verify_and_parse(&pseudo, icrc, c, payload, intact)
+    verify_and_parse(flow, icrc, c, payload, intact)
 }
 
 /// Verifies the ICRC (IBA Annex A17.3.3) and parses the packet, counting a failure.
 fn verify_and_parse<'a>(
-    pseudo: &PseudoHeader,
+    flow: &mut RxFlow,
     icrc: &mut IdRecovery,
     c: &mut Counters,
     payload: &'a [u8],
     intact: bool,
 ) -> Option<PacketRepr<'a>> {
-    if !intact && let Err(e) = icrc.verify(pseudo, payload) {
+    if !intact && let Err(e) = flow.verify(icrc, payload) {
         match e {
             uroce_wire::Error::IcrcUnexpectedIpId(_) => c.drop_unexpected_ip_id += 1,
             _ => c.icrc_errors += 1,

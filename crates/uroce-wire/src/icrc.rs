@@ -27,6 +27,9 @@
 //! the packet's length, and that difference can be undone (multiplied by x⁻⁸ⁿ modulo the CRC
 //! polynomial, n the packet's length) and solved for x. [`IdRecovery`] finds the identification that makes a packet's ICRC right, if there is one,
 //! and accepts it only if a sender of the kind allowed ([`Ipv4IdPolicy`]) could have used it.
+//! A flow's identifications mostly count up by one, so a receiver that checks the one it
+//! expects first ([`IdRecovery::verify_expecting`], [`RxFlow`]) hashes the packet once and
+//! solves for nothing.
 //!
 //! The CRC itself is `crc32fast`, which uses carry-less multiplication (PCLMULQDQ on x86-64,
 //! PMULL on aarch64) when the CPU has it.
@@ -283,15 +286,41 @@ pub const fn to_wire(icrc: u32) -> [u8; ICRC_LEN] {
     icrc.to_le_bytes()
 }
 
+/// What a receiver keeps of one flow (a peer's address and port to its own): the pseudo-header
+/// of its packets and the IPv4 identification its next packet is expected to carry, checked
+/// first ([`IdRecovery::verify_expecting`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxFlow {
+    /// The headers of the flow's packets.
+    pub pseudo: PseudoHeader,
+    next_id: u16,
+}
+
+impl RxFlow {
+    /// A flow whose packets come with the headers `pseudo` gives.
+    pub const fn new(pseudo: PseudoHeader) -> Self {
+        Self { pseudo, next_id: 0 }
+    }
+
+    /// Checks the ICRC of `roce`, the flow's next packet ([`IdRecovery::verify`]); returns the
+    /// identification it was computed with, and expects the one after it next.
+    pub fn verify(&mut self, icrc: &mut IdRecovery, roce: &[u8]) -> Result<u16> {
+        let id = icrc.verify_expecting(&self.pseudo, roce, self.next_id)?;
+        self.next_id = id.wrapping_add(1);
+        Ok(id)
+    }
+}
+
 /// The pseudo-headers of many flows, each computed once ([`PseudoHeader::for_endpoints`] hashes
-/// a few dozen short buffers). Bounded: past `bound` flows the cache starts over, so a flood of
-/// sources costs recomputation, not memory.
+/// a few dozen short buffers), with what a receiver expects of each ([`RxFlow`]). Bounded: past
+/// `bound` flows the cache starts over, so a flood of sources costs recomputation, not memory.
 #[derive(Debug, Clone)]
 pub struct PseudoCache {
-    flows: std::collections::HashMap<(SocketAddr, SocketAddr), PseudoHeader>,
+    flows: std::collections::HashMap<(SocketAddr, SocketAddr), RxFlow>,
     /// The flow asked for last: consecutive packets are mostly of one flow, and comparing two
-    /// addresses costs less than hashing them.
-    last: Option<(SocketAddr, SocketAddr, PseudoHeader)>,
+    /// addresses costs less than hashing them. What it expects is kept here, and in `flows`
+    /// once another flow is asked for.
+    last: Option<(SocketAddr, SocketAddr, RxFlow)>,
     bound: usize,
 }
 
@@ -303,24 +332,34 @@ impl PseudoCache {
 
     /// The pseudo-header of packets from `src` to `dst` ([`PseudoHeader::for_endpoints`]).
     pub fn get(&mut self, src: SocketAddr, dst: SocketAddr) -> Result<PseudoHeader> {
-        if let Some((s, d, p)) = &self.last
-            && (*s, *d) == (src, dst)
-        {
-            return Ok(*p);
-        }
-        let p = match self.flows.get(&(src, dst)) {
-            Some(p) => *p,
-            None => {
-                let p = PseudoHeader::for_endpoints(src, dst)?;
-                if self.flows.len() >= self.bound {
-                    self.flows.clear();
+        Ok(self.flow(src, dst)?.pseudo)
+    }
+
+    /// The flow from `src` to `dst`.
+    pub fn flow(&mut self, src: SocketAddr, dst: SocketAddr) -> Result<&mut RxFlow> {
+        let last = match self.last.take() {
+            Some(last @ (s, d, _)) if (s, d) == (src, dst) => last,
+            other => {
+                if let Some((s, d, flow)) = other
+                    && let Some(kept) = self.flows.get_mut(&(s, d))
+                {
+                    *kept = flow;
                 }
-                self.flows.insert((src, dst), p);
-                p
+                let flow = match self.flows.get(&(src, dst)) {
+                    Some(&flow) => flow,
+                    None => {
+                        let flow = RxFlow::new(PseudoHeader::for_endpoints(src, dst)?);
+                        if self.flows.len() >= self.bound {
+                            self.flows.clear();
+                        }
+                        self.flows.insert((src, dst), flow);
+                        flow
+                    }
+                };
+                (src, dst, flow)
             }
         };
-        self.last = Some((src, dst, p));
-        Ok(p)
+        Ok(&mut self.last.insert(last).2)
     }
 }
 
@@ -447,22 +486,45 @@ impl IdRecovery {
     /// (0 for IPv6 and for headers as captured). [`Error::IcrcUnexpectedIpId`] if only one the
     /// policy refuses makes it right, [`Error::IcrcMismatch`] if none does.
     pub fn verify(&mut self, pseudo: &PseudoHeader, roce: &[u8]) -> Result<u16> {
+        self.verify_expecting(pseudo, roce, 0)
+    }
+
+    /// [`IdRecovery::verify`], checking identification `expected` first: the packets of one
+    /// flow mostly carry the last one's plus one (a connected socket's counter, the segments
+    /// of one GSO send), and a right guess costs one CRC of the packet and no solving (about
+    /// 100 of 250 cycles for a 64-byte SEND here). A wrong guess costs what no guess does: the
+    /// CRC is linear, so the difference from the ICRC for `expected` solves for the
+    /// identification's difference from `expected`. Ignored for IPv6 and for headers as
+    /// captured (their identification is known).
+    pub fn verify_expecting(
+        &mut self,
+        pseudo: &PseudoHeader,
+        roce: &[u8],
+        expected: u16,
+    ) -> Result<u16> {
         let found = carried(roce)?;
         let hashed = roce.len() - ICRC_LEN;
-        let computed = compute(pseudo, &roce[..hashed])?;
-        if found == computed {
-            return Ok(0);
-        }
-        let mismatch = Error::IcrcMismatch { found, computed };
         if !pseudo.ipv4_sender {
-            return Err(mismatch);
+            let computed = compute(pseudo, &roce[..hashed])?;
+            return if found == computed {
+                Ok(0)
+            } else {
+                Err(Error::IcrcMismatch { found, computed })
+            };
         }
-        let delta = gf2::mul(found ^ computed, self.factor(hashed));
-        match ID_BASIS.solve(delta) {
-            Some(id) if self.policy.accepts(id) => Ok(id),
-            Some(id) => Err(Error::IcrcUnexpectedIpId(id)),
-            None => Err(mismatch),
-        }
+        let computed = compute(&pseudo.with_ipv4_id(expected), &roce[..hashed])?;
+        let id = if found == computed {
+            expected
+        } else {
+            let delta = gf2::mul(found ^ computed, self.factor(hashed));
+            let Some(moved) = ID_BASIS.solve(delta) else {
+                // The ICRC the packet would carry were its identification 0.
+                let computed = pseudo.ipv4_id_moved(computed, hashed, expected, 0);
+                return Err(Error::IcrcMismatch { found, computed });
+            };
+            expected ^ moved
+        };
+        if self.policy.accepts(id) { Ok(id) } else { Err(Error::IcrcUnexpectedIpId(id)) }
     }
 
     /// x^(−8·`hashed`), from the cache when a packet of this length came recently.
@@ -640,6 +702,62 @@ mod tests {
         }
         // Under "any ID", 2⁻¹⁶ of random corruptions still pass; none of these do.
         assert_eq!(refused, 3 * roce.len().div_ceil(97));
+    }
+
+    /// Whatever identification is expected, the one a packet was sealed for is found, the
+    /// policy applied to it, and a corruption refused with the ICRC for identification 0
+    /// named (as without a guess).
+    #[test]
+    fn an_expected_identification_changes_no_answer() {
+        let mut linux = IdRecovery::new(Ipv4IdPolicy::LinuxGso);
+        let mut any = IdRecovery::new(Ipv4IdPolicy::Any);
+        for id in [0u16, 1, 127, 128, 0x69c5, u16::MAX] {
+            let (pseudo, roce) = sent_with_id(id, 64);
+            for expected in [id, id.wrapping_add(1), id.wrapping_sub(1), 0, 0x8000, !id] {
+                let want = any.verify(&pseudo, &roce);
+                assert_eq!(want, Ok(id));
+                assert_eq!(any.verify_expecting(&pseudo, &roce, expected), want, "{id} {expected}");
+                assert_eq!(
+                    linux.verify_expecting(&pseudo, &roce, expected),
+                    linux.verify(&pseudo, &roce)
+                );
+                let mut bad = roce.clone();
+                bad[20] ^= 0x40;
+                let refused = any.verify(&pseudo, &bad);
+                assert!(matches!(refused, Err(Error::IcrcMismatch { .. })));
+                assert_eq!(any.verify_expecting(&pseudo, &bad, expected), refused);
+            }
+        }
+    }
+
+    /// A flow expects the identification after its last packet's; a jump (datagrams lost, a
+    /// restarted sender) is found all the same, and the flow follows it.
+    #[test]
+    fn a_flow_expects_the_next_identification() {
+        let mut any = IdRecovery::new(Ipv4IdPolicy::Any);
+        let (pseudo, _) = sent_with_id(0, 64);
+        let mut flow = RxFlow::new(pseudo);
+        for id in [0xfffeu16, 0xffff, 0, 1, 900, 901, 5] {
+            let (_, roce) = sent_with_id(id, 64);
+            assert_eq!(flow.verify(&mut any, &roce), Ok(id));
+            assert_eq!(flow.next_id, id.wrapping_add(1));
+        }
+    }
+
+    /// Flows asked for in turn keep what each expects: the last one's expectation goes back
+    /// to the table when another flow is asked for.
+    #[test]
+    fn the_cache_keeps_each_flows_expected_identification() {
+        let a: SocketAddr = "10.1.16.61:50208".parse().unwrap();
+        let b: SocketAddr = "10.1.16.62:4791".parse().unwrap();
+        let c: SocketAddr = "10.1.16.63:50208".parse().unwrap();
+        let mut cache = PseudoCache::new(8);
+        let mut any = IdRecovery::new(Ipv4IdPolicy::Any);
+        let (_, roce) = sent_with_id(40, 64);
+        assert_eq!(cache.flow(a, b).unwrap().verify(&mut any, &roce), Ok(40));
+        assert_eq!(cache.flow(c, b).unwrap().next_id, 0);
+        assert_eq!(cache.flow(a, b).unwrap().next_id, 41);
+        assert_eq!(cache.get(a, b).unwrap(), PseudoHeader::for_endpoints(a, b).unwrap());
     }
 
     /// Flows asked for in turn, each again right after another: every answer is the flow's
