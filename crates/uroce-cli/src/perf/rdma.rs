@@ -291,7 +291,11 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
                 }
             }
             let mut seq: u64 = 0;
-            let round = |side: &mut Side, seq: u64| -> Result<bool, String> {
+            // The receive the last answer took, posted again once the next message has gone:
+            // as the server does, so that no repost waits in a round trip (every other slot
+            // is posted, and the answer finds one either way).
+            let mut repost: Option<u64> = None;
+            let mut round = |side: &mut Side, seq: u64| -> Result<bool, String> {
                 match test.op {
                     Op::Send => side.send(seq, size)?,
                     Op::WriteImm => {
@@ -304,7 +308,16 @@ pub(crate) fn client(side: &mut Side, test: &TestDef, p: &Params) -> Result<Meas
                         side.post_first(seq, Work::Write { len: size, to, imm: None })?;
                     }
                 }
-                wait_answer(side, test.op, size, mark(seq))
+                if let Some(k) = repost.take() {
+                    side.post_recv(k)?;
+                }
+                Ok(match wait_answer(side, test.op, size, mark(seq))? {
+                    Answer::Came(taken) => {
+                        repost = taken;
+                        true
+                    }
+                    Answer::Lost => false,
+                })
             };
             // UC and UD rounds may be lost, but a peer that answers none for a stall's time
             // is gone (a server killed under a count-bound run left its client spinning for
@@ -438,7 +451,15 @@ fn mark(seq: u64) -> u8 {
 /// Waits for the peer's answer to a round: a receive (SEND), a receive with immediate (WRITE
 /// with immediate), or the last byte of our buffer changing to `mark` (WRITE, polled).
 /// Returns `false` when an unreliable transport lost the round (no answer within [`LOST`]).
-fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<bool, String> {
+/// How a ping-pong round ended.
+enum Answer {
+    /// The peer answered; the slot of the receive the answer took, if it took one.
+    Came(Option<u64>),
+    /// No answer came in time (UC and UD lose messages).
+    Lost,
+}
+
+fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<Answer, String> {
     if op == Op::WritePoll {
         let start = now();
         let mut last = [0u8];
@@ -447,7 +468,7 @@ fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<bool, S
             let _ = side.ready()?;
             side.queues.read_target(size - 1, &mut last)?;
             if last[0] == mark {
-                return Ok(true);
+                return Ok(Answer::Came(None));
             }
             if start.elapsed() > STALL {
                 return Err("the peer's WRITE never landed".into());
@@ -460,11 +481,10 @@ fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<bool, S
             if side.qp_type == QpType::Rc {
                 return Err(format!("no answer for {STALL:?}"));
             }
-            return Ok(false);
+            return Ok(Answer::Lost);
         };
         if matches!(wc.kind, Kind::Recv | Kind::RecvImm) {
-            side.post_recv(wc.wr_id)?;
-            return Ok(true);
+            return Ok(Answer::Came(Some(wc.wr_id)));
         }
     }
 }
