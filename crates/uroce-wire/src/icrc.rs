@@ -82,6 +82,10 @@ pub struct PseudoHeader {
 }
 
 impl PseudoHeader {
+    /// Headers of no flow, for a slot that holds none yet (its CRCs are of nothing).
+    const NONE: Self =
+        Self { prefix_crc: 0, length_bits: None, ip_len: 0, ipv4_sender: false, dst_port: 0 };
+
     /// The headers uroce's sender produces from `src` to `dst` (see
     /// [`IpRepr::for_addrs`]); the UDP checksum and TTL do not matter, being masked.
     pub fn for_endpoints(src: SocketAddr, dst: SocketAddr) -> Result<Self> {
@@ -318,16 +322,19 @@ impl RxFlow {
 pub struct PseudoCache {
     flows: std::collections::HashMap<(SocketAddr, SocketAddr), RxFlow>,
     /// The flow asked for last: consecutive packets are mostly of one flow, and comparing two
-    /// addresses costs less than hashing them. What it expects is kept here, and in `flows`
-    /// once another flow is asked for.
-    last: Option<(SocketAddr, SocketAddr, RxFlow)>,
+    /// addresses costs less than hashing them.
+    last: Option<(SocketAddr, SocketAddr)>,
+    /// That flow, kept here while it is the last (its entry in `flows` is brought up to date
+    /// when another flow is asked for); no flow's while `last` is `None`.
+    last_flow: RxFlow,
     bound: usize,
 }
 
 impl PseudoCache {
     /// An empty cache of at most `bound` flows.
     pub fn new(bound: usize) -> Self {
-        Self { flows: std::collections::HashMap::new(), last: None, bound }
+        let none = RxFlow::new(PseudoHeader::NONE);
+        Self { flows: std::collections::HashMap::new(), last: None, last_flow: none, bound }
     }
 
     /// The pseudo-header of packets from `src` to `dst` ([`PseudoHeader::for_endpoints`]).
@@ -337,29 +344,27 @@ impl PseudoCache {
 
     /// The flow from `src` to `dst`.
     pub fn flow(&mut self, src: SocketAddr, dst: SocketAddr) -> Result<&mut RxFlow> {
-        let last = match self.last.take() {
-            Some(last @ (s, d, _)) if (s, d) == (src, dst) => last,
-            other => {
-                if let Some((s, d, flow)) = other
-                    && let Some(kept) = self.flows.get_mut(&(s, d))
-                {
-                    *kept = flow;
-                }
-                let flow = match self.flows.get(&(src, dst)) {
-                    Some(&flow) => flow,
-                    None => {
-                        let flow = RxFlow::new(PseudoHeader::for_endpoints(src, dst)?);
-                        if self.flows.len() >= self.bound {
-                            self.flows.clear();
-                        }
-                        self.flows.insert((src, dst), flow);
-                        flow
+        let key = (src, dst);
+        if self.last != Some(key) {
+            let flow = match self.flows.get(&key) {
+                Some(&flow) => flow,
+                None => {
+                    let flow = RxFlow::new(PseudoHeader::for_endpoints(src, dst)?);
+                    if self.flows.len() >= self.bound {
+                        self.flows.clear();
                     }
-                };
-                (src, dst, flow)
+                    self.flows.insert(key, flow);
+                    flow
+                }
+            };
+            if let Some(left) = self.last.replace(key)
+                && let Some(kept) = self.flows.get_mut(&left)
+            {
+                *kept = self.last_flow;
             }
-        };
-        Ok(&mut self.last.insert(last).2)
+            self.last_flow = flow;
+        }
+        Ok(&mut self.last_flow)
     }
 }
 
