@@ -61,16 +61,16 @@ const LRH_STAND_IN: [u8; 8] = [0xFF; 8];
 /// header exactly as captured, lengths included, so that a corrupted length shows as a bad ICRC).
 ///
 /// The prefix is hashed once, at construction. The CRC is affine over GF(2), so changing the
-/// length fields changes the prefix CRC by the XOR of one precomputed value per set bit of the
-/// four length bytes; a packet then costs a CRC over its own bytes only.
+/// length fields changes the prefix CRC by the XOR of one precomputed value per byte of the
+/// four length bytes (a table per IP version, shared by all headers); a packet then costs a
+/// CRC over its own bytes only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PseudoHeader {
-    /// CRC-32 of the prefix, with the length fields as captured, or zero if set per packet.
+    /// CRC-32 of the prefix, with the length fields as captured, or zeroed if set per packet.
     prefix_crc: u32,
-    /// For per-packet lengths: the change in `prefix_crc` caused by each bit (LSB first) of the
-    /// IP length field (IPv4 total length or IPv6 payload length) and of the UDP length field,
-    /// most significant byte first.
-    length_bits: Option<[[u32; 8]; 4]>,
+    /// Per-packet lengths: the layout whose [`LengthTable`] says how they move `prefix_crc`;
+    /// `None` for headers as captured.
+    lengths: Option<Layout>,
     /// IP header length (20..=60 for IPv4, 40 for IPv6).
     ip_len: usize,
     /// Built by [`PseudoHeader::for_endpoints`] for IPv4: the identification is 0 unless set
@@ -84,7 +84,7 @@ pub struct PseudoHeader {
 impl PseudoHeader {
     /// Headers of no flow, for a slot that holds none yet (its CRCs are of nothing).
     const NONE: Self =
-        Self { prefix_crc: 0, length_bits: None, ip_len: 0, ipv4_sender: false, dst_port: 0 };
+        Self { prefix_crc: 0, lengths: None, ip_len: 0, ipv4_sender: false, dst_port: 0 };
 
     /// The headers uroce's sender produces from `src` to `dst` (see
     /// [`IpRepr::for_addrs`]); the UDP checksum and TTL do not matter, being masked.
@@ -96,28 +96,20 @@ impl PseudoHeader {
         let ipv6 = matches!(ip, IpRepr::V6(_));
         ip.emit(&mut buf, UDP_HEADER_LEN)?;
         udp.emit(&mut buf[ip_len..], 0)?;
-        // Offsets of the four length bytes within the headers.
-        let ip_len_field = if ipv6 { 4 } else { 2 };
-        let offsets = [ip_len_field, ip_len_field + 1, ip_len + 4, ip_len + 5];
-        for &o in &offsets {
+        let layout = if ipv6 { Layout::V6 } else { Layout::V4 };
+        let lengths = layout.lengths();
+        if lengths.ip_len != ip_len {
+            return Err(Error::BadIpHeader);
+        }
+        for o in lengths.offsets {
             buf[o] = 0;
         }
         let header_len = ip_len + UDP_HEADER_LEN;
         let (masked, _) = mask(&buf[..header_len])?;
         let prefix_crc = prefix_crc_of(&masked[..header_len]);
-        // f(bit) = crc(e_bit) ^ crc(0…0): the linear part of the CRC, for one bit set.
-        let zero = prefix_crc_of(&[0u8; MAX_PSEUDO_LEN][..header_len]);
-        let mut length_bits = [[0u32; 8]; 4];
-        for (row, &o) in length_bits.iter_mut().zip(&offsets) {
-            for (bit, slot) in row.iter_mut().enumerate() {
-                let mut e = [0u8; MAX_PSEUDO_LEN];
-                e[o] = 1 << bit;
-                *slot = prefix_crc_of(&e[..header_len]) ^ zero;
-            }
-        }
         Ok(Self {
             prefix_crc,
-            length_bits: Some(length_bits),
+            lengths: Some(layout),
             ip_len,
             dst_port: dst.port(),
             ipv4_sender: !ipv6,
@@ -153,7 +145,7 @@ impl PseudoHeader {
         let (masked, ip_len) = mask(headers)?;
         let dst_port = u16::from_be_bytes([masked[ip_len + 2], masked[ip_len + 3]]);
         let prefix_crc = prefix_crc_of(&masked[..headers.len()]);
-        Ok(Self { prefix_crc, length_bits: None, ip_len, dst_port, ipv4_sender: false })
+        Ok(Self { prefix_crc, lengths: None, ip_len, dst_port, ipv4_sender: false })
     }
 
     /// The pseudo-header of a captured datagram (IP header onwards), and its UDP payload.
@@ -164,7 +156,7 @@ impl PseudoHeader {
 
     /// The CRC of the prefix for a RoCE packet of `roce_len` bytes (BTH through ICRC).
     fn crc_for(&self, roce_len: usize) -> u32 {
-        let Some(bits) = &self.length_bits else {
+        let Some(layout) = self.lengths else {
             return self.prefix_crc;
         };
         let udp_len = UDP_HEADER_LEN + roce_len;
@@ -173,15 +165,12 @@ impl PseudoHeader {
             if self.ip_len == crate::ip::IPV6_HEADER_LEN { udp_len } else { self.ip_len + udp_len };
         let [ip_hi, ip_lo] = u16::try_from(ip_field).unwrap_or(u16::MAX).to_be_bytes();
         let [udp_hi, udp_lo] = u16::try_from(udp_len).unwrap_or(u16::MAX).to_be_bytes();
-        let mut crc = self.prefix_crc;
-        for (row, byte) in bits.iter().zip([ip_hi, ip_lo, udp_hi, udp_lo]) {
-            for (bit, value) in row.iter().enumerate() {
-                // All ones where the bit is set: no branch on packet lengths.
-                let select = 0u32.wrapping_sub(u32::from(byte >> bit) & 1);
-                crc ^= value & select;
-            }
-        }
-        crc
+        let t = &layout.lengths().bytes;
+        self.prefix_crc
+            ^ t[0][usize::from(ip_hi)]
+            ^ t[1][usize::from(ip_lo)]
+            ^ t[2][usize::from(udp_hi)]
+            ^ t[3][usize::from(udp_lo)]
     }
 
     /// Whether the UDP destination port is RoCEv2's.
@@ -224,6 +213,62 @@ fn prefix_crc_of(masked_headers: &[u8]) -> u32 {
     h.update(&LRH_STAND_IN);
     h.update(masked_headers);
     h.finalize()
+}
+
+/// How the length fields of uroce's headers of one IP version (no IPv4 options) move the
+/// prefix CRC: the CRC is affine, so the prefix CRC for given lengths is the one for zero
+/// lengths XOR one entry per length byte (a table lookup each, not a loop over their bits).
+struct LengthTable {
+    /// IP header length.
+    ip_len: usize,
+    /// Offsets in the headers of the IP length field (IPv4 total length, IPv6 payload length)
+    /// and of the UDP length field, most significant byte first.
+    offsets: [usize; 4],
+    /// `bytes[k][v]`: the change when length byte `k` holds `v`.
+    bytes: [[u32; 256]; 4],
+}
+
+impl LengthTable {
+    fn new(ipv6: bool) -> Self {
+        let ip_len = if ipv6 { crate::ip::IPV6_HEADER_LEN } else { crate::ip::IPV4_HEADER_LEN };
+        let ip_len_field = if ipv6 { 4 } else { 2 };
+        let offsets = [ip_len_field, ip_len_field + 1, ip_len + 4, ip_len + 5];
+        let header_len = ip_len + UDP_HEADER_LEN;
+        // f(bit) = crc(e_bit) ^ crc(0…0): the linear part of the CRC, for one bit set; a
+        // byte's value moves the CRC by the XOR of its set bits' parts.
+        let zero = prefix_crc_of(&[0u8; MAX_PSEUDO_LEN][..header_len]);
+        let mut bytes = [[0u32; 256]; 4];
+        for (row, &o) in bytes.iter_mut().zip(&offsets) {
+            let bit: [u32; 8] = core::array::from_fn(|b| {
+                let mut e = [0u8; MAX_PSEUDO_LEN];
+                e[o] = 1 << b;
+                prefix_crc_of(&e[..header_len]) ^ zero
+            });
+            for (v, entry) in row.iter_mut().enumerate() {
+                *entry = (0..8).filter(|b| v >> b & 1 != 0).fold(0, |acc, b| acc ^ bit[b]);
+            }
+        }
+        Self { ip_len, offsets, bytes }
+    }
+}
+
+static LENGTHS_V4: LazyLock<LengthTable> = LazyLock::new(|| LengthTable::new(false));
+static LENGTHS_V6: LazyLock<LengthTable> = LazyLock::new(|| LengthTable::new(true));
+
+/// The layout of uroce's own headers: IPv4 without options, or IPv6, then UDP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    V4,
+    V6,
+}
+
+impl Layout {
+    fn lengths(self) -> &'static LengthTable {
+        match self {
+            Self::V4 => &LENGTHS_V4,
+            Self::V6 => &LENGTHS_V6,
+        }
+    }
 }
 
 /// The ICRC of a packet given as consecutive parts that together run from the first byte of the
@@ -374,8 +419,10 @@ const IPV4_ID_OFFSET: usize = 4;
 /// How the identification of a 20-byte IPv4 header moves the prefix CRC, and how to go back
 /// from such a move to the identification.
 struct IdBasis {
-    /// The change in the prefix CRC for each bit of the identification, least significant first.
-    bits: [u32; 16],
+    /// The change in the prefix CRC for each value of the identification's high byte
+    /// (`bytes[0]`) and low byte (`bytes[1]`): the change for an identification is the XOR of
+    /// its two bytes' (the CRC is linear).
+    bytes: [[u32; 256]; 2],
     /// The same vectors fully reduced: each row's pivot bit (`pivot`) is clear in every other
     /// row, and `ids` says which identification bits the row combines.
     rows: [(u32, u32, u16); 16],
@@ -392,6 +439,10 @@ impl IdBasis {
             e[IPV4_ID_OFFSET + usize::from(bit < 8)] = 1 << (bit % 8);
             *slot = prefix_crc_of(&e[..header_len]) ^ zero;
         }
+        let byte = |shift: usize, v: usize| {
+            (0..8).filter(|b| v >> b & 1 != 0).fold(0, |acc, b| acc ^ bits[shift + b])
+        };
+        let bytes = [core::array::from_fn(|v| byte(8, v)), core::array::from_fn(|v| byte(0, v))];
         // Gauss–Jordan elimination over GF(2). CRC-32 tells apart any two bursts of 32 bits
         // or less, so the 16 vectors are independent and every row finds a pivot.
         let mut rows: [(u32, u32, u16); 16] = core::array::from_fn(|i| (bits[i], 0, 1 << i));
@@ -406,17 +457,13 @@ impl IdBasis {
                 }
             }
         }
-        Self { bits, rows }
+        Self { bytes, rows }
     }
 
     /// The change in the prefix CRC for identification `id` instead of 0.
     fn delta(&self, id: u16) -> u32 {
-        let mut d = 0;
-        for (bit, value) in self.bits.iter().enumerate() {
-            let select = 0u32.wrapping_sub(u32::from(id >> bit) & 1);
-            d ^= value & select;
-        }
-        d
+        let [hi, lo] = id.to_be_bytes();
+        self.bytes[0][usize::from(hi)] ^ self.bytes[1][usize::from(lo)]
     }
 
     /// The identification whose [`IdBasis::delta`] is `delta`, if one is.
@@ -707,6 +754,52 @@ mod tests {
         }
         // Under "any ID", 2⁻¹⁶ of random corruptions still pass; none of these do.
         assert_eq!(refused, 3 * roce.len().div_ceil(97));
+    }
+
+    /// The headers as the kernel would emit them for a UDP payload of `roce_len` bytes from
+    /// `src` to `dst` with IPv4 identification `id`, read back as captured.
+    fn captured(src: SocketAddr, dst: SocketAddr, id: u16, roce_len: usize) -> PseudoHeader {
+        use crate::ip::{IpRepr, Ipv4Repr};
+        let ip = match IpRepr::for_addrs(src.ip(), dst.ip()).unwrap() {
+            IpRepr::V4(v4) => IpRepr::V4(Ipv4Repr { ident: id, ..v4 }),
+            v6 => v6,
+        };
+        let mut headers = [0u8; MAX_PSEUDO_LEN];
+        let ip_len = ip.header_len();
+        ip.emit(&mut headers, UDP_HEADER_LEN + roce_len).unwrap();
+        UdpRepr { src_port: src.port(), dst_port: dst.port(), checksum: 0 }
+            .emit(&mut headers[ip_len..], roce_len)
+            .unwrap();
+        PseudoHeader::from_headers(&headers[..ip_len + UDP_HEADER_LEN]).unwrap()
+    }
+
+    /// The prefix CRC a pseudo-header computes for a packet's lengths (looked up per length
+    /// byte) is the CRC of the headers that carry those lengths, for IPv4 and IPv6, at lengths
+    /// that set every bit of the length fields.
+    #[test]
+    fn every_length_gives_the_prefix_crc_of_its_headers() {
+        let v4 = ("10.1.16.61:50208".parse().unwrap(), "10.1.16.62:4791".parse().unwrap());
+        let v6 = ("[fd00::1]:50208".parse().unwrap(), "[fd00::2]:4791".parse().unwrap());
+        for (src, dst) in [v4, v6] {
+            let pseudo = PseudoHeader::for_endpoints(src, dst).unwrap();
+            let lens = (0..=16).map(|b| (1usize << b) - 1).chain([256, 4112, 4136, 9000, 65_000]);
+            for roce_len in lens.filter(|&l| l <= 65_000) {
+                let want = captured(src, dst, 0, roce_len).crc_for(roce_len);
+                assert_eq!(pseudo.crc_for(roce_len), want, "{src} -> {dst}, {roce_len} bytes");
+            }
+        }
+    }
+
+    /// Every IPv4 identification moves the prefix CRC as the header that carries it does.
+    #[test]
+    fn every_identification_gives_the_prefix_crc_of_its_header() {
+        let src: SocketAddr = "10.1.16.61:50208".parse().unwrap();
+        let dst: SocketAddr = "10.1.16.62:4791".parse().unwrap();
+        let pseudo = PseudoHeader::for_endpoints(src, dst).unwrap();
+        for id in 0..=u16::MAX {
+            let want = captured(src, dst, id, 100).crc_for(100);
+            assert_eq!(pseudo.with_ipv4_id(id).crc_for(100), want, "id {id}");
+        }
     }
 
     /// Whatever identification is expected, the one a packet was sealed for is found, the
