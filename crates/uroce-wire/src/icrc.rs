@@ -234,22 +234,22 @@ impl LengthTable {
         let ip_len_field = if ipv6 { 4 } else { 2 };
         let offsets = [ip_len_field, ip_len_field + 1, ip_len + 4, ip_len + 5];
         let header_len = ip_len + UDP_HEADER_LEN;
-        // f(bit) = crc(e_bit) ^ crc(0…0): the linear part of the CRC, for one bit set; a
-        // byte's value moves the CRC by the XOR of its set bits' parts.
-        let zero = prefix_crc_of(&[0u8; MAX_PSEUDO_LEN][..header_len]);
-        let mut bytes = [[0u32; 256]; 4];
-        for (row, &o) in bytes.iter_mut().zip(&offsets) {
-            let bit: [u32; 8] = core::array::from_fn(|b| {
-                let mut e = [0u8; MAX_PSEUDO_LEN];
-                e[o] = 1 << b;
-                prefix_crc_of(&e[..header_len]) ^ zero
-            });
-            for (v, entry) in row.iter_mut().enumerate() {
-                *entry = (0..8).filter(|b| v >> b & 1 != 0).fold(0, |acc, b| acc ^ bit[b]);
-            }
-        }
+        let bytes = offsets.map(|o| byte_moves(header_len, o));
         Self { ip_len, offsets, bytes }
     }
+}
+
+/// How each value of the byte at `offset` of `header_len` bytes of headers moves their prefix
+/// CRC from the one with that byte 0. f(bit) = crc(e_bit) ^ crc(0…0) is the linear part of the
+/// CRC for one bit set, and a value moves it by the XOR of its set bits' parts.
+fn byte_moves(header_len: usize, offset: usize) -> [u32; 256] {
+    let zero = prefix_crc_of(&[0u8; MAX_PSEUDO_LEN][..header_len]);
+    let bit: [u32; 8] = core::array::from_fn(|b| {
+        let mut e = [0u8; MAX_PSEUDO_LEN];
+        e[offset] = 1 << b;
+        prefix_crc_of(&e[..header_len]) ^ zero
+    });
+    core::array::from_fn(|v| (0..8).filter(|b| v >> b & 1 != 0).fold(0, |acc, b| acc ^ bit[b]))
 }
 
 static LENGTHS_V4: LazyLock<LengthTable> = LazyLock::new(|| LengthTable::new(false));
@@ -431,18 +431,10 @@ struct IdBasis {
 impl IdBasis {
     fn new() -> Self {
         let header_len = crate::ip::IPV4_HEADER_LEN + UDP_HEADER_LEN;
-        let zero = prefix_crc_of(&[0u8; MAX_PSEUDO_LEN][..header_len]);
-        let mut bits = [0u32; 16];
-        for (bit, slot) in bits.iter_mut().enumerate() {
-            let mut e = [0u8; MAX_PSEUDO_LEN];
-            // Big-endian: bits 8..16 live in the first byte.
-            e[IPV4_ID_OFFSET + usize::from(bit < 8)] = 1 << (bit % 8);
-            *slot = prefix_crc_of(&e[..header_len]) ^ zero;
-        }
-        let byte = |shift: usize, v: usize| {
-            (0..8).filter(|b| v >> b & 1 != 0).fold(0, |acc, b| acc ^ bits[shift + b])
-        };
-        let bytes = [core::array::from_fn(|v| byte(8, v)), core::array::from_fn(|v| byte(0, v))];
+        // Big-endian: bits 8..16 live in the first byte.
+        let bytes = [IPV4_ID_OFFSET, IPV4_ID_OFFSET + 1].map(|o| byte_moves(header_len, o));
+        // Each bit's move, least significant first: its byte's entry for that bit alone.
+        let bits: [u32; 16] = core::array::from_fn(|b| bytes[usize::from(b < 8)][1 << (b % 8)]);
         // Gauss–Jordan elimination over GF(2). CRC-32 tells apart any two bursts of 32 bits
         // or less, so the 16 vectors are independent and every row finds a pivot.
         let mut rows: [(u32, u32, u16); 16] = core::array::from_fn(|i| (bits[i], 0, 1 << i));
@@ -554,16 +546,11 @@ impl IdRecovery {
         roce: &[u8],
         expected: u16,
     ) -> Result<u16> {
+        if !pseudo.ipv4_sender {
+            return verify(pseudo, roce).map(|()| 0);
+        }
         let found = carried(roce)?;
         let hashed = roce.len() - ICRC_LEN;
-        if !pseudo.ipv4_sender {
-            let computed = compute(pseudo, &roce[..hashed])?;
-            return if found == computed {
-                Ok(0)
-            } else {
-                Err(Error::IcrcMismatch { found, computed })
-            };
-        }
         let computed = compute(&pseudo.with_ipv4_id(expected), &roce[..hashed])?;
         let id = if found == computed {
             expected
