@@ -448,9 +448,6 @@ fn mark(seq: u64) -> u8 {
     u8::try_from(seq % 255).unwrap_or(0) + 1
 }
 
-/// Waits for the peer's answer to a round: a receive (SEND), a receive with immediate (WRITE
-/// with immediate), or the last byte of our buffer changing to `mark` (WRITE, polled).
-/// Returns `false` when an unreliable transport lost the round (no answer within [`LOST`]).
 /// How a ping-pong round ended.
 enum Answer {
     /// The peer answered; the slot of the receive the answer took, if it took one.
@@ -459,6 +456,9 @@ enum Answer {
     Lost,
 }
 
+/// Waits for the peer's answer to a round: a receive (SEND), a receive with immediate (WRITE
+/// with immediate), or the last byte of our buffer changing to `mark` (WRITE, polled).
+/// [`Answer::Lost`] when an unreliable transport lost the round (no answer within [`LOST`]).
 fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<Answer, String> {
     if op == Op::WritePoll {
         let start = now();
