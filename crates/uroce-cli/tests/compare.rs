@@ -173,12 +173,19 @@ fn compare_measures_every_rdma_series_on_every_path() {
     for r in rows.iter().filter(|r| r["test"].as_str().unwrap() != "tcp_lat") {
         let (udp, shm) = (&r["applied"]["udp_datagrams"], &r["applied"]["shm_packets"]);
         let name = series(r);
+        // And the server's, which answer through the same path (a UD stream's server sends
+        // nothing).
+        let (server_udp, server_shm) =
+            (&r["applied"]["server_udp_datagrams"], &r["applied"]["server_shm_packets"]);
         if name.ends_with(" · uroce UDP") {
             assert!(udp.as_u64().unwrap() > 0 && shm == 0, "{r}");
+            assert!(server_udp.is_u64() && server_shm == 0, "{r}");
         } else if name.ends_with(" · uroce shm") {
             assert!(shm.as_u64().unwrap() > 0 && udp == 0, "{r}");
+            assert!(server_shm.is_u64() && server_udp == 0, "{r}");
         } else if name.contains(" · verbs ") {
             assert!(udp.is_null() && shm.is_null(), "{r}");
+            assert!(server_udp.is_null() && server_shm.is_null(), "{r}");
         }
     }
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();

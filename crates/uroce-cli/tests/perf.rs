@@ -491,3 +491,54 @@ fn a_version_mismatch_is_refused_on_both_sides() {
     fails_with(&["client", "127.0.0.44", "--port", &port, "rc_lat"], "server speaks 99, client 1");
     t.join().unwrap();
 }
+
+/// `UROCE_FABRIC=udp` on the client only: its packets go through the kernel, the server's
+/// back over shared memory (a device sends to a local peer that way unless told otherwise),
+/// and the figures measure neither path. The client says so, and its JSON gives both sides'
+/// counts; with the variable on both sides it says nothing.
+#[test]
+fn a_client_warns_when_the_server_answers_through_another_path() {
+    let _one_at_a_time = exclusive();
+    let run = |server_env: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uroce"));
+        cmd.args(["server", "--addr", "127.0.0.92", "--port", "19812"]);
+        match server_env {
+            Some(fabric) => cmd.env("UROCE_FABRIC", fabric),
+            None => cmd.env_remove("UROCE_FABRIC"),
+        };
+        let _server = Server::spawn(cmd);
+        let out = Command::new(env!("CARGO_BIN_EXE_uroce"))
+            .args(["client", "127.0.0.92", "--port", "19812", "--local", "127.0.0.93"])
+            .args(["rc_lat", "ud_lat", "-s", "64", "-n", "200", "--json"])
+            .env("UROCE_FABRIC", "udp")
+            .output()
+            .unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(out.status.success(), "{err}");
+        let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        (rows, err)
+    };
+    let (rows, err) = run(None);
+    for r in &rows {
+        let a = &r["applied"];
+        assert!(a["udp_datagrams"].as_u64().unwrap() > 0 && a["shm_packets"] == 0, "{r}");
+        assert!(a["server_shm_packets"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(a["server_udp_datagrams"], 0, "{r}");
+    }
+    assert_eq!(err.matches("warning").count(), 1, "once a run: {err}");
+    assert!(err.contains("the two directions took different paths"), "{err}");
+    assert!(err.contains("UROCE_FABRIC"), "{err}");
+
+    let (rows, err) = run(Some("udp"));
+    for r in &rows {
+        let a = &r["applied"];
+        assert!(a["server_udp_datagrams"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(a["server_shm_packets"], 0, "{r}");
+    }
+    assert!(!err.contains("warning"), "{err}");
+}

@@ -69,6 +69,7 @@ pub(crate) fn run(plan: &Plan, out: &mut dyn Write) -> Result<Vec<Outcome>, Stri
     // A progress line on a terminal, for runs of more than one test or size.
     let progress = runs.len() > 1 && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let total = runs.len();
+    let mut warned = false;
     for (k, (test, p)) in runs.into_iter().enumerate() {
         if progress {
             eprint!("\r[{:>3}/{total}] {} {}        ", k + 1, test.name, super::human_size(p.size));
@@ -84,6 +85,11 @@ pub(crate) fn run(plan: &Plan, out: &mut dyn Write) -> Result<Vec<Outcome>, Stri
         let line = if plan.json { outcome.to_json() } else { outcome.to_string() };
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
+        // Once a run: every test of it goes the same ways.
+        if !warned && let Some(why) = outcome.applied.path_mismatch() {
+            warned = true;
+            eprintln!("uroce client: warning: {} at {} bytes: {why}", test.name, p.size);
+        }
         results.push(outcome);
     }
     Ok(results)
@@ -141,9 +147,7 @@ fn one(
             let sent_before = device.sent();
             let mut m =
                 super::on_cpu(p.pin.map(|c| c.0), || with_cpus(rdma::client(&mut side, test, p)))?;
-            m.applied.sent = sent_before
-                .zip(device.sent())
-                .map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
+            m.applied.sent = super::sent_since(sent_before, device.sent());
             m.applied.qps = Some(side.qps_used());
             m.applied.inline_posts = side.inline_posts();
             m
@@ -179,6 +183,14 @@ fn one(
     let server_cpu = Cpu { user: field("user")?, sys: field("sys")? };
     let server_seconds = field("secs")?;
     let mut m = measured;
+    // A server of an older version, or on a verbs device, does not say.
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "packet counts, written as integers"
+    )]
+    let count = |k: &str| field(k).ok().map(|v| v as u64);
+    m.applied.server_sent = count("udp").zip(count("shm"));
     let mut arrived = m.msgs;
     if lossy && m.total_posted > 0 {
         // What arrived, scaled to the measured share of what was sent (the server counted the

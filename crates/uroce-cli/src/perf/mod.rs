@@ -487,9 +487,28 @@ pub(crate) struct Applied {
     /// uroce: the packets this side's device sent during the test, (through the kernel's UDP
     /// path, over shared memory): which path the test took.
     pub(crate) sent: Option<(u64, u64)>,
+    /// uroce: the same, of the server's device, as its report gives them.
+    pub(crate) server_sent: Option<(u64, u64)>,
 }
 
 impl Applied {
+    /// When the two directions of a test took different paths — this side's packets all
+    /// through the kernel's UDP path and the server's all over shared memory, or the other way
+    /// round — what to tell the user: the figures then measure neither path. (It happens when
+    /// `UROCE_FABRIC=udp` is set on one side only: a device sends to a local peer over shared
+    /// memory unless told otherwise.)
+    pub(crate) fn path_mismatch(&self) -> Option<String> {
+        let mine = only_path(self.sent?)?;
+        let server = only_path(self.server_sent?)?;
+        (mine != server).then(|| {
+            format!(
+                "this side sent through {mine} and the server through {server}: the two \
+                 directions took different paths, so the figures are neither's (set \
+                 UROCE_FABRIC alike for both)"
+            )
+        })
+    }
+
     fn view(&self) -> AppliedJson<'_> {
         AppliedJson {
             qps: self.qps,
@@ -500,8 +519,29 @@ impl Applied {
             cpus: &self.cpus,
             udp_datagrams: self.sent.map(|s| s.0),
             shm_packets: self.sent.map(|s| s.1),
+            server_udp_datagrams: self.server_sent.map(|s| s.0),
+            server_shm_packets: self.server_sent.map(|s| s.1),
         }
     }
+}
+
+/// The one path a side's packets took, given its (UDP, shared memory) counts; `None` when it
+/// sent nothing or used both.
+fn only_path((udp, shm): (u64, u64)) -> Option<&'static str> {
+    match (udp > 0, shm > 0) {
+        (true, false) => Some("the kernel's UDP path"),
+        (false, true) => Some("shared memory"),
+        _ => None,
+    }
+}
+
+/// Packets a device sent between two readings of its counters, (through UDP, over shared
+/// memory); `None` where the backend cannot tell.
+pub(crate) fn sent_since(
+    before: Option<(u64, u64)>,
+    after: Option<(u64, u64)>,
+) -> Option<(u64, u64)> {
+    before.zip(after).map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)))
 }
 
 #[derive(serde::Serialize)]
@@ -514,6 +554,8 @@ struct AppliedJson<'a> {
     cpus: &'a [usize],
     udp_datagrams: Option<u64>,
     shm_packets: Option<u64>,
+    server_udp_datagrams: Option<u64>,
+    server_shm_packets: Option<u64>,
 }
 
 /// One result in `results.json` and `--json`, in this order (`series` and `peer` in

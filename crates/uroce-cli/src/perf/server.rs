@@ -113,6 +113,9 @@ fn run(
         started = Some((Cpu::now(), super::now()));
         ctl.send("go").map_err(e)
     };
+    // What this side's device sent during the test, and through which path: the client sets
+    // it beside its own, and says when the two directions went different ways.
+    let mut sent_before = None;
     let (msgs, bytes) = if test.transport.is_none() {
         let listener = Listener::bind(addr, test).map_err(e)?;
         ctl.send(&format!("ready {}", listener.port().map_err(e)?)).map_err(e)?;
@@ -129,6 +132,7 @@ fn run(
         *device = peers.first().map(|e| e.gid).or(*device);
         side.connect(&peers)?;
         rdma::server_ready(&side, test)?;
+        sent_before = rdma.sent();
         go(ctl)?;
         let cpu = p.pin.map(|c| c.1);
         serve_until_stop(ctl, &stop, || {
@@ -138,10 +142,13 @@ fn run(
     let (cpu0, t0) = started.ok_or("the test never started")?;
     let cpu = Cpu::now().since(cpu0);
     let secs = t0.elapsed().as_secs_f64();
-    let done = format!(
+    let mut done = format!(
         "done user={:.6} sys={:.6} secs={secs:.6} msgs={msgs} bytes={bytes}",
         cpu.user, cpu.sys
     );
+    if let Some((udp, shm)) = super::sent_since(sent_before, rdma.sent()) {
+        done.push_str(&format!(" udp={udp} shm={shm}"));
+    }
     ctl.send(&done).map_err(e)
 }
 
