@@ -104,6 +104,31 @@ fn client_json(tests: &[&str], options: &[&str]) -> Vec<String> {
     String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect()
 }
 
+/// A stream of one-sided operations leaves the server's application with nothing to do, as
+/// perftest's `ib_write_bw`/`ib_read_bw`/`ib_atomic_bw` servers have (its device's progress
+/// thread answers): its test thread never polls its CQ, where it used to spin a core on it
+/// for completions that never come. A SEND stream's server polls for its receives.
+#[test]
+fn a_one_sided_stream_leaves_the_servers_cq_unpolled() {
+    let _one_at_a_time = exclusive();
+    let _server = Server::start("127.0.0.23", 19801);
+    let one_sided = ["rc_rdma_write_bw", "rc_rdma_read_bw", "rc_fetch_add_mr", "uc_rdma_write_bw"];
+    let tests: Vec<&str> = one_sided.iter().copied().chain(["rc_bw"]).collect();
+    let lines = client_json(&tests, &["-s", "4K", "-n", "2000", "--warmup", "10"]);
+    assert_eq!(lines.len(), tests.len(), "{lines:?}");
+    for (line, name) in lines.iter().zip(&tests) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["test"].as_str(), Some(*name), "{line}");
+        assert!(v["bytes"].as_u64().unwrap() > 0, "{line}");
+        let polls = v["applied"]["server_polls"].as_u64().unwrap();
+        if one_sided.contains(name) {
+            assert_eq!(polls, 0, "{line}");
+        } else {
+            assert!(polls > 0, "{line}");
+        }
+    }
+}
+
 /// A 4 MiB ping-pong has fewer receive slots than its window (the receive buffers stop at
 /// 256 MiB): it posts what its queue holds, not a window's worth (it failed with "work queue
 /// full" before sending anything).

@@ -191,6 +191,7 @@ fn one(
     )]
     let count = |k: &str| field(k).ok().map(|v| v as u64);
     m.applied.server_sent = count("udp").zip(count("shm"));
+    m.applied.server_polls = count("polls");
     let mut arrived = m.msgs;
     if lossy && m.total_posted > 0 {
         // What arrived, scaled to the measured share of what was sent (the server counted the

@@ -64,6 +64,18 @@ pub(crate) struct TestDef {
     pub(crate) pattern: Pattern,
 }
 
+impl TestDef {
+    /// A stream of one-sided operations (WRITE, READ, atomics): the server's application has
+    /// nothing to do, as on an RNIC, where the responder is the NIC's — perftest's
+    /// `ib_write_bw`, `ib_read_bw` and `ib_atomic_bw` servers post nothing and poll nothing.
+    /// Its test thread then waits for the end without polling its CQ (which would only spin a
+    /// core: no completion comes), and its device's progress thread answers the requests.
+    pub(crate) fn passive_target(&self) -> bool {
+        self.pattern == Pattern::Stream
+            && matches!(self.op, Op::Write | Op::Read | Op::CompareSwap | Op::FetchAdd)
+    }
+}
+
 use uroce::QpType::{Rc, Uc, Ud};
 
 const fn t(
@@ -489,6 +501,9 @@ pub(crate) struct Applied {
     pub(crate) sent: Option<(u64, u64)>,
     /// uroce: the same, of the server's device, as its report gives them.
     pub(crate) server_sent: Option<(u64, u64)>,
+    /// RDMA: the times the server's test thread polled its CQ (none for a passive target,
+    /// [`TestDef::passive_target`]), as its report gives them.
+    pub(crate) server_polls: Option<u64>,
 }
 
 impl Applied {
@@ -521,6 +536,7 @@ impl Applied {
             shm_packets: self.sent.map(|s| s.1),
             server_udp_datagrams: self.server_sent.map(|s| s.0),
             server_shm_packets: self.server_sent.map(|s| s.1),
+            server_polls: self.server_polls,
         }
     }
 }
@@ -556,6 +572,7 @@ struct AppliedJson<'a> {
     shm_packets: Option<u64>,
     server_udp_datagrams: Option<u64>,
     server_shm_packets: Option<u64>,
+    server_polls: Option<u64>,
 }
 
 /// One result in `results.json` and `--json`, in this order (`series` and `peer` in

@@ -45,6 +45,8 @@ pub(crate) struct Side {
     used: Cell<u64>,
     /// SENDs posted inline.
     inlined: Cell<u64>,
+    /// Polls of the CQ (and waits on it) so far.
+    polls: u64,
 }
 
 impl Side {
@@ -98,6 +100,7 @@ impl Side {
             pending: Vec::new(),
             used: Cell::new(0),
             inlined: Cell::new(0),
+            polls: 0,
         };
         Ok((side, endpoints))
     }
@@ -139,6 +142,11 @@ impl Side {
     /// How many SENDs went inline.
     pub(crate) fn inline_posts(&self) -> u64 {
         self.inlined.get()
+    }
+
+    /// How many times this side polled its CQ or waited on it.
+    pub(crate) fn polls(&self) -> u64 {
+        self.polls
     }
 
     /// Receive slots over all QPs.
@@ -186,6 +194,7 @@ impl Side {
             // empty polls, not on each, which would lengthen every round of a busy poll.
             let mut empty: u32 = 0;
             while self.pending.is_empty() {
+                self.polls += 1;
                 if self.events {
                     self.queues.wait(limit, &mut self.pending)?;
                 } else {
@@ -210,6 +219,7 @@ impl Side {
 
     /// Takes whatever completions are ready, without waiting.
     fn ready(&mut self) -> Result<Vec<Completion>, String> {
+        self.polls += 1;
         let mut out = core::mem::take(&mut self.pending);
         out.reverse();
         self.queues.poll(&mut out)?;
@@ -516,6 +526,13 @@ pub(crate) fn server(
     let mut posted = 0u64;
     let mut done = 0u64;
     let window = u64::from(p.depth);
+    if test.passive_target() {
+        while !stop.load(Ordering::Acquire) {
+            #[expect(clippy::disallowed_methods, reason = "a passive target waits for the end")]
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        return Ok((0, 0));
+    }
     while !stop.load(Ordering::Acquire) {
         // The write-poll server answers each WRITE it sees land in its buffer.
         if test.op == Op::WritePoll {

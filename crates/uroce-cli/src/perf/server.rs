@@ -116,6 +116,7 @@ fn run(
     // What this side's device sent during the test, and through which path: the client sets
     // it beside its own, and says when the two directions went different ways.
     let mut sent_before = None;
+    let mut polls = None;
     let (msgs, bytes) = if test.transport.is_none() {
         let listener = Listener::bind(addr, test).map_err(e)?;
         ctl.send(&format!("ready {}", listener.port().map_err(e)?)).map_err(e)?;
@@ -135,9 +136,11 @@ fn run(
         sent_before = rdma.sent();
         go(ctl)?;
         let cpu = p.pin.map(|c| c.1);
-        serve_until_stop(ctl, &stop, || {
+        let served = serve_until_stop(ctl, &stop, || {
             super::on_cpu(cpu, || rdma::server(&mut side, test, p, &stop))
-        })?
+        })?;
+        polls = Some(side.polls());
+        served
     };
     let (cpu0, t0) = started.ok_or("the test never started")?;
     let cpu = Cpu::now().since(cpu0);
@@ -148,6 +151,9 @@ fn run(
     );
     if let Some((udp, shm)) = super::sent_since(sent_before, rdma.sent()) {
         done.push_str(&format!(" udp={udp} shm={shm}"));
+    }
+    if let Some(polls) = polls {
+        done.push_str(&format!(" polls={polls}"));
     }
     ctl.send(&done).map_err(e)
 }
