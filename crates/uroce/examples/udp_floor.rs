@@ -1,6 +1,7 @@
 //! The kernel's floor for a 64-byte ping-pong over loopback, with no RDMA in it: what the
-//! latency goals of a UDP path are measured against. Two threads bounce a datagram, each
-//! spinning on non-blocking calls, in two arrangements taken in alternating rounds:
+//! latency goals of a UDP path are measured against. Two processes (this one and an echo it
+//! starts) bounce a datagram, each spinning on non-blocking calls, in two arrangements taken in
+//! alternating rounds:
 //!
 //! - **sockperf's**: one socket a side, `recvfrom` and unconnected `sendto` (what
 //!   `sockperf ping-pong --nonblocked` does, without its bookkeeping);
@@ -34,10 +35,10 @@ fn arg(name: &str, default: usize) -> Result<usize, Box<dyn std::error::Error>> 
 struct Side {
     rx: UdpSocket,
     tx: UdpSocket,
-    /// The peer, for an unconnected send; `None`: `tx` is connected to it.
-    to: Option<SocketAddr>,
-    /// Receive with `recvmsg` and the TTL and TOS control messages.
-    with_cmsgs: bool,
+    peer: SocketAddr,
+    /// uroce's arrangement: receive with `recvmsg` and the TTL and TOS control messages, send
+    /// from `tx` connected to `peer`. Otherwise sockperf's: `tx` is `rx`, unconnected.
+    uroce: bool,
 }
 
 impl Side {
@@ -48,7 +49,7 @@ impl Side {
         let peer: SocketAddr = format!("{peer}:7000").parse().map_err(std::io::Error::other)?;
         if !uroce {
             let tx = rx.try_clone()?;
-            return Ok(Self { rx, tx, to: Some(peer), with_cmsgs: false });
+            return Ok(Self { rx, tx, peer, uroce });
         }
         for opt in [libc::IP_RECVTTL, libc::IP_RECVTOS] {
             let one: libc::c_int = 1;
@@ -68,21 +69,19 @@ impl Side {
         }
         let tx = UdpSocket::bind(format!("{me}:7001"))?;
         tx.connect(peer)?;
-        Ok(Self { rx, tx, to: None, with_cmsgs: true })
+        Ok(Self { rx, tx, peer, uroce })
     }
 
     fn send(&self, datagram: &[u8]) {
-        let _ = match self.to {
-            Some(to) => self.tx.send_to(datagram, to),
-            None => self.tx.send(datagram),
-        };
+        let _ =
+            if self.uroce { self.tx.send(datagram) } else { self.tx.send_to(datagram, self.peer) };
     }
 
     /// Spins until a datagram comes; `false` if none came within `limit` polls.
     #[expect(clippy::cast_possible_truncation, reason = "the size of a sockaddr_storage")]
     fn recv(&self, buf: &mut [u8], control: &mut [u64; 20], limit: u64) -> bool {
         for _ in 0..limit {
-            let got = if self.with_cmsgs {
+            let got = if self.uroce {
                 // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
                 let mut name: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
                 let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
