@@ -1074,6 +1074,11 @@ impl Cm {
         self.out.pop_front()
     }
 
+    /// Whether [`Cm::poll_transmit`] or [`Cm::poll_event`] has something.
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty() || !self.events.is_empty()
+    }
+
     /// The next event for the consumer.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()

@@ -868,6 +868,20 @@ impl<M: MemoryAccess> Device<M> {
         tx
     }
 
+    /// Whether [`Device::poll_transmit`], [`Device::poll_cq_event`] or
+    /// [`Device::poll_async_event`] may have something, having advanced the device's clock to
+    /// `now` as a poll does. `false` means all three would return `None`: a runtime that asks
+    /// after every verb, most of which produce nothing, then skips the three polls and the
+    /// cache lines they read, on the way to a ping-pong's reply.
+    pub fn has_output(&mut self, now: Instant) -> bool {
+        self.ctx.advance_clock(now);
+        !self.ctx.rotation.is_empty()
+            || !self.ctx.cq_events.is_empty()
+            || !self.ctx.async_events.is_empty()
+            || !self.farewell.is_empty()
+            || self.gsi.has_transmit()
+    }
+
     /// Writes the next packet to send into `buf` (replacing its contents) and says where it
     /// goes; `None` when nothing is ready. Call until `None` after every input.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {

@@ -55,6 +55,11 @@ impl Gsi {
         self.tx.push_back((dst, *mad));
     }
 
+    /// Whether MADs wait to be sent.
+    pub(crate) fn has_transmit(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
     pub(crate) fn take(&mut self) -> Option<GsiMad> {
         self.rx.pop_front()
     }

@@ -295,6 +295,55 @@ fn completions_carry_the_time_the_packet_that_made_them_arrived() {
     assert!(send[0].timestamp > recv[0].timestamp);
 }
 
+/// Whether `dev` has anything for the three polls a runtime makes after each verb, taking it
+/// all: (packets, CQ events, asynchronous events).
+fn take_output(dev: &mut Device<VecMemory>, now: Instant) -> (usize, usize, usize) {
+    let mut buf = Vec::new();
+    let packets = core::iter::from_fn(|| dev.poll_transmit(now, &mut buf)).count();
+    let events = core::iter::from_fn(|| dev.poll_cq_event()).count();
+    let asynchronous = core::iter::from_fn(|| dev.poll_async_event()).count();
+    (packets, events, asynchronous)
+}
+
+#[test]
+fn has_output_is_true_exactly_while_a_poll_would_find_something() {
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.run(Duration::from_millis(1));
+    let mut buf = Vec::new();
+    let now = p.now();
+    for i in [A, B] {
+        take_output(&mut p.net[i].dev, now);
+        assert!(!p.net[i].dev.has_output(now), "idle device {i}");
+    }
+    // A SEND posted: a packet to send.
+    let cq = p.hosts[A].cq;
+    assert!(p.net[A].dev.req_notify_cq(cq, false));
+    p.post_recv(B, 1, 0x8_0000, 4096);
+    assert!(!p.net[B].dev.has_output(now), "a receive posted sends nothing");
+    p.post_send(A, SendWr::new(2, WrOpcode::Send, vec![p.sge(A, 0, 100)]));
+    assert!(p.net[A].dev.has_output(now));
+    let (src, _) = p.take(A, &mut buf);
+    // Taken: nothing else (the QP's next look finds nothing, then it is off the rotation).
+    assert_eq!(take_output(&mut p.net[A].dev, now), (0, 0, 0));
+    assert!(!p.net[A].dev.has_output(now));
+    // Its arrival: an ACK to send, then its arrival at A a completion event.
+    p.hand(B, src, &buf.clone());
+    assert!(p.net[B].dev.has_output(now));
+    let (ack_src, _) = p.take(B, &mut buf);
+    assert_eq!(take_output(&mut p.net[B].dev, now), (0, 0, 0));
+    p.hand(A, ack_src, &buf.clone());
+    assert!(p.net[A].dev.has_output(now), "the armed CQ's event");
+    assert_eq!(take_output(&mut p.net[A].dev, now), (0, 1, 0));
+    assert!(!p.net[A].dev.has_output(now));
+    // A destroyed RC QP's farewell ACKs.
+    let qp = p.hosts[B].qp;
+    assert!(p.net[B].dev.destroy_qp(qp));
+    assert!(p.net[B].dev.has_output(now));
+    let (packets, _, _) = take_output(&mut p.net[B].dev, now);
+    assert!(packets > 0);
+    assert!(!p.net[B].dev.has_output(now));
+}
+
 fn write_wr(p: &Pair, wr_id: u64, local: u64, remote: u64, len: u32) -> SendWr {
     let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWrite, vec![p.sge(A, local, len)]);
     wr.remote = Some(p.remote(B, remote));

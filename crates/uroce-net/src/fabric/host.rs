@@ -200,7 +200,13 @@ fn cm_to_own(o: &Outgoing, own: IpAddr) -> bool {
 
 impl Fabric for HostFabric {
     fn transmit(&mut self, out: &mut Vec<Outgoing>, mem: &Registry, c: &mut NetCounters) {
-        if self.shm.is_none() {
+        // Without rings, or through the kernel only (`UROCE_FABRIC=udp`) with nothing for a
+        // ring (a MAD to this address's QP1, in another process of the device; one waiting
+        // for a full ring): the sockets take the batch as it is.
+        let own = self.addr;
+        if self.shm.is_none()
+            || (self.udp_only && self.backlog.is_empty() && !out.iter().any(|o| cm_to_own(o, own)))
+        {
             self.udp.transmit(out, mem, c);
             return;
         }
