@@ -1,6 +1,11 @@
 //! The engine alone, no sockets: two devices back to back, packets handed across in memory.
 //! Reports packets per second (requests and responses, both directions, on one core) for 64 B
-//! SENDs and 4 KiB RDMA WRITEs going requester → responder → ACK → completer.
+//! SENDs and 4 KiB RDMA WRITEs going requester → responder → ACK → completer, and the time
+//! of one ping-pong message (a 64 B SEND posted, carried across with its ACK if any, both
+//! completions polled, the receive posted again) over RC and UD: the engine's share of what a
+//! ping-pong's side spends between a datagram's arrival and its reply's send (here with the
+//! ICRC computed and checked by the engine, which the socket runtime leaves to its send, and
+//! the test memory, `VecMemory`, for registered memory).
 //!
 //! `cargo bench -p uroce-engine --bench engine`
 #![allow(clippy::unwrap_used, reason = "benchmark code: a panic is a failure")]
@@ -111,6 +116,66 @@ fn batch(
     packets
 }
 
+/// A UD QP on each side, in RTS, each with an address handle to the other.
+fn ud_pair() -> ([Side; 2], [AhHandle; 2]) {
+    let mut s = [side("127.0.0.2", 1, 0x10_0000), side("127.0.0.3", 2, 0x20_0000)];
+    let addrs = [s[0].dev.addr(), s[1].dev.addr()];
+    let mut ahs = Vec::new();
+    for (i, h) in s.iter_mut().enumerate() {
+        let pd = h.mr.pd;
+        let init = QpInitAttr::new(QpType::Ud, pd, h.cq);
+        h.qp = h.dev.create_qp(init).unwrap();
+        h.dev.init_qp(h.qp, Access::NONE, QKey(7)).unwrap();
+        h.dev.ready_datagram_qp(h.qp, Psn::ZERO).unwrap();
+        ahs.push(h.dev.create_ah(pd, AhAttr::new(addrs[1 - i])).unwrap());
+    }
+    (s, ahs.try_into().unwrap())
+}
+
+/// Posts receive `wr_id`: 256 bytes (room for a UD message's GRH) at 64 KiB.
+fn post_recv(s: &mut Side, wr_id: u64) {
+    let sge = Sge { addr: s.mr.addr + 0x1_0000, length: 256, lkey: s.mr.lkey };
+    s.dev.post_recv(s.qp, RecvWr { wr_id, sg_list: vec![sge] }).unwrap();
+}
+
+/// One ping-pong message of 64 bytes from side `from` (to a UD peer through `ah`): posted,
+/// carried across (an RC SEND's ACK back), both sides' completions polled, the receive it
+/// took posted again. Returns the completions polled.
+fn hop(
+    s: &mut [Side; 2],
+    from: usize,
+    ah: Option<AhHandle>,
+    buf: &mut Vec<u8>,
+    wcs: &mut Vec<WorkCompletion>,
+) -> usize {
+    let now = Instant::ZERO;
+    let to = 1 - from;
+    let sge = Sge { addr: s[from].mr.addr, length: 64, lkey: s[from].mr.lkey };
+    let mut wr = SendWr::new(0, WrOpcode::Send, vec![sge]);
+    wr.ud = ah.map(|ah| UdDest { ah, remote_qpn: s[to].qp, remote_qkey: QKey(7) });
+    s[from].dev.post_send(s[from].qp, wr).unwrap();
+    let mut moved = true;
+    while moved {
+        moved = false;
+        for f in [from, to] {
+            let src_ip = s[f].dev.addr();
+            while let Some(tx) = s[f].dev.poll_transmit(now, buf) {
+                moved = true;
+                let rx = RxInfo::new(SocketAddr::new(src_ip, tx.src_port), s[1 - f].dev.addr());
+                s[1 - f].dev.handle_datagram(now, &rx, buf);
+            }
+        }
+    }
+    wcs.clear();
+    let mut polled = s[to].dev.poll_cq(s[to].cq, usize::MAX, wcs);
+    for w in wcs.iter().filter(|w| w.opcode == WcOpcode::Recv) {
+        post_recv(&mut s[to], w.wr_id);
+    }
+    wcs.clear();
+    polled += s[from].dev.poll_cq(s[from].cq, usize::MAX, wcs);
+    polled
+}
+
 fn bench(c: &mut Criterion) {
     for (name, op, len, mtu) in [
         ("send_64B", WrOpcode::Send, 64u32, Mtu::Mtu1024),
@@ -127,6 +192,26 @@ fn bench(c: &mut Criterion) {
         });
         group.finish();
     }
+    let mut group = c.benchmark_group("engine_pingpong_64B");
+    group.throughput(Throughput::Elements(1));
+    let (rc, ud) = (connect(Mtu::Mtu1024), ud_pair());
+    for (name, mut s, ahs) in [("rc", rc, None), ("ud", ud.0, Some(ud.1))] {
+        let (mut buf, mut wcs) = (Vec::new(), Vec::new());
+        for side in &mut s {
+            post_recv(side, 0);
+        }
+        // Each side's send and the other's receive complete: two completions a message.
+        assert_eq!(hop(&mut s, 0, ahs.map(|a| a[0]), &mut buf, &mut wcs), 2);
+        let mut from = 1;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let ah = ahs.map(|a| a[from]);
+                black_box(hop(&mut s, from, ah, &mut buf, &mut wcs));
+                from = 1 - from;
+            });
+        });
+    }
+    group.finish();
 }
 
 criterion_group!(benches, bench);
