@@ -295,8 +295,8 @@ fn completions_carry_the_time_the_packet_that_made_them_arrived() {
     assert!(send[0].timestamp > recv[0].timestamp);
 }
 
-/// Whether `dev` has anything for the three polls a runtime makes after each verb, taking it
-/// all: (packets, CQ events, asynchronous events).
+/// Takes what `dev` has for the three polls a runtime makes after each verb, and counts it:
+/// (packets, CQ events, asynchronous events).
 fn take_output(dev: &mut Device<VecMemory>, now: Instant) -> (usize, usize, usize) {
     let mut buf = Vec::new();
     let packets = core::iter::from_fn(|| dev.poll_transmit(now, &mut buf)).count();
@@ -306,7 +306,7 @@ fn take_output(dev: &mut Device<VecMemory>, now: Instant) -> (usize, usize, usiz
 }
 
 #[test]
-fn has_output_is_true_exactly_while_a_poll_would_find_something() {
+fn has_output_says_when_a_poll_would_find_something() {
     let mut p = Pair::new(Mtu::Mtu1024);
     p.run(Duration::from_millis(1));
     let mut buf = Vec::new();
@@ -327,11 +327,11 @@ fn has_output_is_true_exactly_while_a_poll_would_find_something() {
     assert_eq!(take_output(&mut p.net[A].dev, now), (0, 0, 0));
     assert!(!p.net[A].dev.has_output(now));
     // Its arrival: an ACK to send, then its arrival at A a completion event.
-    p.hand(B, src, &buf.clone());
+    p.hand(B, src, &buf);
     assert!(p.net[B].dev.has_output(now));
     let (ack_src, _) = p.take(B, &mut buf);
     assert_eq!(take_output(&mut p.net[B].dev, now), (0, 0, 0));
-    p.hand(A, ack_src, &buf.clone());
+    p.hand(A, ack_src, &buf);
     assert!(p.net[A].dev.has_output(now), "the armed CQ's event");
     assert_eq!(take_output(&mut p.net[A].dev, now), (0, 1, 0));
     assert!(!p.net[A].dev.has_output(now));
