@@ -927,7 +927,8 @@ impl<M: MemoryAccess> Device<M> {
         self.gsi.take()
     }
 
-    /// The earliest instant at which `handle_timeout` has work.
+    /// The earliest instant at which `handle_timeout` may have work: a timer moved later since
+    /// it was recorded is found there not yet due, and recorded again.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.watch.next_due()
     }
@@ -938,7 +939,7 @@ impl<M: MemoryAccess> Device<M> {
         for qpn in self.watch.due_at(now) {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 completer::on_timer(qp, &mut self.ctx, now);
-                self.watch.update(qp);
+                self.watch.refresh(qp);
             }
         }
     }

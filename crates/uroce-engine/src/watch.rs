@@ -29,9 +29,29 @@ pub(crate) struct QpWatch {
 }
 
 impl QpWatch {
-    /// Records what `qp` now has running and outstanding.
+    /// Records what `qp` now has running and outstanding. A timer that moved later, or
+    /// stopped, keeps its earlier entry: when that instant comes the device finds nothing due
+    /// (`completer::on_timer` checks every deadline against the time) and records the real
+    /// one ([`QpWatch::refresh`]). An RC QP moves its ACK deadline and tail-loss probe with
+    /// every message, each time a removal and an insertion in the ordered set; lazily, once
+    /// per probe interval (200 µs at least) instead. An entry is never later than the QP's
+    /// earliest timer, so none fires late.
     pub(crate) fn update(&mut self, qp: &mut Qp) {
-        let now = Watched { due: qp.req.next_timer(), busy: qp.has_outstanding_work() };
+        let due = match (qp.watched.due, qp.req.next_timer()) {
+            (Some(recorded), Some(t)) if recorded <= t => Some(recorded),
+            (Some(recorded), None) => Some(recorded),
+            (_, due) => due,
+        };
+        self.record(qp, Watched { due, busy: qp.has_outstanding_work() });
+    }
+
+    /// [`QpWatch::update`] with the QP's timers recorded exactly: after the device handled
+    /// what was due at its entry's instant.
+    pub(crate) fn refresh(&mut self, qp: &mut Qp) {
+        self.record(qp, Watched { due: qp.req.next_timer(), busy: qp.has_outstanding_work() });
+    }
+
+    fn record(&mut self, qp: &mut Qp, now: Watched) {
         if now == qp.watched {
             return;
         }
@@ -52,7 +72,8 @@ impl QpWatch {
         self.busy -= usize::from(old.busy);
     }
 
-    /// The earliest instant a QP's timer is due.
+    /// The earliest instant a QP's timer may be due (a QP's entry may be earlier than its timer,
+    /// [`QpWatch::update`]).
     pub(crate) fn next_due(&self) -> Option<Instant> {
         self.due.first().map(|&(t, _)| t)
     }

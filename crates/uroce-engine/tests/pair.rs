@@ -344,6 +344,31 @@ fn has_output_says_when_a_poll_would_find_something() {
     assert!(!p.net[B].dev.has_output(now));
 }
 
+#[test]
+fn a_timer_moved_later_keeps_its_earlier_entry_which_fires_harmlessly() {
+    // Each RC message moves the requester's ACK deadline and probe later; the watch keeps
+    // the first entry (no reordering of its set per message) until that instant comes.
+    let mut p = Pair::new(Mtu::Mtu1024);
+    p.run(Duration::from_millis(1));
+    for wr_id in 1..=5 {
+        p.post_recv(B, wr_id, 0x8_0000, 4096);
+        p.post_send(A, SendWr::new(wr_id, WrOpcode::Send, vec![p.sge(A, 0, 64)]));
+        p.run(Duration::from_micros(50));
+        assert_eq!(p.cq(A).len(), 1, "message {wr_id} completed");
+    }
+    let now = p.now();
+    let entry = p.net[A].dev.poll_timeout().expect("the first message's entry is kept");
+    assert!(entry > now, "not yet come: {entry:?} at {now:?}");
+    // Nothing is outstanding: at that instant nothing is due, nothing is sent, nothing
+    // counted, and the entry goes.
+    let before = *p.net[A].dev.counters();
+    p.net[A].dev.handle_timeout(entry);
+    let mut buf = Vec::new();
+    assert!(p.net[A].dev.poll_transmit(entry, &mut buf).is_none());
+    assert_eq!(*p.net[A].dev.counters(), before);
+    assert_eq!(p.net[A].dev.poll_timeout(), None);
+}
+
 fn write_wr(p: &Pair, wr_id: u64, local: u64, remote: u64, len: u32) -> SendWr {
     let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWrite, vec![p.sge(A, local, len)]);
     wr.remote = Some(p.remote(B, remote));
