@@ -1107,16 +1107,20 @@ impl State {
     }
 
     /// Takes everything the engine has ready into `out` (sending only when 64 are waiting),
-    /// and the CQ events it raised into `events_due`.
+    /// and the CQ events it raised into `events_due`; publishes the last will.
     fn collect(&mut self, now: Instant) {
         // Most verbs (a receive posted, a poll that found nothing) produce nothing: asked
         // first, that costs one look, not a dozen.
-        if !self.cm.has_output() && !self.engine.has_output(now) {
-            if let Some(will) = self.last_will.as_mut() {
-                will.publish(&self.cm);
-            }
-            return;
+        if self.cm.has_output() || self.engine.has_output(now) {
+            self.take_output(now);
         }
+        if let Some(will) = self.last_will.as_mut() {
+            will.publish(&self.cm);
+        }
+    }
+
+    /// [`State::collect`]'s polls of the CM and the engine, for when they have something.
+    fn take_output(&mut self, now: Instant) {
         while let Some((dst, mad)) = self.cm.poll_transmit() {
             self.engine.gsi_send(dst, &mad);
         }
@@ -1164,9 +1168,6 @@ impl State {
             if let Some(sink) = self.cm_sink.as_mut() {
                 sink(e);
             }
-        }
-        if let Some(will) = self.last_will.as_mut() {
-            will.publish(&self.cm);
         }
     }
 
