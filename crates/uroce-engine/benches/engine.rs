@@ -26,7 +26,8 @@ struct Side {
     mr: MemoryRegion,
 }
 
-fn side(addr: &str, seed: u64, base: u64) -> Side {
+/// A device with one QP of `qp_type`, its CQ and a registered megabyte at `base`.
+fn side(addr: &str, seed: u64, base: u64, qp_type: QpType) -> Side {
     let mut mem = VecMemory::new();
     mem.insert(base, vec![0; 1 << 20]);
     let mut dev = Device::new(DeviceConfig::new(addr.parse().unwrap(), seed), mem);
@@ -36,7 +37,7 @@ fn side(addr: &str, seed: u64, base: u64) -> Side {
     let mr = dev.reg_mr(pd, base, 1 << 20, all).unwrap();
     let cap = QpCap { max_send_wr: BATCH as u32, max_recv_wr: BATCH as u32, ..QpCap::default() };
     let init = QpInitAttr {
-        qp_type: QpType::Rc,
+        qp_type,
         pd,
         send_cq: cq,
         recv_cq: cq,
@@ -50,7 +51,8 @@ fn side(addr: &str, seed: u64, base: u64) -> Side {
 }
 
 fn connect(mtu: Mtu) -> [Side; 2] {
-    let mut s = [side("127.0.0.2", 1, 0x10_0000), side("127.0.0.3", 2, 0x20_0000)];
+    let mut s =
+        [side("127.0.0.2", 1, 0x10_0000, QpType::Rc), side("127.0.0.3", 2, 0x20_0000, QpType::Rc)];
     let (qpns, addrs) = ([s[0].qp, s[1].qp], [s[0].dev.addr(), s[1].dev.addr()]);
     for (i, h) in s.iter_mut().enumerate() {
         let access = Access::REMOTE_WRITE | Access::REMOTE_READ;
@@ -118,13 +120,12 @@ fn batch(
 
 /// A UD QP on each side, in RTS, each with an address handle to the other.
 fn ud_pair() -> ([Side; 2], [AhHandle; 2]) {
-    let mut s = [side("127.0.0.2", 1, 0x10_0000), side("127.0.0.3", 2, 0x20_0000)];
+    let mut s =
+        [side("127.0.0.2", 1, 0x10_0000, QpType::Ud), side("127.0.0.3", 2, 0x20_0000, QpType::Ud)];
     let addrs = [s[0].dev.addr(), s[1].dev.addr()];
     let mut ahs = Vec::new();
     for (i, h) in s.iter_mut().enumerate() {
         let pd = h.mr.pd;
-        let init = QpInitAttr::new(QpType::Ud, pd, h.cq);
-        h.qp = h.dev.create_qp(init).unwrap();
         h.dev.init_qp(h.qp, Access::NONE, QKey(7)).unwrap();
         h.dev.ready_datagram_qp(h.qp, Psn::ZERO).unwrap();
         ahs.push(h.dev.create_ah(pd, AhAttr::new(addrs[1 - i])).unwrap());
