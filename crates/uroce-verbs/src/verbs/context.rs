@@ -37,17 +37,48 @@ pub(super) struct Objects {
 }
 
 impl Objects {
-    /// The C object an event is about, and the event's `enum ibv_event_type`.
-    pub(super) fn event(&self, e: &AsyncEvent) -> Option<(usize, c_int)> {
-        let (element, kind) = match *e {
-            AsyncEvent::QpFatal(q) => (self.qps.get(&q), IBV_EVENT_QP_FATAL),
-            AsyncEvent::QpAccessError(q) => (self.qps.get(&q), IBV_EVENT_QP_ACCESS_ERR),
-            AsyncEvent::CommEstablished(q) => (self.qps.get(&q), IBV_EVENT_COMM_EST),
-            AsyncEvent::LastWqeReached(q) => (self.qps.get(&q), IBV_EVENT_QP_LAST_WQE_REACHED),
-            AsyncEvent::CqError(c) => (self.cqs.get(&c), IBV_EVENT_CQ_ERR),
-            AsyncEvent::SrqLimitReached(s) => (self.srqs.get(&s), IBV_EVENT_SRQ_LIMIT_REACHED),
+    /// Whether the object an event is about is one of these.
+    pub(super) fn owns(&self, e: &AsyncEvent) -> bool {
+        self.object(e).is_some()
+    }
+
+    /// The C object an event is about and the event's `enum ibv_event_type`, the event counted
+    /// as returned for that object, whose destroy then waits for its acknowledgement (`ack`);
+    /// `None` for an object destroyed since the event was queued. Called with the lock held
+    /// that the destroy takes to leave `Objects`.
+    pub(super) fn report(&self, e: &AsyncEvent) -> Option<(usize, c_int)> {
+        let (element, kind, reported) = self.object(e)?;
+        reported.fetch_add(1, Ordering::AcqRel);
+        Some((element, kind))
+    }
+
+    /// The C object an event is about, the event's `enum ibv_event_type` and the object's
+    /// count of events returned.
+    fn object(&self, e: &AsyncEvent) -> Option<(usize, c_int, &AtomicU32)> {
+        let qp = |q: &Qpn| {
+            let &p = self.qps.get(q)?;
+            // SAFETY: registered QPs are live: a destroy leaves `qps` before it frees.
+            Some((p, unsafe { &(*Qp::from_c(p as *mut IbvQp)?).inner.async_events_reported }))
         };
-        element.map(|&p| (p, kind))
+        let cq = |c: &CqHandle| {
+            let &p = self.cqs.get(c)?;
+            // SAFETY: as above, for `cqs`.
+            Some((p, unsafe { &(*Cq::from_c(p as *mut IbvCq)?).async_events_reported }))
+        };
+        let srq = |h: &SrqHandle| {
+            let &p = self.srqs.get(h)?;
+            // SAFETY: as above, for `srqs`.
+            Some((p, unsafe { &(*Srq::from_c(p as *mut IbvSrq)?).async_events_reported }))
+        };
+        let ((element, reported), kind) = match e {
+            AsyncEvent::QpFatal(q) => (qp(q)?, IBV_EVENT_QP_FATAL),
+            AsyncEvent::QpAccessError(q) => (qp(q)?, IBV_EVENT_QP_ACCESS_ERR),
+            AsyncEvent::CommEstablished(q) => (qp(q)?, IBV_EVENT_COMM_EST),
+            AsyncEvent::LastWqeReached(q) => (qp(q)?, IBV_EVENT_QP_LAST_WQE_REACHED),
+            AsyncEvent::CqError(c) => (cq(c)?, IBV_EVENT_CQ_ERR),
+            AsyncEvent::SrqLimitReached(h) => (srq(h)?, IBV_EVENT_SRQ_LIMIT_REACHED),
+        };
+        Some((element, kind, reported))
     }
 }
 
@@ -130,7 +161,7 @@ pub(crate) unsafe extern "C" fn uroce_verbs_open_device(device: *mut IbvDevice) 
     // Several contexts may share one device: each takes the events of its own objects.
     let objects = Arc::new(Mutex::new(Objects::default()));
     let mine = Arc::clone(&objects);
-    let wants = Box::new(move |e: &AsyncEvent| lock(&mine).event(e).is_some());
+    let wants = Box::new(move |e: &AsyncEvent| lock(&mine).owns(e));
     let id = net.with(|s| s.subscribe_async(Arc::clone(&async_fd), wants));
     let events = Arc::new(Subscription { net: Arc::clone(&net), id });
     // SAFETY: `device` is a device of this library's list (checked above).

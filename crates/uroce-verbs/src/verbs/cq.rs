@@ -62,11 +62,10 @@ pub(super) struct Cq {
     /// Completion events `ibv_get_cq_event` returned for this CQ: `ibv_destroy_cq` waits
     /// until the application has acknowledged as many (`ibv.comp_events_completed`).
     pub(super) events_reported: AtomicU32,
+    /// Asynchronous events (`IBV_EVENT_CQ_ERR`) `ibv_get_async_event` returned for it, which
+    /// `ibv_destroy_cq` waits for likewise (`ibv.async_events_completed`).
+    pub(super) async_events_reported: AtomicU32,
 }
-
-/// Signaled on every `ibv_ack_cq_events`, for a destroy waiting for the acknowledgements.
-pub(super) static ACKED: (Mutex<()>, std::sync::Condvar) =
-    (Mutex::new(()), std::sync::Condvar::new());
 
 /// The context and engine handle of a CQ.
 ///
@@ -189,6 +188,7 @@ pub(super) unsafe fn create(
         poll: PollState::new(spec.locked),
         parent_domain: spec.parent_domain,
         events_reported: AtomicU32::new(0),
+        async_events_reported: AtomicU32::new(0),
     });
     let raw = boxed.into_c();
     lock(&ctx.objects).cqs.insert(handle, raw as usize);
@@ -210,20 +210,19 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_cq(cq: *mut IbvCq) -> c_int 
     }
     // From here `ibv_get_cq_event` drops this CQ's events instead of returning them.
     lock(&ctx.objects).cqs.remove(&handle);
-    // As rdma-core's ibv_destroy_cq does, wait until every event returned for this CQ is
-    // acknowledged (ibv_get_cq_event(3)): a thread that got one may still be handling it,
-    // and the CQ (and whatever its cq_context names) must outlive that.
-    let field = cq.wrapping_byte_add(offset_of!(IbvCq, comp_events_completed)).cast::<u32>();
-    // SAFETY: the CQ is live until freed below; the counter is only accessed atomically.
-    let acked = unsafe { AtomicU32::from_ptr(field) };
-    // SAFETY: as above; a field of our CQ, read atomically.
-    let reported = unsafe { &(*object).events_reported };
-    let mut g = lock(&ACKED.0);
-    while acked.load(Ordering::Acquire) < reported.load(Ordering::Acquire) {
-        let wait = ACKED.1.wait_timeout(g, Duration::from_millis(10));
-        g = wait.map_or_else(|e| e.into_inner().0, |w| w.0);
-    }
-    drop(g);
+    // As rdma-core's ibv_destroy_cq does, wait until every event returned for this CQ, a
+    // completion event or an asynchronous one, is acknowledged (`ack`): a thread that got one
+    // may still be handling it, and the CQ (and whatever its cq_context names) must outlive
+    // that.
+    let comp = cq.wrapping_byte_add(offset_of!(IbvCq, comp_events_completed)).cast::<u32>();
+    let asynchronous =
+        cq.wrapping_byte_add(offset_of!(IbvCq, async_events_completed)).cast::<u32>();
+    // SAFETY: the CQ is live until freed below.
+    let object = unsafe { &*object };
+    // SAFETY: as above; its counters are only accessed atomically.
+    unsafe { await_acknowledgements(comp, &object.events_reported) };
+    // SAFETY: as above.
+    unsafe { await_acknowledgements(asynchronous, &object.async_events_reported) };
     // SAFETY: made by `ibv_create_cq`; destroying it is the caller's last use.
     let Some(boxed) = (unsafe { Cq::take(cq) }) else { return libc::EINVAL };
     // SAFETY: a CQ's parent domain outlives it (its deallocation is EBUSY meanwhile).
@@ -464,8 +463,5 @@ pub(super) unsafe extern "C" fn uroce_verbs_ack_cq_events(cq: *mut IbvCq, nevent
     }
     let field = cq.wrapping_byte_add(offset_of!(IbvCq, comp_events_completed)).cast::<u32>();
     // SAFETY: a live CQ (the caller's contract); the counter is only accessed atomically.
-    let done = unsafe { AtomicU32::from_ptr(field) };
-    done.fetch_add(nevents, Ordering::AcqRel);
-    let _g = lock(&ACKED.0);
-    ACKED.1.notify_all();
+    unsafe { acknowledge(field, nevents) };
 }

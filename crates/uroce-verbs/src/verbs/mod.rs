@@ -113,6 +113,7 @@ fn addr_of_gid(gid: &IbvGid) -> IpAddr {
     }
 }
 
+mod ack;
 mod ah;
 mod async_event;
 mod context;
@@ -132,6 +133,7 @@ mod tm;
 mod work_request;
 mod xrc;
 
+use ack::*;
 use ah::*;
 pub(crate) use context::*;
 pub(crate) use cq::*;

@@ -22,6 +22,9 @@ pub(super) struct QpInner {
     pub(super) wr_api: bool,
     /// The requests built since `ibv_wr_start`; the lock is the API's per-QP critical section.
     pub(super) batch: Mutex<WrBatch>,
+    /// Asynchronous events `ibv_get_async_event` returned for this QP: `ibv_destroy_qp` waits
+    /// until as many are acknowledged (`ibv.qp_base.events_completed`; `ack`).
+    pub(super) async_events_reported: AtomicU32,
 }
 
 /// The context of a QP and the QP.
@@ -215,6 +218,7 @@ pub(super) fn publish_qp(
             attr: Mutex::new(qattr),
             wr_api,
             batch: Mutex::new(WrBatch::default()),
+            async_events_reported: AtomicU32::new(0),
         },
     });
     let raw = boxed.into_c();
@@ -500,6 +504,11 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_qp(qp: *mut IbvQp) -> c_int 
             let _ = s.sync_multicast();
         });
     }
+    // Out of `qps` (or never in it), the QP gets no more events; those returned must be
+    // acknowledged before it is freed (ibv_get_async_event(3); `ack`).
+    let acked = qp.wrapping_byte_add(offset_of!(IbvQp, events_completed)).cast::<u32>();
+    // SAFETY: the QP is live until freed below; the counter is only accessed atomically.
+    unsafe { await_acknowledgements(acked, &q.async_events_reported) };
     // SAFETY: a live QP; a plain field.
     let pd = unsafe { (*qp).pd };
     // SAFETY: a QP's PD is live while the QP is.

@@ -8,6 +8,9 @@ pub(super) struct Srq {
     pub(super) handle: SrqHandle,
     pub(super) max_wr: u32,
     pub(super) max_sge: u32,
+    /// Asynchronous events `ibv_get_async_event` returned for this SRQ: `ibv_destroy_srq`
+    /// waits until as many are acknowledged (`ibv.events_completed`; `ack`).
+    pub(super) async_events_reported: AtomicU32,
 }
 
 #[unsafe(no_mangle)]
@@ -132,6 +135,7 @@ pub(super) fn publish_srq(
         handle,
         max_wr,
         max_sge,
+        async_events_reported: AtomicU32::new(0),
     });
     let raw = boxed.into_c();
     lock(&ctx.objects).srqs.insert(handle, raw as usize);
@@ -209,6 +213,11 @@ pub(crate) unsafe extern "C" fn uroce_verbs_destroy_srq(srq: *mut IbvSrq) -> c_i
         Err(DestroyError::Unknown) => return libc::EINVAL,
     }
     lock(&ctx.objects).srqs.remove(&s.handle);
+    // Out of `srqs`, the SRQ gets no more events; those returned must be acknowledged before
+    // it is freed (ibv_get_async_event(3); `ack`).
+    let acked = srq.wrapping_byte_add(offset_of!(IbvSrq, events_completed)).cast::<u32>();
+    // SAFETY: the SRQ is live until freed below; the counter is only accessed atomically.
+    unsafe { await_acknowledgements(acked, &s.async_events_reported) };
     // SAFETY: an SRQ's PD is live while the SRQ is.
     unsafe { parent_domain_use(s.ibv.pd, false) };
     // SAFETY: made by `ibv_create_srq`; destroying it is the caller's last use.

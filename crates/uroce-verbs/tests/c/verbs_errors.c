@@ -52,7 +52,15 @@
  *   i. destroy after an event (ibv_get_cq_event(3): every event returned must be acked, and
  *      ibv_destroy_cq waits for that, so that a thread handling an event never finds its CQ
  *      freed): a thread takes the event of a SEND's completion and acks it only 300 ms later;
- *      ibv_destroy_cq on that CQ, called meanwhile, returns no earlier than the ack.
+ *      ibv_destroy_cq on that CQ, called meanwhile, returns no earlier than the ack. Likewise
+ *      for asynchronous events (ibv_get_async_event(3): destroying a QP or an SRQ waits for
+ *      the acks of its affiliated events): an SRQ armed with limit 3 and 4 receives feeds an
+ *      RC QP; 2 SENDs make it report IBV_EVENT_SRQ_LIMIT_REACHED and the QP moved to Error
+ *      reports IBV_EVENT_QP_LAST_WQE_REACHED (IBA 11.6.3: a QP on an SRQ that stops taking
+ *      its WQEs). A thread takes both and holds them, acking the QP's 300 ms later and the
+ *      SRQ's 300 ms after that; ibv_destroy_qp, then ibv_destroy_srq, called meanwhile,
+ *      each return no earlier than its object's ack. (UCX's IB transport reads
+ *      element.qp->qp_num of an event while its progress thread may destroy that QP.)
  *   j. memory unmapped after registration (ibv_reg_mr(3) pins it on a NIC; here it pins nothing,
  *      and a peer must still not be able to crash the process): the responder registers two
  *      pages of its own mapping and unmaps them; a peer's RDMA WRITE, RDMA READ, compare and
@@ -1273,6 +1281,141 @@ static void scenario_destroy_waits_for_ack(struct dev *d0, struct dev *d1)
 	ep_destroy(&a);
 	if (ibv_destroy_comp_channel(ch))
 		fail("i: ibv_destroy_comp_channel");
+}
+
+/* The asynchronous half of i: what the event thread holds and when it let go. */
+struct async_holder {
+	struct ibv_context *ctx;
+	struct ibv_qp *qp;
+	struct ibv_srq *srq;
+	struct timespec qp_acked_at, srq_acked_at;
+	int got_qp, got_srq;
+	int holding; /* set (atomically) once the thread holds what it will hold */
+};
+
+/*
+ * Takes events until it holds the QP's IBV_EVENT_QP_LAST_WQE_REACHED and the SRQ's
+ * IBV_EVENT_SRQ_LIMIT_REACHED (or POLL_MS passes), acking any other at once; then acks the
+ * QP's 300 ms later and the SRQ's 300 ms after that.
+ */
+static void *late_async_acker(void *arg)
+{
+	struct async_holder *h = arg;
+	struct ibv_async_event ev, qp_ev, srq_ev;
+	struct timespec t0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (!(h->got_qp && h->got_srq) && elapsed_ms(&t0) < POLL_MS) {
+		if (fd_readable(h->ctx->async_fd, 100) <= 0)
+			continue;
+		while (ibv_get_async_event(h->ctx, &ev) == 0) {
+			if (!h->got_qp && ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED &&
+			    ev.element.qp == h->qp) {
+				qp_ev = ev;
+				h->got_qp = 1;
+			} else if (!h->got_srq && ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED &&
+				   ev.element.srq == h->srq) {
+				srq_ev = ev;
+				h->got_srq = 1;
+			} else {
+				ibv_ack_async_event(&ev);
+			}
+		}
+	}
+	__atomic_store_n(&h->holding, 1, __ATOMIC_RELEASE);
+	usleep(300 * 1000);
+	clock_gettime(CLOCK_MONOTONIC, &h->qp_acked_at);
+	if (h->got_qp)
+		ibv_ack_async_event(&qp_ev);
+	usleep(300 * 1000);
+	clock_gettime(CLOCK_MONOTONIC, &h->srq_acked_at);
+	if (h->got_srq)
+		ibv_ack_async_event(&srq_ev);
+	return NULL;
+}
+
+/* Nanoseconds from b to a. */
+static long ns_between(const struct timespec *a, const struct timespec *b)
+{
+	return (a->tv_sec - b->tv_sec) * 1000000000L + (a->tv_nsec - b->tv_nsec);
+}
+
+static void scenario_destroy_waits_for_async_ack(struct dev *d0, struct dev *d1)
+{
+	const char *s = "i (asynchronous)";
+	struct ibv_srq_init_attr sinit = { .attr = { .max_wr = 16, .max_sge = 1 } };
+	struct ibv_srq_attr sattr = { .srq_limit = 3 };
+	struct ibv_qp_attr err = { .qp_state = IBV_QPS_ERR };
+	struct async_holder h = { .ctx = d1->ctx };
+	struct timespec qp_gone, srq_gone, t0;
+	struct ibv_srq *srq;
+	struct ep snd, rcv;
+	pthread_t t;
+	int posted = 0;
+
+	srq = ibv_create_srq(d1->pd, &sinit);
+	if (!srq)
+		die("ibv_create_srq(%s): %s", d1->name, strerror(errno));
+	ep_create(&snd, d0);
+	ep_create_ex(&rcv, d1, NULL, NULL, srq);
+	for (int i = 0; i < 4; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)rcv.buf + 64 * i, .length = 64,
+				       .lkey = rcv.mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = 0x1a0 + i, .sg_list = &sge, .num_sge = 1 };
+		struct ibv_recv_wr *bad = NULL;
+
+		posted += must_post(s, "SRQ receive", ibv_post_srq_recv(srq, &wr, &bad));
+	}
+	if (ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT))
+		fail("%s: ibv_modify_srq(srq_limit 3)", s);
+	connect_pair(&snd, &rcv);
+	h.qp = rcv.qp;
+	h.srq = srq;
+	set_nonblocking(d1->ctx->async_fd, "async_fd");
+	pthread_create(&t, NULL, late_async_acker, &h);
+	if (posted == 4 &&
+	    must_post(s, "first SEND", post_send(&snd, IBV_WR_SEND, 0x1a5, 32, 0, 0)) &&
+	    must_post(s, "second SEND", post_send(&snd, IBV_WR_SEND, 0x1a6, 32, 0, 0))) {
+		struct ibv_wc wc;
+
+		expect_wc(s, "sender", &snd, 0x1a5, IBV_WC_SUCCESS, POLL_MS);
+		expect_wc(s, "sender", &snd, 0x1a6, IBV_WC_SUCCESS, POLL_MS);
+		for (int i = 0; i < 2; i++)
+			if (poll_one(rcv.cq, &wc, POLL_MS) <= 0 || wc.status != IBV_WC_SUCCESS)
+				fail("%s: receiver: no successful completion %d of 2", s, i + 1);
+	}
+	if (ibv_modify_qp(rcv.qp, &err, IBV_QP_STATE))
+		fail("%s: ibv_modify_qp(ERR)", s);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (!__atomic_load_n(&h.holding, __ATOMIC_ACQUIRE) && elapsed_ms(&t0) < 2 * POLL_MS)
+		usleep(1000);
+	if (!h.got_qp)
+		fail("%s: no IBV_EVENT_QP_LAST_WQE_REACHED for the QP moved to Error", s);
+	if (!h.got_srq)
+		fail("%s: no IBV_EVENT_SRQ_LIMIT_REACHED for the SRQ", s);
+	if (ibv_destroy_qp(rcv.qp))
+		fail("%s: ibv_destroy_qp", s);
+	clock_gettime(CLOCK_MONOTONIC, &qp_gone);
+	if (ibv_destroy_srq(srq))
+		fail("%s: ibv_destroy_srq", s);
+	clock_gettime(CLOCK_MONOTONIC, &srq_gone);
+	pthread_join(t, NULL);
+	if (h.got_qp && ns_between(&h.qp_acked_at, &qp_gone) > 0)
+		fail("%s: ibv_destroy_qp returned %ld us before its event's ack", s,
+		     ns_between(&h.qp_acked_at, &qp_gone) / 1000);
+	else if (h.got_qp)
+		printf("%s: ibv_destroy_qp returned after its event's ack\n", s);
+	if (h.got_srq && ns_between(&h.srq_acked_at, &srq_gone) > 0)
+		fail("%s: ibv_destroy_srq returned %ld us before its event's ack", s,
+		     ns_between(&h.srq_acked_at, &srq_gone) / 1000);
+	else if (h.got_srq)
+		printf("%s: ibv_destroy_srq returned after its event's ack\n", s);
+	if (ibv_destroy_cq(rcv.cq))
+		fail("%s: cleanup: ibv_destroy_cq", s);
+	if (ibv_dereg_mr(rcv.mr))
+		fail("%s: cleanup: ibv_dereg_mr", s);
+	free(rcv.buf);
+	ep_destroy(&snd);
 }
 
 /* Waits up to POLL_MS for event `type` on `qp` at `ctx`, acking every event it takes. */
@@ -2903,6 +3046,7 @@ int main(void)
 	scenario_comp_channel(&d0, &d1);
 	scenario_srq_limit(&d0, &d1);
 	scenario_destroy_waits_for_ack(&d0, &d1);
+	scenario_destroy_waits_for_async_ack(&d0, &d1);
 	scenario_unmapped_after_registration(&d0, &d1);
 	scenario_abi(&d0);
 	scenario_checks(&d0, &d1);
