@@ -217,16 +217,17 @@ impl Side {
         Ok(Some(wc))
     }
 
-    /// Takes whatever completions are ready, without waiting.
-    fn ready(&mut self) -> Result<Vec<Completion>, String> {
+    /// Takes whatever completions are ready, without waiting, into `out` (emptied first: a
+    /// loop hands the same vector every time, so that a poll allocates nothing).
+    fn ready(&mut self, out: &mut Vec<Completion>) -> Result<(), String> {
         self.polls += 1;
-        let mut out = core::mem::take(&mut self.pending);
-        out.reverse();
-        self.queues.poll(&mut out)?;
+        out.clear();
+        out.extend(self.pending.drain(..).rev());
+        self.queues.poll(out)?;
         if let Some(e) = out.iter().find_map(|w| w.error.clone()) {
             return Err(e);
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -473,9 +474,10 @@ fn wait_answer(side: &mut Side, op: Op, size: usize, mark: u8) -> Result<Answer,
     if op == Op::WritePoll {
         let start = now();
         let mut last = [0u8];
+        let mut reaped = Vec::new();
         loop {
             // Polling the CQ drives progress (and reaps the WRITE's own completion).
-            let _ = side.ready()?;
+            side.ready(&mut reaped)?;
             side.queues.read_target(size - 1, &mut last)?;
             if last[0] == mark {
                 return Ok(Answer::Came(None));
@@ -533,10 +535,11 @@ pub(crate) fn server(
         }
         return Ok((0, 0));
     }
+    let mut wcs = Vec::new();
     while !stop.load(Ordering::Acquire) {
         // The write-poll server answers each WRITE it sees land in its buffer.
         if test.op == Op::WritePoll {
-            let _ = side.ready()?;
+            side.ready(&mut wcs)?;
             let mut last = [0u8];
             side.queues.read_target(size - 1, &mut last)?;
             if last[0] == mark(seq) {
@@ -555,16 +558,14 @@ pub(crate) fn server(
                 posted += 1;
             }
         }
-        let wcs = if side.events {
-            let mut got = Vec::new();
-            side.queues.wait(Duration::from_millis(20), &mut got)?;
-            side.pending.reverse();
-            side.pending.append(&mut got);
-            core::mem::take(&mut side.pending)
+        if side.events {
+            wcs.clear();
+            wcs.extend(side.pending.drain(..).rev());
+            side.queues.wait(Duration::from_millis(20), &mut wcs)?;
         } else {
-            side.ready()?
-        };
-        for wc in wcs {
+            side.ready(&mut wcs)?;
+        }
+        for wc in wcs.drain(..) {
             if let Some(e) = wc.error {
                 return Err(e);
             }
