@@ -88,10 +88,10 @@ fn batch(
     for k in 0..BATCH {
         if op == WrOpcode::Send {
             let sge = Sge { addr: s[1].mr.addr, length: len, lkey: s[1].mr.lkey };
-            s[1].dev.post_recv(s[1].qp, RecvWr { wr_id: k as u64, sg_list: vec![sge] }).unwrap();
+            s[1].dev.post_recv(s[1].qp, RecvWr { wr_id: k as u64, sg_list: [sge].into() }).unwrap();
         }
         let sge = Sge { addr: s[0].mr.addr, length: len, lkey: s[0].mr.lkey };
-        let mut wr = SendWr::new(k as u64, op, vec![sge]);
+        let mut wr = SendWr::new(k as u64, op, [sge]);
         wr.remote = Some(RemoteAddr { addr: s[1].mr.addr, rkey: s[1].mr.rkey });
         s[0].dev.post_send(s[0].qp, wr).unwrap();
     }
@@ -136,7 +136,7 @@ fn ud_pair() -> ([Side; 2], [AhHandle; 2]) {
 /// Posts receive `wr_id`: 256 bytes (room for a UD message's GRH) at 64 KiB.
 fn post_recv(s: &mut Side, wr_id: u64) {
     let sge = Sge { addr: s.mr.addr + 0x1_0000, length: 256, lkey: s.mr.lkey };
-    s.dev.post_recv(s.qp, RecvWr { wr_id, sg_list: vec![sge] }).unwrap();
+    s.dev.post_recv(s.qp, RecvWr { wr_id, sg_list: [sge].into() }).unwrap();
 }
 
 /// One ping-pong message of 64 bytes from side `from` (to a UD peer through `ah`) at `now`:
@@ -152,7 +152,7 @@ fn hop(
 ) -> usize {
     let to = 1 - from;
     let sge = Sge { addr: s[from].mr.addr, length: 64, lkey: s[from].mr.lkey };
-    let mut wr = SendWr::new(0, WrOpcode::Send, vec![sge]);
+    let mut wr = SendWr::new(0, WrOpcode::Send, [sge]);
     wr.ud = ah.map(|ah| UdDest { ah, remote_qpn: s[to].qp, remote_qkey: QKey(7) });
     s[from].dev.post_send(s[from].qp, wr).unwrap();
     let mut moved = true;

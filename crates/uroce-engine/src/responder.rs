@@ -536,7 +536,7 @@ fn start_send<M: MemoryAccess>(
     };
     let taken = tag.and_then(|t| tm::tag_matching(ctx, srq)?.take_match(t.tag).map(|m| (t, m)));
     if let Some((tag, (handle, recv_wr_id, sg_list))) = taken {
-        let wqe = RecvWqe { wr: RecvWr { wr_id: recv_wr_id, sg_list } };
+        let wqe = RecvWqe { wr: RecvWr { wr_id: recv_wr_id, sg_list: sg_list.into() } };
         if let Header::Rndv { va, rkey, len, headers, .. } = header {
             let request =
                 tm::Rendezvous { srq, handle, recv_wr_id, info: tag, headers, va, rkey, len };

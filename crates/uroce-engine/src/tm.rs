@@ -33,8 +33,8 @@ use crate::memory::MemoryAccess;
 use crate::qp::{InMessage, Qp, RecvWqe, SendWqe};
 use crate::sg::{ScatterError, scatter};
 use crate::types::{
-    CqHandle, PdHandle, RemoteAddr, SendFlags, SendWr, Sge, SrqHandle, TmFlags, TmInfo, WcOpcode,
-    WcStatus, WorkCompletion, WrOpcode,
+    CqHandle, PdHandle, RemoteAddr, SendFlags, SendWr, SgList, Sge, SrqHandle, TmFlags, TmInfo,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
 /// Tags one TM-SRQ can hold (`tm_caps.max_num_tags`).
@@ -422,9 +422,9 @@ pub(crate) fn start_rendezvous<M: MemoryAccess>(
 }
 
 /// The elements of `sges` that hold its first `len` bytes, the last one cut to fit.
-fn first_bytes(sges: &[Sge], len: u32) -> Vec<Sge> {
+fn first_bytes(sges: &[Sge], len: u32) -> SgList {
     let mut left = len;
-    let mut out = Vec::new();
+    let mut out = SgList::new();
     for sge in sges {
         if left == 0 {
             break;
@@ -477,7 +477,7 @@ pub(crate) fn device_op_ended<M>(qp: &mut Qp, ctx: &mut Ctx<M>, op: DeviceOp, st
     let wr = SendWr {
         flags: SendFlags::NONE,
         inline_data: Some(fin),
-        ..SendWr::new(request.recv_wr_id, WrOpcode::Send, Vec::new())
+        ..SendWr::new(request.recv_wr_id, WrOpcode::Send, SgList::new())
     };
     let len = u32::try_from(TMH_LEN + RVH_LEN).unwrap_or(0);
     queue_device_op(qp, ctx, wr, len, DeviceOp::RendezvousFin);

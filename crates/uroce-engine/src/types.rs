@@ -306,6 +306,151 @@ pub struct Sge {
     pub lkey: LKey,
 }
 
+impl Sge {
+    /// The empty element (address 0, no bytes, key 0).
+    pub const EMPTY: Self = Self { addr: 0, length: 0, lkey: LKey(0) };
+}
+
+/// A work request's scatter/gather list. Up to [`SgList::INLINE`] elements are held in place
+/// and more on the heap, so that posting the usual one or two (every `ibv_post_send` and
+/// `ibv_post_recv` of a ping-pong or a stream) allocates nothing. Reads and writes as a slice.
+#[derive(Clone)]
+pub struct SgList(SgRepr);
+
+#[derive(Clone)]
+enum SgRepr {
+    Inline { len: u8, items: [Sge; SgList::INLINE] },
+    Heap(Vec<Sge>),
+}
+
+impl SgList {
+    /// Elements held without an allocation.
+    pub const INLINE: usize = 2;
+
+    /// An empty list.
+    pub const fn new() -> Self {
+        Self(SgRepr::Inline { len: 0, items: [Sge::EMPTY; Self::INLINE] })
+    }
+
+    /// Appends `sge`.
+    pub fn push(&mut self, sge: Sge) {
+        match &mut self.0 {
+            SgRepr::Inline { len, items } => match items.get_mut(usize::from(*len)) {
+                Some(slot) => {
+                    *slot = sge;
+                    *len += 1;
+                }
+                None => {
+                    let mut v = Vec::with_capacity(Self::INLINE * 2);
+                    v.extend_from_slice(items);
+                    v.push(sge);
+                    self.0 = SgRepr::Heap(v);
+                }
+            },
+            SgRepr::Heap(v) => v.push(sge),
+        }
+    }
+
+    /// Removes every element.
+    pub fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Keeps the first `n` elements.
+    pub fn truncate(&mut self, n: usize) {
+        match &mut self.0 {
+            SgRepr::Inline { len, .. } => *len = (*len).min(u8::try_from(n).unwrap_or(u8::MAX)),
+            SgRepr::Heap(v) => v.truncate(n),
+        }
+    }
+}
+
+impl Default for SgList {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl core::ops::Deref for SgList {
+    type Target = [Sge];
+    fn deref(&self) -> &[Sge] {
+        match &self.0 {
+            SgRepr::Inline { len, items } => &items[..usize::from(*len)],
+            SgRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl core::ops::DerefMut for SgList {
+    fn deref_mut(&mut self) -> &mut [Sge] {
+        match &mut self.0 {
+            SgRepr::Inline { len, items } => &mut items[..usize::from(*len)],
+            SgRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl fmt::Debug for SgList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for SgList {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for SgList {}
+
+impl FromIterator<Sge> for SgList {
+    fn from_iter<I: IntoIterator<Item = Sge>>(iter: I) -> Self {
+        let mut list = Self::new();
+        for sge in iter {
+            list.push(sge);
+        }
+        list
+    }
+}
+
+impl Extend<Sge> for SgList {
+    fn extend<I: IntoIterator<Item = Sge>>(&mut self, iter: I) {
+        for sge in iter {
+            self.push(sge);
+        }
+    }
+}
+
+impl From<Vec<Sge>> for SgList {
+    fn from(v: Vec<Sge>) -> Self {
+        if v.len() <= Self::INLINE { v.into_iter().collect() } else { Self(SgRepr::Heap(v)) }
+    }
+}
+
+impl<const N: usize> From<[Sge; N]> for SgList {
+    fn from(a: [Sge; N]) -> Self {
+        a.into_iter().collect()
+    }
+}
+
+impl From<SgList> for Vec<Sge> {
+    fn from(list: SgList) -> Self {
+        match list.0 {
+            SgRepr::Inline { .. } => list.to_vec(),
+            SgRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a SgList {
+    type Item = &'a Sge;
+    type IntoIter = core::slice::Iter<'a, Sge>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 /// The operation of a send work request (`ibv_wr_opcode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WrOpcode {
@@ -421,7 +566,7 @@ pub struct SendWr {
     pub opcode: WrOpcode,
     /// Local buffers: gathered for SEND and WRITE, scattered into for READ and atomics (one
     /// 8-byte element for atomics).
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     /// Flags.
     pub flags: SendFlags,
     /// Immediate data, in network byte order, for the `*WithImm` opcodes.
@@ -480,11 +625,11 @@ pub enum MwType {
 
 impl SendWr {
     /// A signaled work request of `opcode` over `sg_list`, with no remote side.
-    pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: Vec<Sge>) -> Self {
+    pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: impl Into<SgList>) -> Self {
         Self {
             wr_id,
             opcode,
-            sg_list,
+            sg_list: sg_list.into(),
             flags: SendFlags::SIGNALED,
             imm: None,
             remote: None,
@@ -505,7 +650,7 @@ pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Buffers the incoming message is scattered into, in order.
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 /// Work completion status, numbered as `ibv_wc_status` (IBA 11.6 / rdma-core `verbs.h`).
@@ -713,7 +858,7 @@ impl BitOr for TmFlags {
 
 #[cfg(test)]
 mod tests {
-    use super::WcStatus;
+    use super::{LKey, SgList, Sge, WcStatus};
 
     #[test]
     fn a_status_prints_its_rdma_core_name() {
@@ -721,5 +866,39 @@ mod tests {
         assert_eq!(format!("{:?}", WcStatus::SUCCESS), "WcStatus::SUCCESS");
         assert_eq!(format!("{:?}", WcStatus(99)), "WcStatus(99)");
         assert_eq!(WcStatus::RETRY_EXC_ERR.to_string(), "RETRY_EXC_ERR");
+    }
+
+    /// A scatter/gather list reads as the elements pushed, in order, whether it holds them in
+    /// place or has spilled to the heap; truncating and clearing work in both.
+    #[test]
+    fn a_scatter_gather_list_holds_what_was_pushed_in_place_or_spilled() {
+        let sge =
+            |k: u64| Sge { addr: k * 100, length: u32::try_from(k).unwrap_or(0), lkey: LKey(7) };
+        let mut list = SgList::new();
+        assert!(list.is_empty());
+        for k in 0..5 {
+            list.push(sge(k));
+            assert_eq!(list.len(), usize::try_from(k + 1).unwrap_or(0));
+            assert_eq!(list.last(), Some(&sge(k)));
+        }
+        assert_eq!(*list, [sge(0), sge(1), sge(2), sge(3), sge(4)]);
+        list[1].length = 99;
+        assert_eq!(list[1].length, 99);
+        list.truncate(2);
+        assert_eq!(list.len(), 2);
+        list.clear();
+        assert!(list.is_empty());
+
+        let two: SgList = [sge(1), sge(2)].into();
+        assert_eq!(two, SgList::from(vec![sge(1), sge(2)]));
+        assert_eq!(two, [sge(1), sge(2)].into_iter().collect::<SgList>());
+        let mut short = two.clone();
+        short.truncate(1);
+        assert_eq!(*short, [sge(1)]);
+        assert_eq!(Vec::from(two.clone()), vec![sge(1), sge(2)]);
+        let many = SgList::from(vec![sge(1), sge(2), sge(3)]);
+        assert_eq!(many.len(), 3);
+        assert_ne!(many, two);
+        assert_eq!(format!("{two:?}"), format!("{:?}", vec![sge(1), sge(2)]));
     }
 }

@@ -236,7 +236,7 @@ impl Pair {
     fn post_recv(&mut self, i: usize, wr_id: u64, offset: u64, len: u32) {
         let sge = self.sge(i, offset, len);
         let qp = self.hosts[i].qp;
-        self.net[i].dev.post_recv(qp, RecvWr { wr_id, sg_list: vec![sge] }).unwrap();
+        self.net[i].dev.post_recv(qp, RecvWr { wr_id, sg_list: vec![sge].into() }).unwrap();
     }
 
     fn post_send(&mut self, i: usize, wr: SendWr) {
@@ -1167,7 +1167,7 @@ fn a_full_cq_loses_completions_and_says_so() {
     };
     h.dev.modify_qp(qp, &access).unwrap();
     for k in 0..3 {
-        h.dev.post_recv(qp, RecvWr { wr_id: k, sg_list: vec![] }).unwrap();
+        h.dev.post_recv(qp, RecvWr { wr_id: k, sg_list: vec![].into() }).unwrap();
     }
     h.dev.modify_qp(qp, &rc_attrs(QpState::Error)).unwrap();
     assert_eq!(h.dev.cq_len(small), 2);
@@ -1486,7 +1486,7 @@ fn qps_share_a_receive_queue_with_its_limit_rnr_and_last_wqe_events() {
     let mr_b = p.hosts[B].mr;
     for k in 0..3u64 {
         let sge = Sge { addr: mr_b.addr + 0x100 * k, length: 64, lkey: mr_b.lkey };
-        p.net[B].dev.post_srq_recv(srq, RecvWr { wr_id: k, sg_list: vec![sge] }).unwrap();
+        p.net[B].dev.post_srq_recv(srq, RecvWr { wr_id: k, sg_list: vec![sge].into() }).unwrap();
     }
     assert!(p.net[B].dev.arm_srq_limit(srq, 2));
     let sge = p.sge(A, 0, 8);
@@ -1504,14 +1504,17 @@ fn qps_share_a_receive_queue_with_its_limit_rnr_and_last_wqe_events() {
     p.run(Duration::from_micros(100));
     assert!(p.net[B].dev.counters().rnr_naks_sent >= 1);
     let sge_b = Sge { addr: mr_b.addr + 0x400, length: 64, lkey: mr_b.lkey };
-    p.net[B].dev.post_srq_recv(srq, RecvWr { wr_id: 3, sg_list: vec![sge_b] }).unwrap();
+    p.net[B].dev.post_srq_recv(srq, RecvWr { wr_id: 3, sg_list: vec![sge_b].into() }).unwrap();
     p.run(Duration::from_millis(1));
     assert_eq!(p.cq(B).iter().map(|w| (w.wr_id, w.qp_num)).collect::<Vec<_>>(), [(3, b2)]);
     assert_eq!(p.cq(A).len(), 4);
     // Receives go to the SRQ, not the QP; a QP leaving leaves the SRQ's WQEs to the others.
     let dev = &mut p.net[B].dev;
-    assert_eq!(dev.post_recv(b1, RecvWr { wr_id: 9, sg_list: vec![] }), Err(PostError::UsesSrq));
-    dev.post_srq_recv(srq, RecvWr { wr_id: 4, sg_list: vec![sge_b] }).unwrap();
+    assert_eq!(
+        dev.post_recv(b1, RecvWr { wr_id: 9, sg_list: vec![].into() }),
+        Err(PostError::UsesSrq)
+    );
+    dev.post_srq_recv(srq, RecvWr { wr_id: 4, sg_list: vec![sge_b].into() }).unwrap();
     dev.modify_qp(b1, &rc_attrs(QpState::Error)).unwrap();
     assert_eq!(dev.poll_async_event(), Some(AsyncEvent::LastWqeReached(b1)));
     assert_eq!(dev.srq_len(srq), 1, "not flushed");
@@ -2105,7 +2108,7 @@ impl TmPair {
     }
 
     fn post_plain(&mut self, wr_id: u64, offset: u64) {
-        let sg_list = vec![self.p.sge(B, offset, 4096)];
+        let sg_list = [self.p.sge(B, offset, 4096)].into();
         self.p.net[B].dev.post_srq_recv(self.srq, RecvWr { wr_id, sg_list }).unwrap();
     }
 }
@@ -2240,7 +2243,7 @@ fn a_matched_rendezvous_request_is_read_by_the_device_which_then_sends_the_fin()
     // The FIN comes back to A's receive queue.
     let sge = t.p.sge(A, 0x4000, 64);
     let a = t.a;
-    t.p.net[A].dev.post_recv(a, RecvWr { wr_id: 77, sg_list: vec![sge] }).unwrap();
+    t.p.net[A].dev.post_recv(a, RecvWr { wr_id: 77, sg_list: vec![sge].into() }).unwrap();
     let request = rvh(&t.p, 0x8000, 5000);
     t.send(1, tm::tmh_op::RNDV, 6, &request, 0);
     t.p.run(Duration::from_millis(5));

@@ -81,7 +81,7 @@ fn requests(s: &mut [Side; 2]) -> Vec<(SocketAddr, Vec<u8>)> {
     let (mr_a, mr_b) = (s[0].mr, s[1].mr);
     for k in 0..4 {
         let sge = Sge { addr: BASE[1] + k * 0x1000, length: 0x1000, lkey: mr_b.lkey };
-        s[1].dev.post_recv(s[1].qp, RecvWr { wr_id: k, sg_list: vec![sge] }).unwrap();
+        s[1].dev.post_recv(s[1].qp, RecvWr { wr_id: k, sg_list: vec![sge].into() }).unwrap();
     }
     let remote = Some(RemoteAddr { addr: BASE[1] + 0x4000, rkey: mr_b.rkey });
     let sge = |len| vec![Sge { addr: BASE[0], length: len, lkey: mr_a.lkey }];
@@ -223,7 +223,7 @@ fn ud_target(recvs: u64) -> (Device<VecMemory>, Qpn) {
     dev.attach_mcast(qp, "239.0.0.9".parse().unwrap()).unwrap();
     for k in 0..recvs {
         let sge = Sge { addr: BASE[1] + k * 256, length: 256, lkey: mr.lkey };
-        dev.post_recv(qp, RecvWr { wr_id: k, sg_list: vec![sge] }).unwrap();
+        dev.post_recv(qp, RecvWr { wr_id: k, sg_list: vec![sge].into() }).unwrap();
     }
     (dev, qp)
 }
@@ -314,7 +314,8 @@ fn a_multicast_flood_is_bounded_by_the_attach_limit_and_starves_no_other_qp() {
             for r in 0..2u64 {
                 let at = BASE[1] + (k as u64 * 2 + r) * 128;
                 let sge = Sge { addr: at, length: 128, lkey: mr.lkey };
-                dev.post_recv(qp, RecvWr { wr_id: k as u64 * 2 + r, sg_list: vec![sge] }).unwrap();
+                dev.post_recv(qp, RecvWr { wr_id: k as u64 * 2 + r, sg_list: vec![sge].into() })
+                    .unwrap();
             }
             qp
         })

@@ -2747,7 +2747,7 @@ mod tests {
             s.bind_channel(cq, Arc::clone(&channel));
             // A receive posted: work outstanding, as in any application awaiting messages.
             let sge = Sge { addr, length: 4096, lkey: mr.lkey };
-            s.engine().post_recv(qpn, RecvWr { wr_id: 9, sg_list: vec![sge] }).unwrap();
+            s.engine().post_recv(qpn, RecvWr { wr_id: 9, sg_list: [sge].into() }).unwrap();
             (qpn, pd, cq, mr, addr)
         });
         let poll = || {
@@ -2857,7 +2857,9 @@ mod tests {
             let (qp, _, cq, mr, addr) = ud_qp(s, n, n as usize * 4096);
             for i in 0..n {
                 let sge = Sge { addr: addr + u64::from(i) * 4096, length: 4096, lkey: mr.lkey };
-                s.engine().post_recv(qp, RecvWr { wr_id: i.into(), sg_list: vec![sge] }).unwrap();
+                s.engine()
+                    .post_recv(qp, RecvWr { wr_id: i.into(), sg_list: [sge].into() })
+                    .unwrap();
             }
             (qp, cq)
         });

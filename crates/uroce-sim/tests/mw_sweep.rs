@@ -172,7 +172,11 @@ fn run_seed(seed: u64) -> Result<usize, String> {
     // B's receive for the SEND with invalidate.
     let recv_at = BASE[B] + (3 << 20);
     let sge = Sge { addr: recv_at, length: 64, lkey: w.mr[B].lkey };
-    w.fabric.node_mut(B).dev.post_recv(w.qp[B], RecvWr { wr_id: 500, sg_list: vec![sge] }).unwrap();
+    w.fabric
+        .node_mut(B)
+        .dev
+        .post_recv(w.qp[B], RecvWr { wr_id: 500, sg_list: vec![sge].into() })
+        .unwrap();
 
     // A's sources: one slot each, filled with the write's pattern.
     let all: Vec<Write> = before.iter().chain(&after).copied().collect();

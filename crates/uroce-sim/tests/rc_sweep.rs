@@ -22,8 +22,8 @@ use std::net::IpAddr;
 
 use uroce_engine::{
     Access, CqHandle, Device, DeviceConfig, Duration, Instant, MemoryRegion, Mtu, PathAttr, Psn,
-    QKey, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, RemoteAddr, SendWr, Sge, SrqHandle,
-    VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    QKey, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, RemoteAddr, SendWr, SgList, Sge,
+    SrqHandle, VecMemory, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use uroce_sim::{DeviceNode, Fabric, LinkConfig, Rng, SWEEP_RELIABILITY, sweep};
 
@@ -283,7 +283,11 @@ fn run_seed(seed: u64) -> Result<bool, String> {
             };
             let wr = RecvWr {
                 wr_id: k as u64,
-                sg_list: if matches!(op.kind, Kind::Send { .. }) { vec![sge] } else { vec![] },
+                sg_list: if matches!(op.kind, Kind::Send { .. }) {
+                    [sge].into()
+                } else {
+                    SgList::new()
+                },
             };
             if n < now_count {
                 post_recv(&mut fabric, &hosts, peer, wr);
@@ -663,7 +667,12 @@ fn run_uc_seed(seed: u64) -> Result<usize, String> {
                 length: SLOT as u32,
                 lkey: hosts[peer].mr.lkey,
             };
-            post_recv(&mut fabric, &hosts, peer, RecvWr { wr_id: r as u64, sg_list: vec![sge] });
+            post_recv(
+                &mut fabric,
+                &hosts,
+                peer,
+                RecvWr { wr_id: r as u64, sg_list: vec![sge].into() },
+            );
         }
     }
     for host in 0..2 {

@@ -226,7 +226,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
         w.fabric
             .node_mut(A)
             .dev
-            .post_recv(w.qp[A], RecvWr { wr_id: j as u64, sg_list: vec![sge] })
+            .post_recv(w.qp[A], RecvWr { wr_id: j as u64, sg_list: vec![sge].into() })
             .unwrap();
     }
     // B: a tag for each message that names a posted one, an ordinary buffer for each message.
@@ -249,7 +249,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
             length: SLOT as u32,
             lkey: w.mr[B].lkey,
         };
-        let wr = RecvWr { wr_id: PLAIN_ID + i as u64, sg_list: vec![sge] };
+        let wr = RecvWr { wr_id: PLAIN_ID + i as u64, sg_list: vec![sge].into() };
         w.fabric.node_mut(B).dev.post_srq_recv(w.srq, wr).unwrap();
     }
     let batch: Vec<SendWr> = msgs

@@ -108,7 +108,7 @@ fn post_ud_recv(net: &mut Net, h: &UdHost, qp: usize, wr_id: u64, payload_room: 
     } else {
         vec![Sge { addr: at, length: 40 + payload_room, lkey }]
     };
-    let wr = RecvWr { wr_id, sg_list };
+    let wr = RecvWr { wr_id, sg_list: sg_list.into() };
     let d = dev(net, h);
     match h.srq {
         Some(srq) => d.post_srq_recv(srq, wr).unwrap(),

@@ -181,7 +181,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
     for (k, op) in ops.iter().enumerate().filter(|(_, o)| o.opcode == WrOpcode::Send) {
         let sge =
             Sge { addr: b_slot(k, op.srq, true), length: SLOT as u32, lkey: w.b_mr[op.srq].lkey };
-        let wr = RecvWr { wr_id: k as u64, sg_list: vec![sge] };
+        let wr = RecvWr { wr_id: k as u64, sg_list: vec![sge].into() };
         w.fabric.node_mut(B).dev.post_srq_recv(w.srq[op.srq], wr).unwrap();
     }
     let mut adds = [0u64; 2];
@@ -364,7 +364,7 @@ fn an_xrc_target_refuses_what_its_domain_does_not_allow() {
     let sge = Sge { addr: BASE[A], length: 8, lkey: w.a_mr.lkey };
     let (ini, tgt) = (w.ini[0], w.tgt[0]);
     let a = &mut w.fabric.node_mut(A).dev;
-    let recv = RecvWr { wr_id: 1, sg_list: vec![sge] };
+    let recv = RecvWr { wr_id: 1, sg_list: vec![sge].into() };
     assert_eq!(a.post_recv(ini, recv.clone()), Err(PostError::NoReceiveQueue));
     let b = &mut w.fabric.node_mut(B).dev;
     assert_eq!(b.post_recv(tgt, recv), Err(PostError::NoReceiveQueue));

@@ -77,7 +77,7 @@ pub use uroce_engine::{
 };
 use uroce_engine::{
     AhAttr, AhHandle, CqHandle, MemoryRegion, MwHandle, PdHandle, QpAttr, QpCap, QpInitAttr,
-    RecvWr, SendWr, SrqHandle, UdDest,
+    RecvWr, SendWr, SgList, SrqHandle, UdDest,
 };
 use uroce_net::{Channel, NetDevice, RawRegion};
 pub use uroce_net::{Faults, NetCounters, OpenError, Options, process_cpu_time};
@@ -571,7 +571,7 @@ pub struct Srq {
 impl Srq {
     /// Posts a receive of `range` of `mr`.
     pub fn post_recv(&self, wr_id: u64, mr: &Mr, range: Range<usize>) -> Result<()> {
-        let wr = RecvWr { wr_id, sg_list: vec![mr.sge(range)?] };
+        let wr = RecvWr { wr_id, sg_list: [mr.sge(range)?].into() };
         self.ctx.dev.post_recv_with(|s| s.engine().post_srq_recv(self.handle, wr))?;
         Ok(())
     }
@@ -937,19 +937,19 @@ impl Qp {
 
     /// Posts a receive of `range` of `mr`.
     pub fn post_recv(&self, wr_id: u64, mr: &Mr, range: Range<usize>) -> Result<()> {
-        let wr = RecvWr { wr_id, sg_list: vec![mr.sge(range)?] };
+        let wr = RecvWr { wr_id, sg_list: [mr.sge(range)?].into() };
         self.ctx.dev.post_recv_with(|s| s.engine().post_recv(self.qpn, wr))?;
         Ok(())
     }
 
     /// SEND of `range` of `mr`.
     pub fn send(&self, wr_id: u64, mr: &Mr, range: Range<usize>) -> Result<()> {
-        self.post_wr(SendWr::new(wr_id, WrOpcode::Send, vec![mr.sge(range)?]))
+        self.post_wr(SendWr::new(wr_id, WrOpcode::Send, [mr.sge(range)?]))
     }
 
     /// SEND with immediate data.
     pub fn send_with_imm(&self, wr_id: u64, mr: &Mr, range: Range<usize>, imm: u32) -> Result<()> {
-        let mut wr = SendWr::new(wr_id, WrOpcode::SendWithImm, vec![mr.sge(range)?]);
+        let mut wr = SendWr::new(wr_id, WrOpcode::SendWithImm, [mr.sge(range)?]);
         wr.imm = Some(imm.to_be_bytes());
         self.post_wr(wr)
     }
@@ -964,7 +964,7 @@ impl Qp {
         remote: impl Into<RemoteAddr>,
         imm: u32,
     ) -> Result<()> {
-        let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWriteWithImm, vec![mr.sge(range)?]);
+        let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWriteWithImm, [mr.sge(range)?]);
         wr.remote = Some(remote.into());
         wr.imm = Some(imm.to_be_bytes());
         self.post_wr(wr)
@@ -979,7 +979,7 @@ impl Qp {
         range: Range<usize>,
         remote: impl Into<RemoteAddr>,
     ) -> Result<()> {
-        let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWrite, vec![mr.sge(range)?]);
+        let mut wr = SendWr::new(wr_id, WrOpcode::RdmaWrite, [mr.sge(range)?]);
         wr.remote = Some(remote.into());
         self.post_wr(wr)
     }
@@ -992,7 +992,7 @@ impl Qp {
         range: Range<usize>,
         remote: impl Into<RemoteAddr>,
     ) -> Result<()> {
-        let mut wr = SendWr::new(wr_id, WrOpcode::RdmaRead, vec![mr.sge(range)?]);
+        let mut wr = SendWr::new(wr_id, WrOpcode::RdmaRead, [mr.sge(range)?]);
         wr.remote = Some(remote.into());
         self.post_wr(wr)
     }
@@ -1007,8 +1007,7 @@ impl Qp {
         remote: impl Into<RemoteAddr>,
         add: u64,
     ) -> Result<()> {
-        let mut wr =
-            SendWr::new(wr_id, WrOpcode::AtomicFetchAndAdd, vec![mr.sge(offset..offset + 8)?]);
+        let mut wr = SendWr::new(wr_id, WrOpcode::AtomicFetchAndAdd, [mr.sge(offset..offset + 8)?]);
         wr.remote = Some(remote.into());
         wr.compare_add = add;
         self.post_wr(wr)
@@ -1024,8 +1023,7 @@ impl Qp {
         compare: u64,
         swap: u64,
     ) -> Result<()> {
-        let mut wr =
-            SendWr::new(wr_id, WrOpcode::AtomicCmpAndSwp, vec![mr.sge(offset..offset + 8)?]);
+        let mut wr = SendWr::new(wr_id, WrOpcode::AtomicCmpAndSwp, [mr.sge(offset..offset + 8)?]);
         wr.remote = Some(remote.into());
         (wr.compare_add, wr.swap) = (compare, swap);
         self.post_wr(wr)
@@ -1035,7 +1033,7 @@ impl Qp {
     /// memory region is named, and the buffer may be reused at once. At most the QP's
     /// `max_inline` bytes. For UD, `to` names the destination.
     pub fn send_inline(&self, wr_id: u64, data: &[u8], to: Option<(&Ah, Qpn, QKey)>) -> Result<()> {
-        let mut wr = SendWr::new(wr_id, WrOpcode::Send, Vec::new());
+        let mut wr = SendWr::new(wr_id, WrOpcode::Send, SgList::new());
         wr.inline_data = Some(data.to_vec());
         if let Some((ah, remote_qpn, remote_qkey)) = to {
             wr.ud = Some(UdDest { ah: ah.handle, remote_qpn, remote_qkey });
@@ -1053,7 +1051,7 @@ impl Qp {
         remote_qpn: Qpn,
         qkey: QKey,
     ) -> Result<()> {
-        let mut wr = SendWr::new(wr_id, WrOpcode::Send, vec![mr.sge(range)?]);
+        let mut wr = SendWr::new(wr_id, WrOpcode::Send, [mr.sge(range)?]);
         wr.ud = Some(UdDest { ah: ah.handle, remote_qpn, remote_qkey: qkey });
         self.post_wr(wr)
     }

@@ -94,7 +94,7 @@ impl XrcSrq {
 
     /// Posts a receive of `range` of `mr`.
     pub fn post_recv(&self, wr_id: u64, mr: &Mr, range: Range<usize>) -> Result<()> {
-        let wr = RecvWr { wr_id, sg_list: vec![mr.sge(range)?] };
+        let wr = RecvWr { wr_id, sg_list: [mr.sge(range)?].into() };
         self.domain.ctx.dev.post_recv_with(|s| s.engine().post_srq_recv(self.handle, wr))?;
         Ok(())
     }

@@ -41,8 +41,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use uroce_engine::{
     Access, AddressVector, AhAttr, AhHandle, AsyncEvent, CqHandle, DEVICE_ATTR, DestroyError, LKey,
     Mtu, MwBind, MwHandle, MwType, PdHandle, PostError, Psn, QKey, QpAttr, QpCap, QpInitAttr,
-    QpState, QpType, Qpn, RKey, RecvWr, RemoteAddr, RnrTimer, SendFlags, SendWr, Sge, SrqHandle,
-    TmFlags, UdDest, WcOpcode, WorkCompletion, WrOpcode, XrcdHandle,
+    QpState, QpType, Qpn, RKey, RecvWr, RemoteAddr, RnrTimer, SendFlags, SendWr, SgList, Sge,
+    SrqHandle, TmFlags, UdDest, WcOpcode, WorkCompletion, WrOpcode, XrcdHandle,
 };
 use uroce_net::{Channel, EventFd, NetDevice, OpenError, Options, RawRegion, SubscriberId};
 

@@ -330,7 +330,8 @@ pub(super) unsafe extern "C" fn advise_mr(
     }
     let Ok(n) = c_int::try_from(num_sge) else { return libc::EINVAL };
     // SAFETY: the caller's list holds `num_sge` entries.
-    let Some(sges) = (unsafe { read_sges(sg_list, n) }).filter(|s| !s.is_empty()) else {
+    let Some(sges) = (unsafe { read_sges::<Vec<Sge>>(sg_list, n) }).filter(|s| !s.is_empty())
+    else {
         return refuse(VERB, "no scatter/gather list", libc::EINVAL);
     };
     for s in &sges {

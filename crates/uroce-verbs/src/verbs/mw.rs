@@ -98,7 +98,7 @@ pub(super) unsafe extern "C" fn bind_mw(
         Ok(bind) => bind,
         Err((errno, why)) => return refuse("ibv_bind_mw", why, errno),
     };
-    let mut wr = SendWr::new(b.wr_id, WrOpcode::BindMw, Vec::new());
+    let mut wr = SendWr::new(b.wr_id, WrOpcode::BindMw, SgList::new());
     wr.flags = send_flags(b.send_flags);
     wr.bind = Some(Box::new(bind));
     match ctx.net.post_with(q.qpn, |s| s.engine().post_send(q.qpn, wr)) {

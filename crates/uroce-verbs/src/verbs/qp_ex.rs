@@ -133,7 +133,7 @@ impl WrBatch {
             self.misuse(libc::EINVAL, format!("{opcode:?} on a {qp_type:?} QP"));
             return None;
         }
-        let mut wr = SendWr::new(wr_id, opcode, Vec::new());
+        let mut wr = SendWr::new(wr_id, opcode, SgList::new());
         wr.flags = send_flags(wr_flags);
         self.inline.push(wr_flags & IBV_SEND_INLINE != 0);
         self.wrs.push(wr);
@@ -405,7 +405,7 @@ unsafe extern "C" fn wr_set_sge(qp: *mut IbvQpEx, lkey: u32, addr: u64, length: 
     unsafe {
         with_batch(qp, |b, _, _, _| {
             if let Some(wr) = b.last("ibv_wr_set_sge") {
-                wr.sg_list = vec![Sge { addr, length, lkey: LKey(lkey) }];
+                wr.sg_list = [Sge { addr, length, lkey: LKey(lkey) }].into();
             }
         });
     }

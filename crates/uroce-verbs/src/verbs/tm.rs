@@ -110,7 +110,7 @@ unsafe fn read_op(wr: &IbvOpsWr) -> Option<TagOp> {
         IBV_WR_TAG_ADD => {
             let add = &wr.tm.add;
             // SAFETY: the caller's contract.
-            let sg_list = unsafe { read_sges(add.sg_list, add.num_sge) }?;
+            let sg_list = unsafe { read_sges::<Vec<Sge>>(add.sg_list, add.num_sge) }?;
             // An empty element describes no buffer (a message may be empty).
             let sg_list = sg_list.into_iter().filter(|s| s.length > 0).collect();
             TagOpKind::Add { recv_wr_id: add.recv_wr_id, sg_list, tag: add.tag, mask: add.mask }

@@ -47,23 +47,23 @@ pub(super) unsafe fn post_recv_list(
     0
 }
 
-/// Reads `n` scatter/gather elements.
+/// Reads `n` scatter/gather elements (into an [`SgList`] for a work request: one or two
+/// elements, the usual, take no allocation).
 ///
 /// # Safety
 ///
 /// `sg` holds `n` entries when `n > 0`.
-pub(super) unsafe fn read_sges(sg: *const IbvSge, n: c_int) -> Option<Vec<Sge>> {
+pub(super) unsafe fn read_sges<C: FromIterator<Sge>>(sg: *const IbvSge, n: c_int) -> Option<C> {
     let n = usize::try_from(n).ok()?;
     if n > 0 && sg.is_null() {
         return None;
     }
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
+    let read = |i: usize| {
         // SAFETY: the caller's array holds `n` entries.
         let e = unsafe { sg.wrapping_add(i).read() };
-        out.push(Sge { addr: e.addr, length: e.length, lkey: LKey(e.lkey) });
-    }
-    Some(out)
+        Sge { addr: e.addr, length: e.length, lkey: LKey(e.lkey) }
+    };
+    Some((0..n).map(read).collect())
 }
 
 /// The errno for a work request the engine refused (ibv_post_send(3): `EINVAL` for an
@@ -111,7 +111,7 @@ pub(super) unsafe fn read_send_wr(wr: *const IbvSendWr, qp_type: QpType) -> Resu
         _ => return Err(libc::EINVAL),
     };
     // SAFETY: the caller's contract: `sg_list` holds `num_sge` entries.
-    let sg_list = unsafe { read_sges(w.sg_list, w.num_sge) }.ok_or(libc::EINVAL)?;
+    let sg_list = unsafe { read_sges::<SgList>(w.sg_list, w.num_sge) }.ok_or(libc::EINVAL)?;
     let mut out = SendWr::new(w.wr_id, opcode, sg_list);
     out.flags = send_flags(w.send_flags);
     if opcode.has_imm() {
