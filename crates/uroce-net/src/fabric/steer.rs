@@ -42,9 +42,19 @@ const UNSTEERED: u32 = u32::MAX;
 const CHECK_EVERY: Duration = Duration::from_millis(10);
 /// How long a probe round waits for its probes to come back.
 const PROBE_WAIT: Duration = Duration::from_millis(2);
-/// How long after a probe round that found nothing the next one starts (a probe that cannot
-/// come back, say dropped by a firewall, is not sent a hundred times a second).
+/// How long after a probe round that found nothing the next one starts: [`CHECK_EVERY`] after
+/// the first such round, twice as long after each further one in a row, at most this long (a
+/// probe that cannot come back, say dropped by a firewall, is not sent a hundred times a
+/// second; one that came back too late for its round, on a loaded machine, is tried again at
+/// once).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The wait before the next probe round after `lost` rounds in a row found nothing.
+fn retry_delay(lost: u32) -> Duration {
+    let factor = 1u64.checked_shl(lost.saturating_sub(1)).unwrap_or(u64::MAX);
+    let nanos = CHECK_EVERY.as_nanos().saturating_mul(factor).min(RETRY_AFTER.as_nanos());
+    Duration::from_nanos(nanos)
+}
 /// How often one endpoint may ask every endpoint to probe again.
 const ASK_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 
@@ -95,6 +105,8 @@ pub(crate) struct Steering {
     next_check: Instant,
     /// The last probe round found nothing: when to probe again.
     retry_at: Option<Instant>,
+    /// Probe rounds in a row that found nothing.
+    lost_rounds: u32,
     /// The directory's probe requests this endpoint last answered, and when it last asked.
     ask_seen: Option<u32>,
     asked_at: Option<Instant>,
@@ -123,6 +135,7 @@ impl Steering {
             rounds: 0,
             next_check: zero,
             retry_at: None,
+            lost_rounds: 0,
             ask_seen: None,
             asked_at: None,
             sharers: Vec::new(),
@@ -194,7 +207,10 @@ impl Steering {
             let value = r.lowest.map_or(0, |i| i.saturating_add(1));
             if r.lowest.is_none() {
                 c.udp_steer_probes_lost += 1;
-                self.retry_at = Some(now + RETRY_AFTER);
+                self.lost_rounds = self.lost_rounds.saturating_add(1);
+                self.retry_at = Some(now + retry_delay(self.lost_rounds));
+            } else {
+                self.lost_rounds = 0;
             }
             self.round = None;
             if dir.steer_index(self.me.index).swap(value, Ordering::AcqRel) != value {
@@ -287,6 +303,16 @@ mod tests {
     use crate::fabric::shm::Shm;
     use crate::fabric::udp::Offloads;
     use crate::sys::{self, shm};
+
+    /// A probe round that found nothing is tried again soon (its probes may only have come
+    /// back late, on a loaded machine), then less and less often, at most once a second.
+    #[test]
+    fn a_lost_probe_round_is_retried_soon_then_less_often() {
+        let ms = |d: Duration| d.as_nanos() / 1_000_000;
+        let delays: Vec<u64> = (1..=9).map(|lost| ms(retry_delay(lost))).collect();
+        assert_eq!(delays, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        assert_eq!(ms(retry_delay(u32::MAX)), 1000);
+    }
 
     /// Two sockets sharing one port, as two processes of one device.
     fn group(addr: &str) -> (SocketAddr, [UdpSocket; 2]) {
