@@ -414,14 +414,6 @@ impl FromIterator<Sge> for SgList {
     }
 }
 
-impl Extend<Sge> for SgList {
-    fn extend<I: IntoIterator<Item = Sge>>(&mut self, iter: I) {
-        for sge in iter {
-            self.push(sge);
-        }
-    }
-}
-
 impl From<Vec<Sge>> for SgList {
     fn from(v: Vec<Sge>) -> Self {
         if v.len() <= Self::INLINE { v.into_iter().collect() } else { Self(SgRepr::Heap(v)) }

@@ -1031,6 +1031,26 @@ static void scenario_comp_channel(struct dev *d0, struct dev *d1)
 }
 
 /* The srq_context of scenario g's SRQ. */
+/*
+ * Posts `n` receives of 64 bytes to `srq`, receive i in slice i of `e`'s buffer with wr_id
+ * `first_wr_id` + i; returns how many were posted.
+ */
+static int post_srq_slices(const char *scenario, struct ibv_srq *srq, struct ep *e, int n,
+			   uint64_t first_wr_id)
+{
+	int posted = 0;
+
+	for (int i = 0; i < n; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)e->buf + 64 * i, .length = 64,
+				       .lkey = e->mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = first_wr_id + i, .sg_list = &sge, .num_sge = 1 };
+		struct ibv_recv_wr *bad = NULL;
+
+		posted += must_post(scenario, "SRQ receive", ibv_post_srq_recv(srq, &wr, &bad));
+	}
+	return posted;
+}
+
 static int srq_tag;
 
 /*
@@ -1060,14 +1080,7 @@ static void scenario_srq_limit(struct dev *d0, struct dev *d1)
 	ep_create_ex(&rcv, d1, NULL, NULL, srq); /* its buffer and MR hold the SRQ's receives */
 
 	/* 4 receives of 64 bytes, each in its own slice of the receiver's buffer. */
-	for (int i = 0; i < 4; i++) {
-		struct ibv_sge sge = { .addr = (uintptr_t)rcv.buf + 64 * i, .length = 64,
-				       .lkey = rcv.mr->lkey };
-		struct ibv_recv_wr wr = { .wr_id = 0x91 + i, .sg_list = &sge, .num_sge = 1 };
-		struct ibv_recv_wr *bad = NULL;
-
-		posted += must_post(s, "SRQ receive", ibv_post_srq_recv(srq, &wr, &bad));
-	}
+	posted = post_srq_slices(s, srq, &rcv, 4, 0x91);
 	/* Armed: one event once fewer than 3 WRs remain in the SRQ (ibv_modify_srq(3)). */
 	rc = ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT);
 	if (rc)
@@ -1358,14 +1371,7 @@ static void scenario_destroy_waits_for_async_ack(struct dev *d0, struct dev *d1)
 		die("ibv_create_srq(%s): %s", d1->name, strerror(errno));
 	ep_create(&snd, d0);
 	ep_create_ex(&rcv, d1, NULL, NULL, srq);
-	for (int i = 0; i < 4; i++) {
-		struct ibv_sge sge = { .addr = (uintptr_t)rcv.buf + 64 * i, .length = 64,
-				       .lkey = rcv.mr->lkey };
-		struct ibv_recv_wr wr = { .wr_id = 0x1a0 + i, .sg_list = &sge, .num_sge = 1 };
-		struct ibv_recv_wr *bad = NULL;
-
-		posted += must_post(s, "SRQ receive", ibv_post_srq_recv(srq, &wr, &bad));
-	}
+	posted = post_srq_slices(s, srq, &rcv, 4, 0x1a0);
 	if (ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT))
 		fail("%s: ibv_modify_srq(srq_limit 3)", s);
 	connect_pair(&snd, &rcv);
