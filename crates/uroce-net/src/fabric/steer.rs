@@ -45,8 +45,8 @@ const PROBE_WAIT: Duration = Duration::from_millis(2);
 /// How long after a probe round that found nothing the next one starts: [`CHECK_EVERY`] after
 /// the first such round, twice as long after each further one in a row, at most this long (a
 /// probe that cannot come back, say dropped by a firewall, is not sent a hundred times a
-/// second; one that came back too late for its round, on a loaded machine, is tried again at
-/// once).
+/// second; one that came back too late for its round, on a loaded machine, is tried again
+/// within [`CHECK_EVERY`]).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The wait before the next probe round after `lost` rounds in a row found nothing.
